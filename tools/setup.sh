@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Installs everything XG needs on a fresh Debian host, idempotently:
+#   - a project virtualenv (.venv) with torch==2.13.0 (CPU wheel), triton==3.6.0, cuda-python,
+#     sqlite-utils, zstandard, typer, rich, pytest, and XG itself (editable);
+#   - Debian's bazel-bootstrap (Bazel 4.2.3) and nginx (the test remote cache server);
+#   - bazelisk from the npm registry, under .tools/.
+# Nothing is downloaded from anywhere but PyPI, Debian's archive and the npm registry.
+# A second run with nothing missing does no network work and takes about a second.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PY="${XG_PYTHON:-python3}"
+BAZELISK_VERSION="1.28.1"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+as_root() {
+    if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+        log "need root to run: $*"; return 1; fi
+}
+
+# --- Debian packages ------------------------------------------------------------------------
+missing_debs=()
+command -v bazel-4 >/dev/null 2>&1 || [ -x /usr/bin/bazel ] || missing_debs+=(bazel-bootstrap)
+[ -x /usr/sbin/nginx ] || missing_debs+=(nginx)
+if [ "${#missing_debs[@]}" -gt 0 ]; then
+    log "installing Debian packages: ${missing_debs[*]}"
+    as_root apt-get update -qq
+    # nginx's package starts a service on install; we never use that one, only our own instances.
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing_debs[@]}" >/dev/null
+    if command -v service >/dev/null 2>&1; then as_root service nginx stop >/dev/null 2>&1 || true; fi
+fi
+
+# --- bazelisk from npm ----------------------------------------------------------------------
+if [ ! -x "$ROOT/.tools/node_modules/.bin/bazelisk" ]; then
+    if command -v npm >/dev/null 2>&1; then
+        log "installing @bazel/bazelisk@$BAZELISK_VERSION into .tools/"
+        mkdir -p "$ROOT/.tools"
+        npm install --silent --no-audit --no-fund --prefix "$ROOT/.tools" \
+            "@bazel/bazelisk@$BAZELISK_VERSION" >/dev/null 2>&1 \
+            || log "warning: npm could not install bazelisk; plain bazel still works"
+    else
+        log "warning: npm not found; skipping bazelisk (plain bazel still works)"
+    fi
+fi
+
+# --- the virtualenv ---------------------------------------------------------------------------
+stamp="$VENV/.xg-deps-stamp"
+want="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-64)"
+if [ ! -x "$VENV/bin/python" ]; then
+    log "creating .venv with $($PY --version)"
+    "$PY" -m venv "$VENV"
+fi
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    log "installing Python dependencies into .venv (first run takes a few minutes)"
+    "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
+    # torch first and by exact version: the local CPU wheel, never the CUDA build from the index.
+    "$VENV/bin/python" -m pip install -q "torch==2.13.0"
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[test]"
+    echo "$want" > "$stamp"
+fi

@@ -1,0 +1,1 @@
+"""Content-addressed artifact cache: keys, local store, remote HTTP tier, gc, explain."""

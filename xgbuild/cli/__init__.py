@@ -1,0 +1,1 @@
+"""Thin typer applications over the library: `xgc`, `xgrun`, `xgbuild`."""

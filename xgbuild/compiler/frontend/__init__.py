@@ -1,0 +1,1 @@
+"""Frontend: lexer, parser, AST, types, checker and diagnostics for `.xg` sources."""

@@ -1,0 +1,1 @@
+"""The `.xge` engine format: deterministic writer, reader and verification."""

@@ -1,0 +1,1 @@
+"""Engine execution: loader, executors (CPU reference, CUDA), checks, distributed."""

@@ -1,0 +1,1 @@
+"""Kernel tuning: search spaces, jobs, measurement and the cost model."""
