@@ -58,6 +58,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
     # torch first and by exact version: the local CPU wheel, never the CUDA build from the index.
     "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-    "$VENV/bin/python" -m pip install -q -e "$ROOT[test]"
+    # compat mode puts the checkout on sys.path, so packages added later import without a reinstall.
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[test]" --config-settings editable_mode=compat
     echo "$want" > "$stamp"
 fi

@@ -1,0 +1,62 @@
+"""Shared CLI plumbing: exit codes, the top-level error guard, diagnostics output.
+
+Exit codes of every XG command:
+  0  success (warnings allowed)
+  1  the program, engine or data is wrong (diagnostics say how)
+  2  usage error, unreadable file, or an internal error in XG
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import traceback
+from typing import Callable, NoReturn
+
+import typer
+
+EXIT_OK, EXIT_PROGRAM, EXIT_USAGE = 0, 1, 2
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as `error: message` with the given exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_PROGRAM) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def fail(message: str, code: int = EXIT_PROGRAM) -> NoReturn:
+    raise CliError(message, code)
+
+
+def make_app(help: str) -> typer.Typer:
+    return typer.Typer(help=help, add_completion=False, no_args_is_help=True,
+                       pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
+
+
+def emit_json(obj: object) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def run(app: typer.Typer | Callable[[], object], prog_name: str) -> NoReturn:
+    """Run a typer app; turn every failure into a message and an exit code, never a traceback."""
+    try:
+        app(prog_name=prog_name, standalone_mode=True)  # type: ignore[call-arg]
+    except CliError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        sys.exit(exc.code)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(EXIT_OK)
+    except Exception:
+        with tempfile.NamedTemporaryFile("w", prefix=f"{prog_name}-ice-", suffix=".txt", delete=False) as f:
+            f.write(traceback.format_exc())
+        sys.stderr.write(f"error: internal error in {prog_name} (a bug in XG); traceback written to {f.name}\n")
+        sys.exit(EXIT_USAGE)
+    sys.exit(EXIT_OK)

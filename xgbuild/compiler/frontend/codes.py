@@ -1,0 +1,256 @@
+"""The registry of diagnostic codes: one `Code` each, with its message template and explanation.
+
+Every diagnostic XG emits names a code from this table; `xgbuild explain XG0100` prints the
+explanation. Message templates are lowercase, with no final period, code in backticks (rustc's
+house style). Tests check that every code is documented and every template formats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Code:
+    code: str
+    title: str
+    message: str
+    explanation: str
+
+    def fmt(self, **kw: object) -> str:
+        return self.message.format(**kw)
+
+
+CODES: dict[str, Code] = {}
+
+
+def _code(code: str, title: str, message: str, explanation: str) -> Code:
+    entry = Code(code, title, message, explanation.strip())
+    assert code not in CODES, code
+    CODES[code] = entry
+    return entry
+
+
+# --- input and syntax (XG00xx) --------------------------------------------------------------
+SYNTAX = _code("XG0001", "syntax error", "{detail}", """
+The parser met a token it did not expect. The caret points at that token; the label says what
+would have been valid there. Statements end at a newline or `}`; blocks are `{ ... }`, except the
+seed's `with shard(...):` form, whose block is the indented lines that follow it.
+""")
+BAD_CHAR = _code("XG0002", "invalid character or literal", "{detail}", """
+The lexer met a character that cannot start any token (XG source is ASCII outside comments and
+strings), or a malformed literal such as `1e` or `0x` or an unterminated string.
+""")
+NOT_UTF8 = _code("XG0003", "source is not UTF-8", "{path} is not valid UTF-8 (byte {offset})", """
+XG sources must be UTF-8 text. The message gives the offset of the first byte that does not
+decode. This usually means a binary file was passed by mistake.
+""")
+TOO_DEEP = _code("XG0004", "nesting too deep", "expression nesting deeper than {limit} levels", """
+Expressions may nest at most a fixed number of levels (parentheses, calls, indexing). Deeper
+nesting is almost certainly generated code gone wrong; split it into named intermediate values.
+""")
+INDENT = _code("XG0005", "bad indentation", "{detail}", """
+A `with shard(...):` block (the seed's form) is made of the lines after it that are indented more
+than the `with` line. Its first statement must be on the next line and indented; the block ends at
+the first line indented no deeper than the `with`. The brace form `with shard(A, dim=0) { ... }`
+has no indentation rules.
+""")
+TOO_MANY = _code("XG0006", "too many errors", "too many errors; stopped after {limit}", """
+XG stops reporting after a fixed number of errors in one file: later ones are usually
+consequences of the first. Fix the first errors and check again.
+""")
+FILE_ERROR = _code("XG0007", "cannot read source", "cannot read {path}: {reason}", """
+The source file does not exist, is a directory, or cannot be read.
+""")
+
+# --- program structure (XG001x) -------------------------------------------------------------
+NO_MAIN = _code("XG0010", "missing `main`", "no `main` function in {path}", """
+Rule 4 of the language: a program starts at `def main() { ... }`. A file meant as a library of
+functions is checked with `xgc FILE --check --lib` (Bazel's `xg_library`), which does not need one.
+""")
+DUPLICATE = _code("XG0011", "duplicate definition", "`{name}` is defined more than once", """
+Each function, parameter, constant and external has one definition per scope.
+""")
+BAD_DECL = _code("XG0012", "invalid file-level declaration", "{detail}", """
+At file level only `def`, `extern` and constant declarations `NAME = literal` are allowed; the
+hardware declarations are `TARGET_GPU = <GPU name>` and `NUM_GPU = <positive integer>`.
+Statements belong inside a function.
+""")
+UNKNOWN_TARGET = _code("XG0013", "unknown target GPU", "unknown target GPU `{name}`", """
+`TARGET_GPU` (and `--target`) name a GPU profile from the `hw/` directory, case-insensitively.
+The help line lists the known ones. Add a profile file to `hw/` to support a new GPU.
+""")
+BAD_NUM_GPU = _code("XG0014", "invalid `NUM_GPU`", "`NUM_GPU` must be a positive integer, found {value}", """
+`NUM_GPU` is the number of GPUs the program is planned for; it must be an integer literal >= 1
+(and at most 1,048,576).
+""")
+MAIN_PARAMS = _code("XG0015", "`main` takes no parameters", "`main` takes no parameters", """
+`main` is the entry point. Its inputs are externals: names it uses without defining, bound at run
+time by `xg.run_engine(engine, external_values={...})` or `xgrun --inputs`. Declare their types
+with `extern Tensor[float32, 64, 32] P`.
+""")
+
+# --- types (XG01xx) -------------------------------------------------------------------------
+DTYPE_MISMATCH = _code("XG0100", "mismatched dtypes", "mismatched dtypes: `{left}` {op} `{right}`", """
+XG never converts between dtypes implicitly (Rules 1 and 2). Both operands of an arithmetic or
+comparison operator must have the same dtype: `int64 + float32` and `bfloat16 + float32` are
+errors. Convert explicitly with `cast(x, float32)`. An integer literal adapts to any numeric type
+that holds its value exactly; a float literal adapts to any float type.
+""")
+TYPE_MISMATCH = _code("XG0101", "mismatched types", "mismatched types: expected `{expected}`, found `{found}`", """
+A value's type does not match what its context requires: an argument against its parameter, a
+value against a declared type, the branches of a `match` or `where` against each other.
+""")
+RETURN_MISMATCH = _code("XG0102", "wrong return type", "`{name}` returns `{found}` but is declared to return `{expected}`", """
+The value returned does not have the function's declared return type. XG does not convert on
+return: `return cast(x, int64)` if a conversion is meant.
+""")
+UNKNOWN_NAME = _code("XG0103", "unknown name", "cannot find value `{name}` in this scope", """
+The name is not a parameter, a local, a file-level constant or an external. Externals (engine
+inputs) are names that `main` uses without defining; other functions must receive values as
+parameters.
+""")
+UNKNOWN_FUNC = _code("XG0104", "unknown function", "cannot find function `{name}`", """
+The called name is neither a function defined in this file nor a builtin. The help line suggests
+the closest known name when there is one.
+""")
+ARITY = _code("XG0105", "wrong number of arguments", "`{name}` takes {expected} argument{s} but {found} {were} given", """
+A call passes a different number of positional arguments than the function declares.
+""")
+BAD_KWARG = _code("XG0106", "bad keyword argument", "{detail}", """
+A keyword argument is not accepted by the function, is given twice, or a required one is
+missing. Builtins take their options by keyword: `sum(x, dim=1, keepdim=true)`.
+""")
+BAD_CAST = _code("XG0107", "invalid cast", "{detail}", """
+`cast(x, T)` converts a scalar or tensor to another numeric dtype `T`; it cannot change a
+`Result`, a tuple, or a shape.
+""")
+LITERAL_RANGE = _code("XG0108", "literal does not fit", "literal `{literal}` does not fit in `{dtype}`", """
+An integer literal adapts to the numeric type its context needs only when that type holds its
+value exactly; a float literal never becomes an integer.
+""")
+NOT_CALLABLE = _code("XG0109", "wrong kind of value", "{detail}", """
+A value was used in a way its kind does not allow: calling something that is not a function,
+indexing a scalar, destructuring a value that is not a tuple, using a dtype name as a value.
+""")
+COND_NOT_BOOL = _code("XG0110", "condition is not a `bool`", "`if` condition must be a scalar `bool`, found `{found}`", """
+An `if` condition is one `bool`. Compare explicitly (`if n != 0`); for element-wise choices on
+tensors use `where(cond, a, b)`.
+""")
+UNKNOWN_TYPE = _code("XG0111", "unknown type", "unknown type `{name}`", """
+Scalar types are `bool int8 int16 int32 int64 uint8 float16 bfloat16 float32 float64`; tensors are
+`Tensor[dtype, dim, ...]` with integer or symbolic dims; results are `Result[T]`.
+""")
+NOT_DIFFERENTIABLE = _code("XG0112", "not differentiable", "{detail}", """
+`grad(f, wrt=p)` differentiates a function returning a floating-point scalar with respect to its
+floating-point parameters. Integers, booleans and comparisons have no gradient.
+""")
+
+# --- shapes (XG02xx) ------------------------------------------------------------------------
+MATMUL_SHAPE = _code("XG0200", "matmul shapes do not match", "matmul inner dimensions differ: `{left}` @ `{right}`", """
+`a @ b` needs the last dimension of `a` to equal the second-to-last of `b` (for 1-D operands, the
+only one). Both operands need rank >= 1; leading (batch) dimensions broadcast.
+""")
+BROADCAST = _code("XG0201", "shapes do not broadcast", "shapes `{left}` and `{right}` do not broadcast", """
+Element-wise operators combine tensors of the same shape, or broadcast: the shorter shape is
+aligned with the trailing dimensions of the longer, and a dimension of size 1 stretches. `[M, N] +
+[N]` and `[T, D] * [T, 1]` work; `[4, 8] * [8, 4]` does not. Symbolic dims must be the same name
+to be equal.
+""")
+OUT_OF_BOUNDS = _code("XG0202", "index out of bounds", "index {index} is out of bounds for dimension {dim} of size {size}", """
+Rule 3: with known shapes, constant indices and slices are checked at compile time. Indices run
+from 0 to size - 1, or from -size to -1 counting from the end.
+""")
+BAD_DIM = _code("XG0203", "dimension out of range", "dimension {dim} is out of range for a tensor of rank {rank}", """
+A reduction, `softmax`, `transpose` or `shard` names a dimension that the tensor does not have.
+Valid dims are 0 .. rank-1, or -rank .. -1.
+""")
+RANK = _code("XG0204", "wrong rank", "{detail}", """
+The operation needs a tensor of a different rank (number of dimensions), e.g. too many indices.
+""")
+RESHAPE = _code("XG0205", "bad reshape", "{detail}", """
+`reshape(x, [d0, d1, ...])` keeps the number of elements; with known dims that is checked at
+compile time.
+""")
+DIM_CONFLICT = _code("XG0206", "inconsistent dimension", "dimension `{name}` is {first} here but was {second} earlier", """
+A symbolic dimension names one size per call: in `f(Tensor[float32, M, K] a, Tensor[float32, K,
+N] b)`, `K` must be the same for both arguments.
+""")
+
+# --- safety (XG03xx) ------------------------------------------------------------------------
+DIV_UNSAFE = _code("XG0300", "division by a value that may be zero", "cannot prove the divisor `{divisor}` is nonzero", """
+Rule 3: division by zero must be handled explicitly. A divisor must be provably nonzero:
+a nonzero constant; a scalar guarded on every path by an earlier `if b == 0 { return ... }`
+(or used inside `if b != 0 { ... }`); or a value the range analysis proves positive: `exp`,
+`softmax`, `sigmoid`, `sqrt`/`rsqrt` of a positive value, `x * x + eps` with `eps > 0`, sums and
+means of positive values.
+""")
+RSQRT_UNSAFE = _code("XG0301", "`rsqrt` of a value that may be zero", "cannot prove the argument `{arg}` of `rsqrt` is positive", """
+`rsqrt(x)` is `1 / sqrt(x)`, a division: its argument must be provably positive, typically by
+adding a positive epsilon: `rsqrt(mean(x * x, dim=1, keepdim=true) + 1e-5)`.
+""")
+
+# --- results (XG04xx) -----------------------------------------------------------------------
+RESULT_AS_VALUE = _code("XG0400", "`Result` used as its value", "a `{found}` is not a `{inner}`", """
+Rule 5: errors are values. A `Result[T]` must be taken apart before its value is used:
+`match r { Ok(v) => v, Err(e) => fallback }` or `r.unwrap_or(fallback)`.
+""")
+RESULT_UNUSED = _code("XG0401", "unhandled `Result`", "{detail}", """
+Rule 5: a `Result` may not be dropped: every `Result` must be handled with `match` or
+`.unwrap_or(...)`, or returned to the caller. A call returning a `Result` cannot stand alone as a
+statement, and a variable holding one must be handled before the function ends.
+""")
+BAD_MATCH = _code("XG0402", "bad `match`", "{detail}", """
+A `match` on a `Result` has exactly the arms `Ok(v) => ...` and `Err(e) => ...` (or a named error
+such as `DivByZero => ...` before a final `Err(e)` or `_`). Every arm gives a value of the same
+type.
+""")
+ERROR_OUTSIDE_RESULT = _code("XG0403", "error value outside a `Result`", "{detail}", """
+Named errors such as `DivByZero` and `Ok(v)` build a `Result`; they can only be returned from a
+function declared `-> Result[T]`.
+""")
+
+# --- sharding (XG05xx) ----------------------------------------------------------------------
+SHARD_INDIVISIBLE = _code("XG0500", "sharded dimension not divisible", "dimension {dim} of `{name}` has size {size}, which `NUM_GPU = {num_gpu}` does not divide", """
+`shard(A, dim=d)` splits dimension `d` of `A` evenly over `NUM_GPU` GPUs; its size must be a
+multiple of `NUM_GPU`. Pad the tensor, pick another dimension, or change `NUM_GPU`.
+""")
+SHARD_UNKNOWN = _code("XG0501", "shard of an unknown name", "cannot shard `{name}`: no such value", """
+`shard(X, dim=d)` names a value defined before the `with` block: a parameter, a local or an
+external.
+""")
+SHARD_BAD = _code("XG0502", "invalid shard", "{detail}", """
+`shard(X, dim=d)` takes a tensor name and a constant dimension in range, each value at most once
+per `with`.
+""")
+
+# --- control flow (XG06xx) ------------------------------------------------------------------
+RECURSION = _code("XG0600", "recursion", "`{name}` calls itself (through {path})", """
+XG programs compile to fixed graphs of kernels; recursion is not supported.
+""")
+MISSING_RETURN = _code("XG0601", "missing return", "`{name}` is declared to return `{expected}` but not every path returns", """
+Every path through a function with a declared return type must end in `return`.
+""")
+UNREACHABLE = _code("XG0602", "unreachable code", "unreachable statement after `return`", """
+Statements after a `return` in the same block never run.
+""")
+
+# --- warnings and notes (XG07xx) ------------------------------------------------------------
+UNUSED_VAR = _code("XG0700", "unused value", "value `{name}` is assigned but never used", """
+A warning: the assigned value is never read. Its computation is removed from the engine.
+Prefix the name with `_` to silence it.
+""")
+DEFAULT_DTYPE = _code("XG0701", "external dtype defaulted", "the dtype of external `{name}` is not determined by its uses; assuming `float32`", """
+A warning: an external's dtype comes from an `extern` declaration or from its uses. When neither
+fixes it, XG assumes `float32`. Declare it: `extern Tensor[float32, M, K] {name}`.
+""")
+OVERRIDE = _code("XG0702", "declaration overridden", "{detail}", """
+A note: a command-line option (`--target`, `--num-gpu`) overrides the file's hardware
+declaration.
+""")
+
+# --- internal (XG09xx) ----------------------------------------------------------------------
+INTERNAL = _code("XG0900", "internal compiler error", "internal compiler error: {detail}", """
+XG itself failed: this is a bug in XG, not in the program. The message names the dump file that
+holds the traceback; please attach it to a bug report.
+""")

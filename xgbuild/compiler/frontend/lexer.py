@@ -1,0 +1,123 @@
+"""Lexer: source text -> tokens.
+
+Newlines end statements, except inside `(...)` and `[...]`, where they are skipped. Each token
+knows its column and whether it starts its line, which is all the parser needs for the seed's
+indented `with shard(...):` blocks.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+from .codes import BAD_CHAR
+from .diagnostics import Diagnostics
+from .source import Span
+
+
+class T(str, Enum):
+    NAME = "name"
+    INT = "integer"
+    FLOAT = "float"
+    STRING = "string"
+    OP = "operator"
+    KEYWORD = "keyword"
+    NEWLINE = "newline"
+    EOF = "end of file"
+
+
+KEYWORDS = frozenset({"def", "return", "if", "else", "with", "match", "extern", "true", "false",
+                      "and", "or", "not"})
+
+_OPS = ["->", "=>", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "@", "<", ">", "=",
+        "(", ")", "[", "]", "{", "}", ",", ":", ";", "."]
+
+_TOKEN_RE = re.compile(
+    r"""
+    (?P<ws>[ \t\r\f]+)
+  | (?P<comment>\#[^\n]*)
+  | (?P<nl>\n)
+  | (?P<float>(?:\d[\d_]*\.\d[\d_]*|\.\d[\d_]*|\d[\d_]*\.(?![A-Za-z_.]))(?:[eE][+-]?\d+)?|\d[\d_]*[eE][+-]?\d+)
+  | (?P<int>\d[\d_]*)
+  | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<string>"(?:[^"\\\n]|\\[^\n])*")
+  | (?P<op>""" + "|".join(re.escape(op) for op in _OPS) + r""")
+  | (?P<bad>[^ \t\r\f\n\#"A-Za-z0-9_=+\-*/%@<>()\[\]{},:;.!]+|.)
+    """,
+    re.VERBOSE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    kind: T
+    text: str
+    span: Span
+    col: int          # 0-based column of the first character
+    first: bool       # first token on its line
+
+    def is_op(self, text: str) -> bool:
+        return self.kind is T.OP and self.text == text
+
+    def is_kw(self, text: str) -> bool:
+        return self.kind is T.KEYWORD and self.text == text
+
+    def describe(self) -> str:
+        if self.kind is T.EOF:
+            return "end of file"
+        if self.kind is T.NEWLINE:
+            return "end of line"
+        shown = self.text if len(self.text) <= 40 else self.text[:37] + "..."
+        return f"`{shown}`"
+
+
+def tokenize(text: str, diags: Diagnostics) -> list[Token]:
+    tokens: list[Token] = []
+    append = tokens.append
+    depth = 0            # () and [] nesting: newlines inside them do not end statements
+    line_start = 0
+    first = True
+    for m in _TOKEN_RE.finditer(text):
+        kind = m.lastgroup
+        start, end = m.span()
+        if kind == "ws" or kind == "comment":
+            continue
+        if kind == "nl":
+            if depth == 0 and tokens and tokens[-1].kind is not T.NEWLINE:
+                append(Token(T.NEWLINE, "\n", Span(start, end), start - line_start, False))
+            line_start = end
+            first = True
+            continue
+        col = start - line_start
+        value = m.group()
+        if kind == "bad":
+            shown = value if len(value) <= 20 else value[:17] + "..."
+            if value.startswith('"'):
+                diags.error(BAD_CHAR, Span(start, end), detail="unterminated string literal")
+            else:
+                diags.error(BAD_CHAR, Span(start, end), detail=f"invalid character{'s' if len(value) > 1 else ''} "
+                            f"{shown!r} in source", help="XG source is ASCII outside comments and strings")
+            first = False
+            continue
+        if kind == "name":
+            tok_kind = T.KEYWORD if value in KEYWORDS else T.NAME
+        elif kind == "op":
+            tok_kind = T.OP
+            if value in "([":
+                depth += 1
+            elif value in ")]" and depth > 0:
+                depth -= 1
+            elif value in "{}":
+                # A brace always starts or ends a block: newlines matter again inside it, even
+                # when an unbalanced `(` precedes it, which keeps one missing `)` from swallowing
+                # the rest of the file.
+                depth = 0
+        else:
+            tok_kind = {"int": T.INT, "float": T.FLOAT, "string": T.STRING}[kind]
+        append(Token(tok_kind, value, Span(start, end), col, first))
+        first = False
+    if tokens and tokens[-1].kind is not T.NEWLINE:
+        append(Token(T.NEWLINE, "", Span(len(text), len(text)), 0, False))
+    append(Token(T.EOF, "", Span(len(text), len(text)), 0, True))
+    return tokens
