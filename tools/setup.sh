@@ -54,11 +54,19 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
 fi
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    log "installing Python dependencies into .venv (first run takes a few minutes)"
-    "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
+    log "installing Python dependencies into .venv (first run takes a few minutes; log: .venv/setup.log)"
+    pip_install() {
+        if ! "$VENV/bin/python" -m pip install -q "$@" >>"$VENV/setup.log" 2>&1; then
+            tail -n 40 "$VENV/setup.log" >&2
+            log "pip install $* failed (full log: $VENV/setup.log)"
+            exit 1
+        fi
+    }
+    : > "$VENV/setup.log"
+    pip_install --upgrade pip setuptools wheel
     # torch first and by exact version: the local CPU wheel, never the CUDA build from the index.
-    "$VENV/bin/python" -m pip install -q "torch==2.13.0"
+    pip_install "torch==2.13.0"
     # compat mode puts the checkout on sys.path, so packages added later import without a reinstall.
-    "$VENV/bin/python" -m pip install -q -e "$ROOT[test]" --config-settings editable_mode=compat
+    pip_install -e "$ROOT[test]" --config-settings editable_mode=compat
     echo "$want" > "$stamp"
 fi

@@ -211,6 +211,7 @@ class FuncDef(Node):
     ret: TypeExpr | None
     body: Block
     name_span: Span = Span(0, 0)
+    syntax_errors: bool = False     # the body lost statements to parse errors
 
 
 @dataclass(slots=True, eq=False)

@@ -6,9 +6,11 @@ order with their defaults (`REQUIRED` when none); the rule receives the bound ar
 
 from __future__ import annotations
 
+import difflib
+
 from . import ast as A
 from . import ranges as R
-from .codes import BAD_CAST, BAD_DIM, BAD_KWARG, NOT_CALLABLE, NOT_DIFFERENTIABLE, RANK, RESHAPE, RSQRT_UNSAFE, TYPE_MISMATCH
+from .codes import BAD_CAST, BAD_DIM, BAD_KWARG, NOT_CALLABLE, NOT_DIFFERENTIABLE, RANK, RESHAPE, RSQRT_UNSAFE, TYPE_MISMATCH, UNKNOWN_TYPE
 from .types import (DTYPES, ERROR, DTypeValue, ErrorType, ExternVar, FloatLiteral, GradFn, IntLiteral,
                     ShapeValue, TensorType, TupleType, Type, is_float, is_int)
 
@@ -133,6 +135,11 @@ class BuiltinChecker:
     def dtype_arg(self, node: object) -> str | None:
         if isinstance(node, str):
             return node
+        if isinstance(node, A.Name) and node.id not in DTYPES and self.scope.get(node.id) is None:
+            close = difflib.get_close_matches(node.id, DTYPES, n=1)
+            self.diags.error(UNKNOWN_TYPE, node.span, name=node.id,
+                             help=f"did you mean `{close[0]}`?" if close else f"dtypes: {', '.join(DTYPES)}")
+            return None
         ty, _ = self.check(node)  # type: ignore[arg-type]
         if isinstance(ty, DTypeValue):
             return ty.dtype

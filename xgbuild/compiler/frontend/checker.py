@@ -80,6 +80,7 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
         self.assigned_later = _assigned_names(fn.body) if self.is_main else set()
         self.rigid_dims: set[str] = set()
         self.inferred_ret: Type | None = None
+        self.shard_created: dict[str, Span] = {}
         for name, (value, ty) in prog.constants.items():
             self.root_scope.bind(Var(name, ty, Span(0, 0), "const", used=True), R.of_value(value)
                                  if isinstance(value, (int, float)) and not isinstance(value, bool) else R.ANY)
@@ -98,7 +99,8 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
     # --- driver ---------------------------------------------------------------------------------
     def run(self) -> None:
         terminates = self.block(self.fn.body)
-        if self.sig.declared_ret and not terminates and self.sig.ret != UNIT and self.sig.ok:
+        if self.sig.declared_ret and not terminates and self.sig.ret != UNIT and self.sig.ok \
+                and not self.fn.syntax_errors:
             self.diags.error(MISSING_RETURN, self.fn.name_span, name=self.fn.name, expected=self.sig.ret)
         for spec in self.shards:
             self.check_shard(spec)
@@ -130,6 +132,13 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
         taken = set(self.rigid_dims)
         for var in self.externs.values():
             ty = self.subst.resolve(var.type)
+            if isinstance(ty, ExternVar) and var.name in self.shard_created:
+                self.diags.error(SHARD_UNKNOWN, self.shard_created[var.name], name=var.name)
+                var.type = ERROR
+                continue
+            if isinstance(ty, ExternVar) and self.diags.has_errors:
+                var.type = ERROR     # most likely a consequence of an earlier error: stay quiet
+                continue
             if isinstance(ty, ExternVar):
                 self.diags.error(NOT_CALLABLE, var.span, detail=f"cannot infer the type of external `{var.name}`",
                                  help=f"declare it at file level: `extern Tensor[float32, M, N] {var.name}`")
@@ -343,9 +352,11 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
                 self.diags.error(SHARD_BAD, call.span, detail=f"`{x.id}` is sharded twice in one `with`")
                 continue
             seen.add(x.id)
-            if self.scope.get(x.id) is None and not (self.allow_externs and x.id not in self.assigned_later):
-                self.diags.error(SHARD_UNKNOWN, x.span, name=x.id)
-                continue
+            if self.scope.get(x.id) is None:
+                if not (self.allow_externs and x.id not in self.assigned_later):
+                    self.diags.error(SHARD_UNKNOWN, x.span, name=x.id)
+                    continue
+                self.shard_created[x.id] = x.span    # an external, if the block or later code uses it
             self.check(x)
             if bound["dim"] is None:
                 self.diags.error(SHARD_BAD, call.span, detail=f"`shard({x.id})` needs a dimension: `shard({x.id}, dim=0)`")
@@ -443,8 +454,7 @@ class ProgramChecker:
         self.hardware(target_decl, num_decl)
         main = self.funcs.get("main")
         if main is None and not self.options.lib:
-            end = len(self.diags.source.text)
-            self.diags.error(NO_MAIN, Span(end, end), path=self.diags.source.name,
+            self.diags.error(NO_MAIN, Span(0, 0), path=self.diags.source.name,
                              help="add an entry point: `def main() { ... }`")
         elif main is not None and main.params:
             self.diags.error(MAIN_PARAMS, main.node.name_span)

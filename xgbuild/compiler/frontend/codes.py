@@ -45,7 +45,7 @@ NOT_UTF8 = _code("XG0003", "source is not UTF-8", "{path} is not valid UTF-8 (by
 XG sources must be UTF-8 text. The message gives the offset of the first byte that does not
 decode. This usually means a binary file was passed by mistake.
 """)
-TOO_DEEP = _code("XG0004", "nesting too deep", "expression nesting deeper than {limit} levels", """
+TOO_DEEP = _code("XG0004", "nesting too deep", "expression nested or chained deeper than {limit} levels", """
 Expressions may nest at most a fixed number of levels (parentheses, calls, indexing). Deeper
 nesting is almost certainly generated code gone wrong; split it into named intermediate values.
 """)

@@ -58,6 +58,7 @@ class Diagnostics:
 
     source: SourceFile
     items: list[Diagnostic] = field(default_factory=list)
+    error_lines: set[int] = field(default_factory=set)
     _errors: int = 0
 
     class Overflow(Exception):
@@ -69,6 +70,7 @@ class Diagnostics:
         self.items.append(Diagnostic(code.code, severity, code.fmt(**fmt), self.source.name,
                                      line, col, span, label, help, notes))
         if severity is Severity.ERROR:
+            self.error_lines.add(line)
             self._errors += 1
             if self._errors >= MAX_ERRORS:
                 self.items.append(Diagnostic(TOO_MANY.code, Severity.ERROR, TOO_MANY.fmt(limit=MAX_ERRORS),
@@ -87,6 +89,10 @@ class Diagnostics:
     @property
     def has_errors(self) -> bool:
         return self._errors > 0
+
+    @property
+    def error_count(self) -> int:
+        return self._errors
 
     def sorted(self) -> list[Diagnostic]:
         # Stable order: by position, then as emitted. The overflow marker stays last.

@@ -14,7 +14,7 @@ from .codes import (BAD_MATCH, BROADCAST, DIM_CONFLICT, DIV_UNSAFE, DTYPE_MISMAT
                     LITERAL_RANGE, MATMUL_SHAPE, NOT_CALLABLE, OUT_OF_BOUNDS, RANK, RESULT_AS_VALUE,
                     TYPE_MISMATCH, UNKNOWN_FUNC, UNKNOWN_NAME)
 from .scope import FuncSig, Var
-from .types import (DTYPES, ERROR, NAMED_ERRORS, BoolLiteral, Dim, DimVar, DTypeValue, ErrorType,
+from .types import (DTYPES, ERROR, NAMED_ERRORS, Dim, DimVar, DTypeValue, DTypeVar, ErrorType,
                     ErrorValue, ExternVar, FloatLiteral, GradFn, IntLiteral, ResultType, ShapeValue,
                     StrType, TensorType, TupleType, Type, float_fits, fmt_shape, int_fits, is_float,
                     is_int)
@@ -120,6 +120,15 @@ class ExprChecker:
     # --- literal adaptation ---------------------------------------------------------------------
     def adapt(self, ty: Type, dtype: object, span) -> Type:
         """Give a literal the dtype its context needs; typed values are returned unchanged."""
+        if isinstance(dtype, DTypeVar) and isinstance(ty, (IntLiteral, FloatLiteral)):
+            # The context's dtype is still unknown (an external's): a float literal makes it a
+            # float (float32 unless something else fixes it first); an integer literal waits.
+            dtype = self.subst.dtype(dtype)
+            if isinstance(dtype, DTypeVar):
+                if isinstance(ty, FloatLiteral):
+                    self.subst.unify_dtype(dtype, "float32")
+                    return TensorType("float32", ())
+                return TensorType(dtype, ())
         if isinstance(dtype, str) and isinstance(ty, (IntLiteral, FloatLiteral)):
             if isinstance(ty, IntLiteral) and dtype != "bool":
                 if not int_fits(ty.value, dtype):
@@ -216,7 +225,6 @@ class ExprChecker:
             rt = self.adapt(rt, lt.dtype, e.right.span)
         if isinstance(lt, ErrorType) or isinstance(rt, ErrorType):
             return ERROR, R.ANY
-        assert isinstance(lt, TensorType) and isinstance(rt, TensorType)
         if not self.subst.unify_dtype(lt.dtype, rt.dtype):
             self.diags.error(DTYPE_MISMATCH, e.op_span, left=self.subst.dtype(lt.dtype), op=e.op,
                              right=self.subst.dtype(rt.dtype),
@@ -362,6 +370,7 @@ class ExprChecker:
     # --- accepting a value where a type is required ---------------------------------------------
     def accept(self, ty: Type, want: Type, node: A.Node, *, code=TYPE_MISMATCH, **fmt) -> bool:
         """Check `ty` against `want`, binding externals and dim variables; report a mismatch."""
+        raw_want = want                  # unresolved: its DimVars name the symbol (`K`) in messages
         ty, want = self.deref(ty), self.deref(want)
         if isinstance(ty, ErrorType) or isinstance(want, ErrorType):
             return True
@@ -378,7 +387,8 @@ class ExprChecker:
             return all(self.accept(t, w, node, code=code, **fmt) for t, w in zip(ty.items, want.items))
         if isinstance(want, TensorType) and isinstance(ty, TensorType) and ty.rank == want.rank:
             if self.subst.unify_dtype(ty.dtype, want.dtype):
-                for got, need in zip(ty.shape, want.shape):
+                hints = raw_want.shape if isinstance(raw_want, TensorType) and raw_want.rank == want.rank else want.shape
+                for got, need in zip(ty.shape, hints):
                     before = self.subst.dim(need)
                     if not self.subst.unify_dim(got, need):
                         if isinstance(need, DimVar) and not isinstance(before, DimVar):
@@ -407,7 +417,11 @@ class ExprChecker:
                              detail=f"`{ty.name}` is an error, but `{want}` is not a `Result`",
                              help=f"declare the function `-> Result[{want}]` to return errors")
             return
-        self.diags.error(code, node.span, expected=want, found=ty, **fmt)
+        help = ""
+        if isinstance(ty, TensorType) and isinstance(want, TensorType) and ty.shape == want.shape \
+                and ty.dtype != want.dtype:
+            help = f"convert explicitly: `cast({self.snippet(node)}, {want.dtype})`"
+        self.diags.error(code, node.span, expected=want, found=ty, help=help, **fmt)
 
     # --- calls to user functions ----------------------------------------------------------------
     def call_user(self, sig: FuncSig, e: A.Call) -> Val:

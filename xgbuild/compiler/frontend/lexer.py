@@ -8,8 +8,8 @@ indented `with shard(...):` blocks.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from .codes import BAD_CHAR
 from .diagnostics import Diagnostics
@@ -49,8 +49,7 @@ _TOKEN_RE = re.compile(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Token:
+class Token(NamedTuple):
     kind: T
     text: str
     span: Span

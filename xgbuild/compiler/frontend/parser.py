@@ -15,6 +15,7 @@ from .lexer import T, Token
 from .source import Span
 
 MAX_DEPTH = 100
+MAX_CHAIN = 2000     # operands in one operator chain: `a + b + ...` builds a tree this deep
 
 # Binding powers of the binary operators; comparisons do not chain.
 _BINARY = {"or": 1, "and": 2, "==": 4, "!=": 4, "<": 4, "<=": 4, ">": 4, ">=": 4,
@@ -38,6 +39,7 @@ class Parser:
         self.pos = 0
         self.diags = diags
         self.depth = 0
+        self.suppressed = 0     # syntax errors not reported because their line already had one
         self._next_id = 0
 
     # --- helpers --------------------------------------------------------------------------------
@@ -66,7 +68,11 @@ class Parser:
 
     def fail(self, message: str, tok: Token | None = None, *, label: str = "", help: str = "") -> None:
         tok = tok or self.tok
-        self.diags.error(SYNTAX, tok.span, detail=message, label=label, help=help)
+        # One syntax error per line: a second one on the same line is almost always a consequence.
+        if self.diags.source.line_col(tok.span.start)[0] not in self.diags.error_lines:
+            self.diags.error(SYNTAX, tok.span, detail=message, label=label, help=help)
+        else:
+            self.suppressed += 1
         raise _Sync
 
     def expect_op(self, text: str, context: str = "") -> Token:
@@ -178,8 +184,10 @@ class Parser:
         if not self.at_op("{"):
             self.fail(f"expected `{{` to start the body of `{name.text}`, found {self.tok.describe()}",
                       label="expected `{`", help="function bodies are blocks: `def f(...) -> T { ... }`")
+        before = self.diags.error_count + self.suppressed
         body = self.parse_block()
-        return A.FuncDef(self.nid(), start.span.to(body.span), name.text, params, ret, body, name.span)
+        return A.FuncDef(self.nid(), start.span.to(body.span), name.text, params, ret, body, name.span,
+                         syntax_errors=self.diags.error_count + self.suppressed > before)
 
     # --- types ----------------------------------------------------------------------------------
     def parse_type(self) -> A.TypeExpr:
@@ -399,6 +407,7 @@ class Parser:
             left = A.Unary(self.nid(), tok.span.to(operand.span), tok.text, operand)
         else:
             left = self.parse_postfix()
+        chain = 0
         while True:
             op = self.tok
             text = op.text if op.kind in (T.OP, T.KEYWORD) else None
@@ -406,6 +415,10 @@ class Parser:
             if bp is None or bp <= min_bp:
                 break
             self.advance()
+            chain += 1
+            if chain > MAX_CHAIN:
+                self.diags.error(TOO_DEEP, op.span, limit=MAX_CHAIN)
+                raise _Abort
             right = self.parse_expr(bp)
             if bp == _COMPARISON_BP and self.tok.text in _BINARY and _BINARY[self.tok.text] == _COMPARISON_BP \
                     and self.tok.kind is T.OP:

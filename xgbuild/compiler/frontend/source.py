@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Span:
+class Span(NamedTuple):   # a NamedTuple, not a dataclass: the lexer makes one per token
     start: int
     end: int
 

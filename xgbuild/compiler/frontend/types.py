@@ -229,6 +229,8 @@ class Subst:
 
     def resolve(self, ty: Type) -> Type:
         if isinstance(ty, TensorType):
+            if ty.dtype.__class__ is str and not any(d.__class__ is DimVar for d in ty.shape):
+                return ty     # nothing to solve: the common case
             return TensorType(self.dtype(ty.dtype), tuple(self.dim(d) for d in ty.shape))
         if isinstance(ty, ResultType):
             return ResultType(self.resolve(ty.inner))

@@ -1,0 +1,252 @@
+"""The `.xge` container: a deterministic zstd-compressed ustar archive, and a reader that verifies it.
+
+Layout, outside in:
+
+* the file is one zstd frame (level 19, one thread, content size and checksum written, no
+  dictionary) followed by a seal: a zstd skippable frame with the sha256 of the frame's bytes and the
+  bundle digest (`frame.py`);
+* the frame holds a canonical ustar stream (`ustar.py`): the index `DIGESTS.json` first, then every
+  entry in sorted name order, each with fixed header fields (mode 0644, owner 0, mtime 0, no PAX);
+* the index lists every other entry's sha256 and size; the bundle digest is the sha256 of the
+  index's canonical bytes (`digest.py`): a digest over the contents, whatever the compression.
+
+`write_bundle` and `bundle_digest_of` are pure functions of the entries: no clock, user, umask,
+directory, locale, time zone or hash seed reaches the bytes. The compressed bytes also depend on the
+zstd library version (bundled with the `zstandard` package); the digest does not.
+
+`read_bundle` returns only after checking everything: a regular file within the caps; the seal
+against every compressed byte; the frame's header, block structure and declared size against the caps
+before anything is allocated; the zstd checksum; every tar header byte for byte against what the
+writer produces; every name; every entry against the index; the digest against the seal. It never
+writes, never follows a link inside the archive (none is allowed) and reads nothing but `path`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
+
+from xgbuild.packager import frame, ustar
+from xgbuild.packager.archive_errors import (
+    BundleCorruptError, BundleEntryError, BundleError, BundleFormatError, BundleReadError,
+    BundleTooLargeError, bad_entry, bad_entry_name, bad_layout, corrupt, shown, too_large,
+    unreadable,
+)
+from xgbuild.packager.digest import (
+    INDEX_NAME, digest_of_index, index_bytes, index_mismatch, name_conflict, name_problem,
+)
+
+__all__ = [
+    "Bundle", "BundleCorruptError", "BundleEntryError", "BundleError", "BundleFormatError",
+    "BundleReadError", "BundleTooLargeError", "DEFAULT_MAX_ENTRY_SIZE", "DEFAULT_MAX_TOTAL_SIZE",
+    "INDEX_NAME", "bundle_digest_of", "read_bundle", "write_bundle",
+]
+
+DEFAULT_MAX_TOTAL_SIZE = 4 * 2**30          # uncompressed tar stream, headers included
+DEFAULT_MAX_ENTRY_SIZE = 2**30
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)    # POSIX only
+_O_BINARY = getattr(os, "O_BINARY", 0)      # Windows only
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A verified engine bundle: its digest and its entries (the index left out) in name order.
+
+    The digest determines the entries, so two Bundles are equal, and hash alike, when their digests
+    are equal.
+    """
+
+    digest: str
+    entries: Mapping[str, bytes] = field(compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # A read-only view of a private dict: what was verified cannot be edited through the Bundle.
+        object.__setattr__(self, "entries", MappingProxyType(dict(sorted(self.entries.items()))))
+
+    def names(self) -> tuple[str, ...]:
+        """The entry names, sorted."""
+        return tuple(self.entries)
+
+
+def _checked_entries(entries: Mapping[str, bytes], where: str,
+                     max_entry_size: int) -> dict[str, bytes]:
+    """A snapshot of `entries`, after checking every name and value the way the reader will."""
+    if not isinstance(entries, Mapping):
+        raise bad_entry(where, "entries must be a mapping of name to bytes, "
+                               f"not {type(entries).__name__}")
+    checked = dict(entries.items())
+    for name, data in checked.items():
+        problem = "reserved for the index" if name == INDEX_NAME else name_problem(name)
+        if problem:
+            raise bad_entry_name(where, name, problem)
+        if not isinstance(data, bytes):
+            raise bad_entry(where, f"entry {shown(name)} must be bytes, not {type(data).__name__}")
+        if len(data) > max_entry_size:
+            raise bad_entry(where, f"entry {shown(name)} is {len(data)} bytes, over the cap of "
+                                   f"{max_entry_size}")
+    conflict = name_conflict([INDEX_NAME, *checked])
+    if conflict:
+        raise bad_entry(where, f"entry {shown(conflict[0])} cannot also be a directory "
+                               f"(of {shown(conflict[1])})")
+    return checked
+
+
+def bundle_digest_of(entries: Mapping[str, bytes]) -> str:
+    """The digest `write_bundle(path, entries)` returns, without compressing or writing anything."""
+    checked = _checked_entries(entries, "cannot digest bundle entries", ustar.MAX_SIZE)
+    return digest_of_index(index_bytes(checked))
+
+
+def _fsync_directory(directory: Path) -> None:
+    # Makes the rename itself durable. Some platforms and file systems cannot open or fsync a
+    # directory; the bundle is complete either way, only the rename's durability is at stake.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    # Readers (xgrun, a parallel build, Bazel) must see the old bundle or the complete new one, never
+    # a prefix. So: write a temp file in the same directory (os.replace is atomic only within one
+    # file system), fsync it (else after a crash the rename can reach the disk before the bytes, and
+    # the final name holds an empty file), then rename it over the target.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC | _O_BINARY
+    while True:
+        temp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+        try:
+            # Mode 0o644 less the umask, as for any new file (mkstemp would force 0o600).
+            fd = os.open(temp, flags, 0o644)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with open(fd, "wb", closefd=True) as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+
+
+def write_bundle(path: Path, entries: Mapping[str, bytes], *,
+                 max_total_size: int = DEFAULT_MAX_TOTAL_SIZE,
+                 max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE) -> str:
+    """Write `entries` as an engine bundle at `path`, atomically; return the bundle digest.
+
+    Names follow `digest.name_problem`; values are bytes. The caps are the reader's defaults, so a
+    bundle written with them reads back with them. Raises `BundleEntryError` for entries that cannot
+    go in a bundle and `OSError` when the file cannot be written (no temp file is left behind).
+    """
+    path = Path(path)
+    where = f"cannot write engine {path}"
+    checked = _checked_entries(entries, where, min(max_entry_size, ustar.MAX_SIZE))
+    index = index_bytes(checked)
+    if len(index) > max_entry_size:
+        raise bad_entry(where, f"its index would be {len(index)} bytes, over the cap of "
+                               f"{max_entry_size}")
+    stream = ustar.encode([(INDEX_NAME, index), *((name, checked[name]) for name in sorted(checked))])
+    if len(stream) > max_total_size:
+        raise bad_entry(where, f"the archive would be {len(stream)} bytes uncompressed, over the "
+                               f"cap of {max_total_size}")
+    digest = digest_of_index(index)
+    compressed = frame.compress(stream)
+    _atomic_write(path, compressed + frame.seal(compressed, digest))
+    return digest
+
+
+def _read_file(path: Path, where: str, limit: int) -> bytes:
+    # O_NONBLOCK so that a FIFO at `path` is refused below instead of blocking the open.
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _O_CLOEXEC | _O_BINARY
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise unreadable(where, "does not exist") from None
+    except OSError as err:
+        raise unreadable(where, f"cannot be opened ({err.strerror or err})") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise unreadable(where, "is a directory")
+        if not stat.S_ISREG(info.st_mode):
+            raise unreadable(where, "is not a regular file")
+        if info.st_size > limit:
+            raise too_large(where, f"the file is {info.st_size} bytes, over the {limit} that the "
+                                   "caps allow")
+        with open(fd, "rb", closefd=False) as source:
+            # read(n) allocates n bytes up front: ask for the size fstat gave, not for the cap.
+            data = source.read(info.st_size)
+            grew = source.read(1)
+    except OSError as err:
+        raise unreadable(where, f"cannot be read ({err.strerror or err})") from None
+    finally:
+        os.close(fd)
+    if grew:
+        raise unreadable(where, "changed size while it was being read")
+    return data
+
+
+def _unpack(stream: bytes, where: str, max_entry_size: int) -> tuple[bytes, dict[str, bytes]]:
+    """(index bytes, other entries) of a tar stream laid out as the writer lays it out."""
+    members = ustar.parse(stream, where, max_entry_size=max_entry_size, name_problem=name_problem)
+    if not members:
+        raise bad_layout(where, f"it holds no entries, not even the index {INDEX_NAME}")
+    if members[0].name != INDEX_NAME:
+        raise bad_layout(where, f"its first entry is {shown(members[0].name)}, "
+                                f"not the index {INDEX_NAME}")
+    entries: dict[str, bytes] = {}
+    previous = ""
+    for member in members[1:]:
+        if member.name in entries or member.name == INDEX_NAME:
+            raise bad_layout(where, f"entry {shown(member.name)} appears twice")
+        if member.name < previous:
+            raise bad_layout(where, f"entry {shown(member.name)} comes after {shown(previous)}; "
+                                    "XG writes entries in sorted order")
+        entries[member.name] = stream[member.start:member.start + member.size]
+        previous = member.name
+    conflict = name_conflict([INDEX_NAME, *entries])
+    if conflict:
+        raise bad_layout(where, f"entry {shown(conflict[0])} is also a directory "
+                                f"(of {shown(conflict[1])})")
+    return stream[members[0].start:members[0].start + members[0].size], entries
+
+
+def read_bundle(path: Path, *, max_total_size: int = DEFAULT_MAX_TOTAL_SIZE,
+                max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE) -> Bundle:
+    """Read and verify the engine bundle at `path`; raise a `BundleError` unless all of it is sound.
+
+    `max_total_size` caps the uncompressed tar stream and `max_entry_size` each entry; both are
+    checked against declared sizes before anything that large is allocated. Peak memory is about
+    the file plus twice the uncompressed size.
+    """
+    path = Path(path)
+    where = f"engine {path}"
+    # zstd's worst case is 3 bytes per 128 KiB block plus the header and checksum: 1/256 is ample.
+    limit = max_total_size + (max_total_size >> 8) + 1024 + frame.SEAL_SIZE
+    data = _read_file(path, where, limit)
+    compressed, sealed_digest = frame.unseal(data, where)
+    stream = frame.decompress(compressed, where, max_total_size)
+    del data, compressed
+    index, entries = _unpack(stream, where, max_entry_size)
+    del stream
+    if index != index_bytes(entries):
+        raise index_mismatch(index, entries, where)
+    digest = digest_of_index(index)
+    if digest != sealed_digest:
+        raise corrupt(where, f"its seal records digest {sealed_digest[:16]}… but its contents "
+                             f"have {digest[:16]}…")
+    return Bundle(digest, entries)
