@@ -20,7 +20,7 @@ from .codes import (BAD_DECL, BAD_DIM, BAD_NUM_GPU, COND_NOT_BOOL, DEFAULT_DTYPE
 from .diagnostics import Diagnostics
 from .exprs import UNIT, ExprChecker
 from .scope import FuncSig, Scope, Var
-from .source import Span
+from .source import SourceFile, Span
 from .types import (DTYPES, ERROR, DimVar, DTypeVar, ErrorType, ExternVar, FloatLiteral, GradFn, IntLiteral,
                     ResultType, Subst, TensorType, TupleType, Type)
 
@@ -38,6 +38,7 @@ class ShardSpec:
 
 @dataclass
 class TypedProgram:
+    source: SourceFile
     module: A.Module
     funcs: dict[str, FuncSig]
     types: dict[int, Type]                       # node id -> resolved type
@@ -81,6 +82,7 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
         self.rigid_dims: set[str] = set()
         self.inferred_ret: Type | None = None
         self.shard_created: dict[str, Span] = {}
+        self.call_nids: list[int] = []
         for name, (value, ty) in prog.constants.items():
             self.root_scope.bind(Var(name, ty, Span(0, 0), "const", used=True), R.of_value(value)
                                  if isinstance(value, (int, float)) and not isinstance(value, bool) else R.ANY)
@@ -115,6 +117,8 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
         if self.is_main:
             self.finish_externals()
         self.prog.shards.extend(self.shards)
+        for nid in self.call_nids:
+            self.prog.instantiations[nid] = {k: _dim_name(self.subst.dim(v)) for k, v in self.prog.instantiations[nid].items()}
         for nid, ty in self.types.items():
             self.prog.types[nid] = self.final(ty)
         self.prog.main_ret = self.final(self.inferred_ret or self.sig.ret) if self.is_main else self.prog.main_ret
@@ -383,6 +387,10 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
                              help=f"`{spec.name}` is `{ty}`; shard a dimension divisible by {n}, or change `NUM_GPU`")
 
 
+def _dim_name(d):
+    return d.hint if isinstance(d, DimVar) else d
+
+
 def _meet(a: dict[str, R.Sign], b: dict[str, R.Sign]) -> dict[str, R.Sign]:
     out = dict(a)
     for k, v in b.items():
@@ -462,7 +470,7 @@ class ProgramChecker:
             FunctionChecker(self, sig.node, sig).run()
         self.recursion()
         externals = {n: v.type for n, v in self.externs.items() if isinstance(v.type, TensorType)}
-        return TypedProgram(module, self.funcs, self.types, self.instantiations, externals,
+        return TypedProgram(self.diags.source, module, self.funcs, self.types, self.instantiations, externals,
                             {k: v for k, (v, _) in self.constants.items()}, self.target, self.num_gpu,
                             self.shards, self.main_ret)
 

@@ -437,7 +437,8 @@ class ExprChecker:
             if isinstance(self.deref(ty), ResultType):
                 self.mark_handled(arg)
             ok &= self.accept(ty, want, arg)
-        self.instantiations[e.nid] = {k: v for k, v in mapping.items()}
+        self.instantiations[e.nid] = dict(mapping)
+        self.call_nids.append(e.nid)
         if not ok:
             return ERROR, R.ANY
         return self.deref(self.subst.instantiate(sig.ret, mapping)), R.ANY

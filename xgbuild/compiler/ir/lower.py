@@ -1,0 +1,573 @@
+"""Lowering: typed AST -> Graph IR.
+
+Each `def` becomes a function graph (PARAM inputs), `main` becomes the entry graph (INPUT nodes,
+one per external). Control flow is if-converted into `where` selects: the language is pure, so
+both sides of an `if` can be computed and the condition picks. A `Result[T]` becomes a pair: an
+int32 tag (0 = Ok, else the named error's code) and the value; `match` and `unwrap_or` are selects
+on the tag. A `DivByZero` path is an ordinary value, never an exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+from ..frontend import ast as A
+from ..frontend.checker import TypedProgram
+from ..frontend.types import (NAMED_ERRORS, ErrorValue, FloatLiteral, IntLiteral, ResultType, ShapeValue,
+                              TensorType, TupleType, Type)
+from .graph import Graph, GraphBuilder, Op, Program, attrs_of, tree_ids
+
+TAG_DTYPE = "int32"
+ERROR_CODES = {name: i + 1 for i, name in enumerate(NAMED_ERRORS)}
+
+
+class LoweringError(Exception):
+    """A construct the checker accepts but this compiler cannot lower yet; names the line."""
+
+
+@dataclass(frozen=True)
+class Lit:
+    value: Any
+
+
+@dataclass(frozen=True)
+class Err:
+    code: int
+
+
+@dataclass(frozen=True)
+class Res:
+    tag: "LVal"
+    value: "LVal"
+
+
+@dataclass(frozen=True)
+class Tup:
+    items: tuple
+
+
+@dataclass(frozen=True)
+class Meta:         # a dtype, shape or string argument
+    value: Any
+
+
+LVal = Union[int, Lit, Err, Res, Tup, Meta]
+
+_BIN = {"+": Op.ADD, "-": Op.SUB, "*": Op.MUL, "/": Op.DIV, "%": Op.MOD, "==": Op.EQ, "!=": Op.NE,
+        "<": Op.LT, "<=": Op.LE, ">": Op.GT, ">=": Op.GE, "and": Op.AND, "or": Op.OR}
+_UNARY_BUILTINS = {"exp": Op.EXP, "log": Op.LOG, "sqrt": Op.SQRT, "rsqrt": Op.RSQRT, "sigmoid": Op.SIGMOID,
+                   "tanh": Op.TANH, "gelu": Op.GELU, "silu": Op.SILU, "relu": Op.RELU, "abs": Op.ABS}
+_REDUCE = {"sum": Op.SUM, "mean": Op.MEAN, "max": Op.MAX, "min": Op.MIN}
+
+
+def lower(tp: TypedProgram) -> Program:
+    functions: dict[str, Graph] = {}
+    for name in _call_order(tp):
+        if name != "main":
+            functions[name] = FunctionLowering(tp, name, functions).run()
+    main = FunctionLowering(tp, "main", functions).run()
+    return Program(main, functions)
+
+
+def _call_order(tp: TypedProgram) -> list[str]:
+    """Callees before callers, only what `main` reaches."""
+    calls: dict[str, set[str]] = {}
+    for sig in tp.funcs.values():
+        calls[sig.name] = set()
+        stack: list[Any] = [sig.node.body]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, A.Call) and isinstance(node.func, A.Name) and node.func.id in tp.funcs:
+                calls[sig.name].add(node.func.id)
+            if isinstance(node, A.Node):
+                for field in node.__slots__:
+                    stack.append(getattr(node, field, None))
+            elif isinstance(node, list):
+                stack.extend(node)
+    order: list[str] = []
+    seen: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        for callee in sorted(calls.get(name, ())):
+            visit(callee)
+        order.append(name)
+
+    visit("main")
+    return order
+
+
+class FunctionLowering:
+    def __init__(self, tp: TypedProgram, name: str, functions: dict[str, Graph]) -> None:
+        self.tp = tp
+        self.sig = tp.funcs[name]
+        self.functions = functions
+        self.b = GraphBuilder(name)
+        self.env: dict[str, tuple[LVal, Type]] = {}
+        self.is_main = name == "main"
+
+    # --- entry ----------------------------------------------------------------------------------
+    def run(self) -> Graph:
+        if self.is_main:
+            for name, ty in self.tp.externals.items():
+                nid = self.b.add(Op.INPUT, (), str(ty.dtype), ty.shape, attrs_of(name=name))
+                self.b.inputs.append((name, nid))
+                self.env[name] = (nid, ty)
+        else:
+            for pname, ptype in self.sig.params:
+                self.env[pname] = (self.param(ptype), ptype)
+        ret_type = self.tp.main_ret if self.is_main else self.sig.ret
+        value = self.seq(list(self.sig.node.body.stmts))
+        if value is None or ret_type is None or ret_type == TupleType(()):
+            return self.b.build({"tuple": []})
+        return self.b.build(self.tree(self.conform(value, ret_type, self.sig.node)))
+
+    def param(self, ty: Type) -> LVal:
+        if isinstance(ty, TensorType):
+            nid = self.b.add(Op.PARAM, (), str(ty.dtype), ty.shape, attrs_of(index=len(self.b.params)))
+            self.b.params.append(nid)
+            return nid
+        if isinstance(ty, ResultType):
+            return Res(self.param(TensorType(TAG_DTYPE, ())), self.param(ty.inner))
+        if isinstance(ty, TupleType):
+            return Tup(tuple(self.param(t) for t in ty.items))
+        raise LoweringError(f"parameters of type {ty} are not supported")
+
+    def tree(self, v: LVal) -> dict:
+        if isinstance(v, int):
+            return {"t": v}
+        if isinstance(v, Tup):
+            return {"tuple": [self.tree(i) for i in v.items]}
+        if isinstance(v, Res):
+            return {"result": {"tag": self.tree(v.tag)["t"], "value": self.tree(v.value)}}
+        raise LoweringError(f"cannot return {v}")
+
+    def src(self, node: A.Node) -> tuple[int, int]:
+        return self.tp.source.line_col(node.span.start)
+
+    def fail(self, node: A.Node, message: str) -> LoweringError:
+        line, col = self.src(node)
+        return LoweringError(f"{self.tp.source.name}:{line}:{col}: {message}")
+
+    # --- statements (if-conversion) -------------------------------------------------------------
+    def seq(self, stmts: list[A.Stmt]) -> LVal | None:
+        """Lower statements; returns the value returned on this path (None: falls off the end)."""
+        for i, stmt in enumerate(stmts):
+            if isinstance(stmt, A.Return):
+                return Tup(()) if stmt.value is None else self.expr(stmt.value)
+            if isinstance(stmt, A.Assign):
+                value = self.expr(stmt.value)
+                if stmt.destructure:
+                    items = value.items if isinstance(value, Tup) else ()
+                    for target, item in zip(stmt.targets, items):
+                        self.env[target.id] = (item, self.tp.types.get(target.nid))
+                else:
+                    self.env[stmt.targets[0].id] = (value, self.tp.types.get(stmt.targets[0].nid))
+            elif isinstance(stmt, A.ExprStmt):
+                self.expr(stmt.expr)
+            elif isinstance(stmt, A.With):
+                self.with_block(stmt)
+                result = self.seq_nested(stmt.body.stmts)
+                if result is not None:
+                    return result
+            elif isinstance(stmt, A.If):
+                result = self.if_stmt(stmt, stmts[i + 1:])
+                if result is not _FALLTHROUGH:
+                    return result
+        return None
+
+    def seq_nested(self, stmts: list[A.Stmt]) -> LVal | None:
+        return self.seq(list(stmts))
+
+    def if_stmt(self, s: A.If, rest: list[A.Stmt]):
+        cond = self.scalar_bool(s.cond)
+        then_stmts = list(s.then.stmts)
+        else_stmts = [s.orelse] if isinstance(s.orelse, A.If) else list(s.orelse.stmts) if s.orelse else []
+        if not (_returns(then_stmts) or _returns(else_stmts)):
+            before = dict(self.env)
+            self.seq(then_stmts)
+            then_env = self.env
+            self.env = dict(before)
+            self.seq(else_stmts)
+            else_env = self.env
+            self.env = dict(before)
+            for name in then_env.keys() & else_env.keys():
+                (a, ta), (b, tb) = then_env[name], else_env[name]
+                if a == b:
+                    self.env[name] = (a, ta)
+                else:
+                    ty = ta if ta is not None else tb
+                    self.env[name] = (self.select(cond, self.conform(a, ty, s), self.conform(b, ty, s), s), ty)
+            return _FALLTHROUGH
+        # A branch returns: the rest of the block continues the other branch (a continuation).
+        ret_type = self.tp.main_ret if self.is_main else self.sig.ret
+        before = dict(self.env)
+        then_val = self.seq(then_stmts + ([] if _terminates(then_stmts) else rest))
+        self.env = dict(before)
+        else_val = self.seq(else_stmts + ([] if _terminates(else_stmts) else rest))
+        self.env = before
+        if then_val is None and else_val is None:
+            return None
+        if then_val is None or else_val is None:
+            raise self.fail(s, "a path through this `if` returns no value")
+        return self.select(cond, self.conform(then_val, ret_type, s), self.conform(else_val, ret_type, s), s)
+
+    def with_block(self, s: A.With) -> None:
+        for call in s.shards:
+            x = call.args[0] if call.args else next(k.value for k in call.kwargs if k.name == "x")
+            if not isinstance(x, A.Name) or x.id not in self.env:
+                continue
+            dim = next((k.value for k in call.kwargs if k.name == "dim"), call.args[1] if len(call.args) > 1 else None)
+            value, ty = self.env[x.id]
+            if isinstance(value, int) and isinstance(dim, A.IntLit):
+                n = self.b.node(value)
+                nid = self.b.add(Op.SHARD, (value,), n.dtype, n.shape, attrs_of(dim=dim.value % max(len(n.shape), 1)),
+                                 self.src(call))
+                self.env[x.id] = (nid, ty)
+
+    # --- values ---------------------------------------------------------------------------------
+    def const(self, value: Any, dtype: str, node: A.Node | None = None) -> int:
+        if dtype == "bool":
+            value = bool(value)
+        elif dtype.startswith(("int", "uint")):
+            value = int(value)
+        else:
+            value = float(value)
+        return self.b.add(Op.CONST, (), dtype, (), attrs_of(value=value), self.src(node) if node else None)
+
+    def mat(self, v: LVal, dtype: str, node: A.Node) -> int:
+        """A tensor node for `v`, giving literals the dtype their context needs."""
+        if isinstance(v, int):
+            return v
+        if isinstance(v, Lit):
+            return self.const(v.value, dtype, node)
+        raise self.fail(node, f"expected a tensor value, found {type(v).__name__}")
+
+    def conform(self, v: LVal, ty: Type | None, node: A.Node) -> LVal:
+        """Shape `v` as a value of type `ty` (literals typed, errors as results)."""
+        if ty is None:
+            return v
+        if isinstance(ty, (IntLiteral, FloatLiteral)):
+            ty = TensorType("int64" if isinstance(ty, IntLiteral) else "float32", ())
+        if isinstance(ty, TensorType):
+            return self.mat(v, str(ty.dtype), node)
+        if isinstance(ty, TupleType):
+            items = v.items if isinstance(v, Tup) else ()
+            return Tup(tuple(self.conform(i, t, node) for i, t in zip(items, ty.items)))
+        if isinstance(ty, ResultType):
+            if isinstance(v, Err):
+                return Res(self.const(v.code, TAG_DTYPE, node), self.zeros(ty.inner, node))
+            if isinstance(v, Res):
+                return Res(v.tag, self.conform(v.value, ty.inner, node))
+        return v
+
+    def zeros(self, ty: Type, node: A.Node) -> LVal:
+        if isinstance(ty, TensorType):
+            return self.b.add(Op.FULL, (), str(ty.dtype), ty.shape, attrs_of(value=0), self.src(node))
+        if isinstance(ty, TupleType):
+            return Tup(tuple(self.zeros(t, node) for t in ty.items))
+        if isinstance(ty, ResultType):
+            return Res(self.const(0, TAG_DTYPE, node), self.zeros(ty.inner, node))
+        raise self.fail(node, f"no zero value for {ty}")
+
+    def select(self, cond: int, a: LVal, b: LVal, node: A.Node) -> LVal:
+        if a == b:
+            return a
+        if isinstance(a, Tup) and isinstance(b, Tup):
+            return Tup(tuple(self.select(cond, x, y, node) for x, y in zip(a.items, b.items)))
+        if isinstance(a, Res) and isinstance(b, Res):
+            return Res(self.select(cond, a.tag, b.tag, node), self.select(cond, a.value, b.value, node))
+        if isinstance(a, int) and isinstance(b, int):
+            na, nb = self.b.node(a), self.b.node(b)
+            from .shapes import broadcast
+            shape = broadcast(na.shape, nb.shape)
+            return self.b.add(Op.WHERE, (cond, a, b), na.dtype, shape, (), self.src(node))
+        raise self.fail(node, "cannot select between these values")
+
+    def scalar_bool(self, e: A.Expr) -> int:
+        v = self.expr(e)
+        return self.mat(v, "bool", e)
+
+    def ty(self, e: A.Expr) -> Type:
+        return self.tp.types.get(e.nid)
+
+    def dtype(self, e: A.Expr, v: LVal) -> str | None:
+        if isinstance(v, int):
+            return self.b.node(v).dtype
+        ty = self.ty(e)
+        return str(ty.dtype) if isinstance(ty, TensorType) else None
+
+    # --- expressions ----------------------------------------------------------------------------
+    def expr(self, e: A.Expr) -> LVal:
+        ty = self.ty(e)
+        if isinstance(ty, (IntLiteral, FloatLiteral)):
+            return Lit(ty.value)          # folded by the checker (literals and their arithmetic)
+        method = getattr(self, "e_" + type(e).__name__)
+        return method(e)
+
+    def e_BoolLit(self, e: A.BoolLit) -> LVal:
+        return self.const(e.value, "bool", e)
+
+    def e_StrLit(self, e: A.StrLit) -> LVal:
+        return Meta(e.value)
+
+    def e_Name(self, e: A.Name) -> LVal:
+        if e.id in self.env:
+            return self.env[e.id][0]
+        if e.id in self.tp.constants:
+            value = self.tp.constants[e.id]
+            return self.const(value, "bool", e) if isinstance(value, bool) else Lit(value)
+        if e.id in ERROR_CODES:
+            return Err(ERROR_CODES[e.id])
+        return Meta(e.id)                  # a dtype name
+
+    def e_Unary(self, e: A.Unary) -> LVal:
+        v = self.expr(e.operand)
+        if e.op == "+":
+            return v
+        ty = self.ty(e)
+        op = Op.NOT if e.op == "not" else Op.NEG
+        n = self.b.node(self.mat(v, str(ty.dtype), e))
+        return self.b.add(op, (n.id,), n.dtype, n.shape, (), self.src(e))
+
+    def e_Binary(self, e: A.Binary) -> LVal:
+        left, right = self.expr(e.left), self.expr(e.right)
+        ty = self.ty(e)
+        if e.op == "@":
+            return self.b.add(Op.MATMUL, (left, right), str(ty.dtype), ty.shape, (), self.src(e))
+        operand_dtype = self.dtype(e.left, left) or self.dtype(e.right, right) or str(ty.dtype)
+        if isinstance(left, Lit) and isinstance(right, int):
+            operand_dtype = self.b.node(right).dtype
+        a, b = self.mat(left, operand_dtype, e.left), self.mat(right, operand_dtype, e.right)
+        return self.b.add(_BIN[e.op], (a, b), str(ty.dtype), ty.shape, (), self.src(e))
+
+    def e_TupleExpr(self, e: A.TupleExpr) -> LVal:
+        return Tup(tuple(self.expr(i) for i in e.items))
+
+    def e_ListExpr(self, e: A.ListExpr) -> LVal:
+        return Meta(self.ty(e))
+
+    def e_Index(self, e: A.Index) -> LVal:
+        base = self.expr(e.base)
+        ty = self.ty(e)
+        items: list[tuple] = []
+        inputs = [base]
+        for item in e.items:
+            if isinstance(item, A.Slice):
+                bounds = []
+                for bound in (item.lo, item.hi, item.step):
+                    v = None if bound is None else self.expr(bound)
+                    if v is not None and not isinstance(v, Lit):
+                        raise self.fail(bound, "slice bounds must be constants")
+                    bounds.append(None if v is None else int(v.value))
+                items.append(("s", *bounds))
+            else:
+                v = self.expr(item)
+                if isinstance(v, Lit):
+                    items.append(("i", int(v.value)))
+                else:
+                    items.append(("d", len(inputs)))
+                    inputs.append(v)
+        return self.b.add(Op.INDEX, inputs, str(ty.dtype), ty.shape, attrs_of(items=items), self.src(e))
+
+    def e_MethodCall(self, e: A.MethodCall) -> LVal:
+        r = self.expr(e.obj)
+        rty = self.ty(e.obj)
+        r = self.conform(r, rty, e)
+        default = self.conform(self.expr(e.args[0]), rty.inner, e.args[0])
+        ok = self.b.add(Op.EQ, (r.tag, self.const(0, TAG_DTYPE, e)), "bool", (), (), self.src(e))
+        return self.select(ok, r.value, default, e)
+
+    def e_Match(self, e: A.Match) -> LVal:
+        rty = self.ty(e.scrutinee)
+        r = self.conform(self.expr(e.scrutinee), rty, e)
+        out_ty = self.ty(e)
+        result: LVal | None = None
+        for arm in reversed(e.arms):
+            p = arm.pattern
+            saved = dict(self.env)
+            if p.ctor == "Ok" and p.binding:
+                self.env[p.binding] = (r.value, rty.inner)
+            body = self.conform(self.expr(arm.body), out_ty, arm.body)
+            self.env = saved
+            if p.ctor == "Ok":
+                cond = self.b.add(Op.EQ, (r.tag, self.const(0, TAG_DTYPE, arm)), "bool", (), (), self.src(arm))
+            elif p.ctor in ERROR_CODES:
+                cond = self.b.add(Op.EQ, (r.tag, self.const(ERROR_CODES[p.ctor], TAG_DTYPE, arm)), "bool", (), (),
+                                  self.src(arm))
+            else:
+                result = body      # Err(e) / _: matches whatever reaches it
+                continue
+            result = body if result is None else self.select(cond, body, result, arm)
+        return result
+
+    def e_Call(self, e: A.Call) -> LVal:
+        if isinstance(e.func, A.Call):
+            raise self.fail(e, "`grad` and `value_and_grad` are not supported by this compiler yet "
+                               "(automatic differentiation arrives with the autodiff pass)")
+        name = e.func.id
+        if name == "Ok":
+            return Res(self.const(0, TAG_DTYPE, e), self.expr(e.args[0]))
+        if name == "Err":
+            return self.expr(e.args[0])
+        if name in self.tp.funcs:
+            return self.call(name, e)
+        return self.builtin(name, e)
+
+    def call(self, name: str, e: A.Call) -> LVal:
+        sig = self.tp.funcs[name]
+        callee = self.functions[name]
+        args_by_name = {p: None for p, _ in sig.params}
+        for (pname, _), arg in zip(sig.params, e.args):
+            args_by_name[pname] = arg
+        for kw in e.kwargs:
+            args_by_name[kw.name] = kw.value
+        flat: list[int] = []
+        for pname, ptype in sig.params:
+            flat.extend(_leaves(self.conform(self.expr(args_by_name[pname]), _instantiate(ptype, {}), e)))
+        dims = self.tp.instantiations.get(e.nid, {})
+        call = self.b.add(Op.CALL, flat, "bool", (), attrs_of(func=name, dims=dict(sorted(dims.items()))), self.src(e))
+        leaves = tree_ids(callee.output)
+        projs = {}
+        for i, leaf in enumerate(leaves):
+            n = callee.node(leaf)
+            projs[leaf] = self.b.add(Op.PROJ, (call,), n.dtype, _subst_shape(n.shape, dims), attrs_of(index=i),
+                                     self.src(e))
+        return _from_tree(callee.output, projs)
+
+    def builtin(self, name: str, e: A.Call) -> LVal:
+        ty = self.ty(e)
+        bound = self.bound_args(name, e)
+        src = self.src(e)
+        dtype, shape = (str(ty.dtype), ty.shape) if isinstance(ty, TensorType) else (None, None)
+        if name in _UNARY_BUILTINS:
+            x = self.mat(self.expr(bound["x"]), dtype, bound["x"])
+            return self.b.add(_UNARY_BUILTINS[name], (x,), dtype, shape, (), src)
+        if name in _REDUCE:
+            x = self.mat(self.expr(bound["x"]), dtype, bound["x"])
+            dim = self.int_arg(bound.get("dim"))
+            keep = self.bool_arg(bound.get("keepdim"))
+            rank = len(self.b.node(x).shape)
+            return self.b.add(_REDUCE[name], (x,), dtype, shape,
+                              attrs_of(dim=None if dim is None else dim % max(rank, 1), keepdim=keep), src)
+        if name in ("softmax", "log_softmax"):
+            x = self.mat(self.expr(bound["x"]), dtype, bound["x"])
+            dim = self.int_arg(bound.get("dim"), -1)
+            op = Op.SOFTMAX if name == "softmax" else Op.LOG_SOFTMAX
+            return self.b.add(op, (x,), dtype, shape, attrs_of(dim=dim % max(len(shape), 1)), src)
+        if name == "transpose":
+            x = self.expr(bound["x"])
+            rank = len(shape)
+            d0, d1 = self.int_arg(bound.get("dim0"), -2) % rank, self.int_arg(bound.get("dim1"), -1) % rank
+            return self.b.add(Op.TRANSPOSE, (x,), dtype, shape, attrs_of(dim0=d0, dim1=d1), src)
+        if name == "reshape":
+            return self.b.add(Op.RESHAPE, (self.expr(bound["x"]),), dtype, shape, (), src)
+        if name == "cast":
+            v = self.expr(bound["x"])
+            if isinstance(v, Lit):
+                return self.const(v.value, dtype, e)
+            return self.b.add(Op.CAST, (v,), dtype, shape, (), src)
+        if name in ("maximum", "minimum"):
+            a, b = self.expr(bound["a"]), self.expr(bound["b"])
+            op = Op.MAXIMUM if name == "maximum" else Op.MINIMUM
+            return self.b.add(op, (self.mat(a, dtype, e), self.mat(b, dtype, e)), dtype, shape, (), src)
+        if name == "where":
+            c = self.mat(self.expr(bound["cond"]), "bool", e)
+            a, b = self.expr(bound["a"]), self.expr(bound["b"])
+            return self.b.add(Op.WHERE, (c, self.mat(a, dtype, e), self.mat(b, dtype, e)), dtype, shape, (), src)
+        if name in ("zeros", "ones", "full"):
+            value = {"zeros": 0, "ones": 1}.get(name)
+            if value is None:
+                v = self.expr(bound["value"])
+                if not isinstance(v, Lit):
+                    node = self.mat(v, dtype, e)
+                    zero = self.b.add(Op.FULL, (), dtype, shape, attrs_of(value=0), src)
+                    return self.b.add(Op.ADD, (zero, node), dtype, shape, (), src)
+                value = v.value
+            value = bool(value) if dtype == "bool" else (int(value) if not dtype.startswith(("float", "bfloat")) else float(value))
+            return self.b.add(Op.FULL, (), dtype, shape, attrs_of(value=value), src)
+        if name == "randn":
+            seed = self.mat(self.expr(bound["seed"]), "int64", e)
+            return self.b.add(Op.RANDN, (seed,), dtype, shape, (), src)
+        if name in ("grad", "value_and_grad"):
+            raise self.fail(e, "`grad` and `value_and_grad` are not supported by this compiler yet "
+                               "(automatic differentiation arrives with the autodiff pass)")
+        raise self.fail(e, f"builtin `{name}` cannot be lowered")
+
+    def bound_args(self, name: str, e: A.Call) -> dict[str, A.Expr]:
+        from ..frontend.builtins import SPECS
+        names = [p for p, _ in SPECS[name]]
+        bound = dict(zip(names, e.args))
+        bound.update({k.name: k.value for k in e.kwargs})
+        return bound
+
+    def int_arg(self, node: A.Expr | None, default: int | None = None) -> int | None:
+        if node is None:
+            return default
+        v = self.expr(node)
+        return int(v.value) if isinstance(v, Lit) else default
+
+    def bool_arg(self, node: A.Expr | None) -> bool:
+        return bool(node.value) if isinstance(node, A.BoolLit) else False
+
+
+_FALLTHROUGH = object()
+
+
+def _terminates(stmts: list[A.Stmt]) -> bool:
+    for s in stmts:
+        if isinstance(s, A.Return):
+            return True
+        if isinstance(s, A.If) and s.orelse is not None:
+            else_stmts = [s.orelse] if isinstance(s.orelse, A.If) else list(s.orelse.stmts)
+            if _terminates(list(s.then.stmts)) and _terminates(else_stmts):
+                return True
+        if isinstance(s, A.With) and _terminates(list(s.body.stmts)):
+            return True
+    return False
+
+
+def _returns(stmts: list[A.Stmt]) -> bool:
+    """Does any path through `stmts` return (not necessarily every path)?"""
+    for s in stmts:
+        if isinstance(s, A.Return):
+            return True
+        if isinstance(s, A.If):
+            else_stmts = [s.orelse] if isinstance(s.orelse, A.If) else list(s.orelse.stmts) if s.orelse else []
+            if _returns(list(s.then.stmts)) or _returns(else_stmts):
+                return True
+        if isinstance(s, A.With) and _returns(list(s.body.stmts)):
+            return True
+    return False
+
+
+def _leaves(v: LVal) -> list[int]:
+    if isinstance(v, int):
+        return [v]
+    if isinstance(v, Tup):
+        return [x for i in v.items for x in _leaves(i)]
+    if isinstance(v, Res):
+        return _leaves(v.tag) + _leaves(v.value)
+    raise LoweringError(f"cannot pass {v} to a function")
+
+
+def _from_tree(tree: dict, ids: dict[int, int]) -> LVal:
+    if "t" in tree:
+        return ids[tree["t"]]
+    if "tuple" in tree:
+        return Tup(tuple(_from_tree(t, ids) for t in tree["tuple"]))
+    return Res(ids[tree["result"]["tag"]], _from_tree(tree["result"]["value"], ids))
+
+
+def _subst_shape(shape, dims: dict) -> tuple:
+    return tuple(dims.get(d, d) if isinstance(d, str) else d for d in shape)
+
+
+def _instantiate(ty: Type, dims: dict) -> Type:
+    return ty
+
+
+__all__ = ["LoweringError", "lower", "ShapeValue", "ErrorValue"]

@@ -1,0 +1,147 @@
+"""IR as text (for `--emit=ir`), JSON (engines and tools) and Graphviz DOT.
+
+JSON is canonical: the same graph gives the same bytes. `from_json` reads untrusted input (an
+engine file) and raises `IRError` on anything malformed, never another exception.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .graph import Graph, Node, Op, Program, tree_ids
+from .verify import IRError
+
+FORMAT = 1
+
+
+def _dims(shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _attr_text(v: Any) -> str:
+    if isinstance(v, tuple):
+        return "(" + ", ".join(_attr_text(x) for x in v) + ")"
+    return json.dumps(v) if isinstance(v, str) else repr(v)
+
+
+def to_text(graph: Graph) -> str:
+    lines = [f"graph {graph.name}(" + ", ".join(f"{name}: %{nid}" for name, nid in graph.inputs) + ") {"]
+    for n in graph.nodes:
+        args = ", ".join(f"%{i}" for i in n.inputs)
+        attrs = " ".join(f"{k}={_attr_text(v)}" for k, v in n.attrs)
+        loc = f"  # line {n.src[0]}" if n.src else ""
+        lines.append(f"  %{n.id} = {n.op.value}({args}){' ' + attrs if attrs else ''} : {n.dtype}{_dims(n.shape)}{loc}")
+    lines.append(f"  return {_tree_text(graph.output)}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _tree_text(tree: dict) -> str:
+    if "t" in tree:
+        return f"%{tree['t']}"
+    if "tuple" in tree:
+        return "(" + ", ".join(_tree_text(t) for t in tree["tuple"]) + ")"
+    return f"result(tag=%{tree['result']['tag']}, value={_tree_text(tree['result']['value'])})"
+
+
+def program_text(program: Program) -> str:
+    parts = [to_text(g) for _, g in sorted(program.functions.items())]
+    return "\n".join(parts + [to_text(program.main)])
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, tuple):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+def to_json(graph: Graph) -> dict:
+    return {
+        "format": FORMAT,
+        "name": graph.name,
+        "inputs": [[name, nid] for name, nid in graph.inputs],
+        "params": list(graph.params),
+        "output": graph.output,
+        "nodes": [{"id": n.id, "op": n.op.value, "inputs": list(n.inputs), "dtype": n.dtype,
+                   "shape": list(n.shape), "attrs": [[k, _jsonable(v)] for k, v in n.attrs],
+                   "src": list(n.src) if n.src else None} for n in graph.nodes],
+    }
+
+
+def dumps(graph: Graph) -> bytes:
+    return (json.dumps(to_json(graph), sort_keys=True, separators=(",", ":")) + "\n").encode()
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+def _check_tree(tree: Any) -> dict:
+    if not isinstance(tree, dict) or len(tree) != 1:
+        raise IRError("malformed output tree")
+    if "t" in tree:
+        if not isinstance(tree["t"], int):
+            raise IRError("malformed output tree")
+    elif "tuple" in tree:
+        if not isinstance(tree["tuple"], list):
+            raise IRError("malformed output tree")
+        for t in tree["tuple"]:
+            _check_tree(t)
+    elif "result" in tree:
+        r = tree["result"]
+        if not isinstance(r, dict) or set(r) != {"tag", "value"} or not isinstance(r["tag"], int):
+            raise IRError("malformed output tree")
+        _check_tree(r["value"])
+    else:
+        raise IRError("malformed output tree")
+    return tree
+
+
+def from_json(data: Any) -> Graph:
+    try:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise IRError(f"program IR has format {data.get('format') if isinstance(data, dict) else '?'}, "
+                          f"this XG reads format {FORMAT}")
+        nodes = []
+        for raw in data["nodes"]:
+            shape = tuple(raw["shape"])
+            if not all(isinstance(d, (int, str)) and not isinstance(d, bool) for d in shape):
+                raise IRError(f"node %{raw.get('id')}: malformed shape")
+            src = raw.get("src")
+            nodes.append(Node(int(raw["id"]), Op(raw["op"]), tuple(int(i) for i in raw["inputs"]), str(raw["dtype"]),
+                              shape, tuple((str(k), _freeze(v)) for k, v in raw["attrs"]),
+                              (int(src[0]), int(src[1])) if src else None))
+        graph = Graph(str(data["name"]), tuple(nodes), tuple((str(n), int(i)) for n, i in data["inputs"]),
+                      _check_tree(data["output"]), tuple(int(p) for p in data.get("params", [])))
+    except IRError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise IRError(f"malformed program IR: {type(exc).__name__}: {exc}") from None
+    return graph
+
+
+def loads(blob: bytes) -> Graph:
+    try:
+        data = json.loads(blob)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise IRError(f"program IR is not JSON: {exc}") from None
+    return from_json(data)
+
+
+def to_dot(graph: Graph) -> str:
+    out = [f'digraph "{graph.name}" {{', "  rankdir=TB;", '  node [shape=box, fontname="monospace"];']
+    outputs = set(tree_ids(graph.output))
+    for n in graph.nodes:
+        label = f"%{n.id} {n.op.value}\\n{n.dtype}{_dims(n.shape)}"
+        if n.op is Op.INPUT:
+            label = f"{n.attr('name')}\\n{n.dtype}{_dims(n.shape)}"
+        style = ', style=filled, fillcolor="#dde8ff"' if n.op is Op.INPUT else \
+            (', style=filled, fillcolor="#ffe7c2"' if n.id in outputs else "")
+        out.append(f'  n{n.id} [label="{label}"{style}];')
+        for i in n.inputs:
+            out.append(f"  n{i} -> n{n.id};")
+    out.append("}")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,60 @@
+"""The engine manifest: what an engine is, in one canonical JSON document.
+
+Everything in it is a pure function of the sources, the options and the toolchain: no paths,
+times, users or host names, so two builds of the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import triton
+
+from .. import __version__
+from ..compiler.ir.graph import Graph
+from ..hw import load_profile
+
+FORMAT_VERSION = 1
+
+
+def canonical_json(obj: Any) -> bytes:
+    return (json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True) + "\n").encode()
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _tensor_sig(graph: Graph, nid: int) -> dict:
+    n = graph.node(nid)
+    return {"dtype": n.dtype, "shape": list(n.shape)}
+
+
+def _output_sig(graph: Graph, tree: dict) -> dict:
+    if "t" in tree:
+        return {"tensor": _tensor_sig(graph, tree["t"])}
+    if "tuple" in tree:
+        return {"tuple": [_output_sig(graph, t) for t in tree["tuple"]]}
+    return {"result": _output_sig(graph, tree["result"]["value"])}
+
+
+def build_manifest(*, graph: Graph, program_blob: bytes, target: str, num_gpu: int, sources: dict[str, bytes],
+                   passes: list[str], shards: list[dict], kernels: list[dict] | None = None) -> dict:
+    profile = load_profile(target)
+    return {
+        "format_version": FORMAT_VERSION,
+        "toolchain": {"xg": __version__, "triton": triton.__version__},
+        "target": profile.name,
+        "target_profile": profile.to_dict(),
+        "num_gpu": num_gpu,
+        "entry": {
+            "inputs": [{"name": name, **_tensor_sig(graph, nid)} for name, nid in graph.inputs],
+            "output": _output_sig(graph, graph.output),
+        },
+        "sharding": shards,
+        "kernels": kernels or [],
+        "program": {"path": "program.json", "sha256": sha256(program_blob), "passes": passes},
+        "sources": [{"path": f"sources/{name}", "sha256": sha256(data)} for name, data in sorted(sources.items())],
+    }

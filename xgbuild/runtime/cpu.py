@@ -1,0 +1,206 @@
+"""The CPU reference executor: runs any specialised Graph IR with torch on the CPU.
+
+In `float64` mode every floating-point value is computed in float64: the reference that tests
+compare engines against. Collective ops run as identity (one process holds every shard).
+Check mode keeps intermediate values so that a NaN/Inf in an output can be traced to the first
+op that produced it and its source line.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..compiler.ir.graph import Graph, Node, Op, tree_ids
+from ..errors import ExecutionError
+
+TORCH_DTYPES = {"bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
+                "int64": torch.int64, "uint8": torch.uint8, "float16": torch.float16,
+                "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
+
+_UNARY = {Op.NEG: torch.neg, Op.NOT: torch.logical_not, Op.EXP: torch.exp, Op.LOG: torch.log,
+          Op.SQRT: torch.sqrt, Op.RSQRT: torch.rsqrt, Op.SIGMOID: torch.sigmoid, Op.TANH: torch.tanh,
+          Op.GELU: F.gelu, Op.SILU: F.silu, Op.RELU: torch.relu, Op.ABS: torch.abs}
+_BINARY = {Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul, Op.EQ: torch.eq, Op.NE: torch.ne,
+           Op.LT: torch.lt, Op.LE: torch.le, Op.GT: torch.gt, Op.GE: torch.ge, Op.AND: torch.logical_and,
+           Op.OR: torch.logical_or, Op.MAXIMUM: torch.maximum, Op.MINIMUM: torch.minimum, Op.MATMUL: torch.matmul}
+_REDUCE = {Op.SUM: torch.sum, Op.MEAN: torch.mean, Op.MAX: torch.amax, Op.MIN: torch.amin}
+
+_M32 = 0xFFFFFFFF
+
+
+def _pcg(x: torch.Tensor) -> torch.Tensor:
+    """PCG's 32-bit output hash on int64 tensors holding uint32 values (portable to GPU kernels)."""
+    state = (x * 747796405 + 2891336453) & _M32
+    word = (((state >> ((state >> 28) + 4)) ^ state) * 277803737) & _M32
+    return (word >> 22) ^ word
+
+
+def counter_randn(seed: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Normal samples from (seed, element index) alone: the same bits whatever computes them."""
+    n = math.prod(shape)
+    key = _pcg(torch.tensor([seed & _M32], dtype=torch.int64) ^ _pcg(torch.tensor([(seed >> 32) & _M32])))
+    idx = torch.arange(n, dtype=torch.int64)
+    u1 = (_pcg((key + 2 * idx) & _M32) >> 8).to(torch.float64).add_(0.5).div_(1 << 24)
+    u2 = (_pcg((key + 2 * idx + 1) & _M32) >> 8).to(torch.float64).add_(0.5).div_(1 << 24)
+    z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)
+    return z.reshape(shape).to(dtype)
+
+
+@dataclass
+class RunOutput:
+    values: dict[int, torch.Tensor]     # output node id -> value
+    timings: list[dict]                 # per node: id, op, line, ms
+
+
+class CpuExecutor:
+    name = "cpu"
+
+    def __init__(self, *, float64: bool = False, check: bool = True, timings: bool = True) -> None:
+        self.float64 = float64
+        self.check = check
+        self.timings = timings
+
+    def dtype(self, name: str) -> torch.dtype:
+        if self.float64 and name in FLOAT_DTYPES:
+            return torch.float64
+        return TORCH_DTYPES[name]
+
+    def run(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> RunOutput:
+        outputs = set(tree_ids(graph.output))
+        last_use: dict[int, int] = {}
+        for n in graph.nodes:
+            for i in n.inputs:
+                last_use[i] = n.id
+        vals: dict[int, torch.Tensor] = {}
+        timings: list[dict] = []
+        with torch.no_grad():
+            for n in graph.nodes:
+                t0 = time.perf_counter()
+                vals[n.id] = self.eval(n, [vals[i] for i in n.inputs], inputs)
+                if self.timings:
+                    timings.append({"id": n.id, "op": n.op.value, "line": n.src[0] if n.src else None,
+                                    "ms": (time.perf_counter() - t0) * 1e3})
+                if not self.check:    # free what no later node reads (check mode keeps all, to trace NaNs)
+                    for i in n.inputs:
+                        if last_use.get(i) == n.id and i not in outputs:
+                            vals.pop(i, None)
+        if self.check:
+            self.guard(graph, vals)
+        return RunOutput({i: vals[i] for i in outputs}, timings)
+
+    # --- ops ------------------------------------------------------------------------------------
+    def eval(self, n: Node, args: list[torch.Tensor], inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        op = n.op
+        dt = self.dtype(n.dtype)
+        if op is Op.INPUT:
+            return inputs[n.attr("name")].to(dt)
+        if op is Op.CONST:
+            return torch.tensor(n.attr("value"), dtype=dt)
+        if op is Op.FULL:
+            return torch.full(n.shape, n.attr("value"), dtype=dt)
+        if op is Op.RANDN:
+            # Samples are made in the declared dtype, then widened: float64 mode sees the same values.
+            return counter_randn(int(args[0]), tuple(n.shape), TORCH_DTYPES[n.dtype]).to(dt)
+        if op in _UNARY:
+            return _UNARY[op](args[0])
+        if op is Op.CAST:
+            return args[0].to(dt)
+        if op in _BINARY:
+            return _BINARY[op](args[0], args[1])
+        if op is Op.DIV:
+            a, b = args
+            if a.dtype.is_floating_point:
+                return torch.div(a, b)
+            # Integer division truncates toward zero. A zero divisor only reaches here on a path
+            # the program discards (the checker proved the taken one nonzero): give it 1.
+            return torch.div(a, torch.where(b == 0, torch.ones_like(b), b), rounding_mode="trunc")
+        if op is Op.MOD:
+            a, b = args
+            if not a.dtype.is_floating_point:
+                b = torch.where(b == 0, torch.ones_like(b), b)
+            return torch.fmod(a, b)
+        if op is Op.WHERE:
+            return torch.where(args[0], args[1], args[2])
+        if op in _REDUCE:
+            dim, keep = n.attr("dim"), n.attr("keepdim", False)
+            x = args[0]
+            if dim is None:
+                out = _REDUCE[op](x)
+                return out.reshape((1,) * x.dim()) if keep else out
+            if x.dim() == 0:
+                return x
+            return _REDUCE[op](x, dim=dim, keepdim=keep)
+        if op is Op.SOFTMAX:
+            return torch.softmax(args[0], dim=n.attr("dim"))
+        if op is Op.LOG_SOFTMAX:
+            return torch.log_softmax(args[0], dim=n.attr("dim"))
+        if op is Op.TRANSPOSE:
+            return args[0].transpose(n.attr("dim0"), n.attr("dim1"))
+        if op is Op.RESHAPE:
+            return args[0].reshape(n.shape)
+        if op is Op.INDEX:
+            return args[0][self.index(n, args)]
+        if op in (Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE):
+            return args[0]          # one process holds every shard
+        raise ExecutionError(f"the CPU executor has no implementation of `{op.value}`")
+
+    def index(self, n: Node, args: list[torch.Tensor]) -> tuple:
+        key = []
+        base_shape = args[0].shape
+        for axis, item in enumerate(n.attr("items")):
+            if item[0] == "i":
+                key.append(item[1])
+            elif item[0] == "s":
+                key.append(slice(item[1], item[2], item[3]))
+            else:
+                i = int(args[item[1]])
+                size = base_shape[axis]
+                if not -size <= i < size:
+                    line = f" at line {n.src[0]}" if n.src else ""
+                    raise ExecutionError(f"index {i} is out of bounds for dimension {axis} of size {size}{line}")
+                key.append(i)
+        return tuple(key)
+
+    # --- check mode -----------------------------------------------------------------------------
+    def guard(self, graph: Graph, vals: dict[int, torch.Tensor]) -> None:
+        for nid in tree_ids(graph.output):
+            v = vals[nid]
+            if v.dtype.is_floating_point and not bool(torch.isfinite(v).all()):
+                origin = self.origin(graph, vals, nid, torch.ones_like(v, dtype=torch.bool))
+                node = graph.node(origin)
+                kind = "NaN" if bool(torch.isnan(vals[origin]).any()) else "Inf"
+                if node.op is Op.INPUT:
+                    where = f"the input `{node.attr('name')}`"
+                else:
+                    where = f"`{node.op.value}` (node %{node.id})" + (f" at line {node.src[0]}" if node.src else "")
+                raise ExecutionError(f"check failed: an output holds {kind}; it first appears in {where}")
+
+    def origin(self, graph: Graph, vals: dict[int, torch.Tensor], nid: int, mask: torch.Tensor) -> int:
+        """The earliest node whose non-finite values flow (through `mask`ed positions) into `nid`."""
+        node = graph.node(nid)
+        bad = ~torch.isfinite(vals[nid]) & mask if vals[nid].dtype.is_floating_point else None
+        if bad is None or not bool(bad.any()):
+            return nid
+        for pos, i in enumerate(node.inputs):
+            v = vals[i]
+            if not v.dtype.is_floating_point:
+                continue
+            if node.op is Op.WHERE:
+                if pos == 0:
+                    continue
+                cond = vals[node.inputs[0]]
+                chosen = cond if pos == 1 else ~cond
+                sub = torch.broadcast_to(chosen & bad, torch.broadcast_shapes(bad.shape, chosen.shape))
+            elif node.op in (Op.INPUT, Op.CONST) or v.shape != bad.shape:
+                sub = torch.ones_like(v, dtype=torch.bool)
+            else:
+                sub = bad
+            if bool((~torch.isfinite(v) & sub).any()):
+                return self.origin(graph, vals, i, sub)
+        return nid

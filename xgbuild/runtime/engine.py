@@ -1,0 +1,191 @@
+"""The engine a program compiles to, in memory: build, save, load, check inputs, run.
+
+An `Engine` wraps a verified `EngineFile`. `run` checks the inputs against the signature (names,
+dtypes, ranks, fixed dims, one size per symbol, device), specialises the IR to their shapes once
+per (shapes, dtypes) and caches it, then runs the executor for the device.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from ..compiler.driver import Compiled
+from ..compiler.ir.graph import Graph
+from ..compiler.passes.specialize import SpecializationError, bind_symbols, specialize
+from ..errors import EngineError, ExecutionError, InputError
+from ..packager.engine_file import EngineFile, build_engine_file, read_engine, save_engine_file
+from ..packager.manifest import build_manifest
+from .cpu import TORCH_DTYPES, CpuExecutor
+
+_XG_DTYPE = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class ResultValue:
+    """What a `Result[T]` output becomes: `ok`, and either `value` or the `error` name."""
+    ok: bool
+    value: Any
+    error: str | None
+
+
+@dataclass
+class RunResult:
+    value: Any
+    metadata: dict
+
+
+@dataclass
+class Engine:
+    file: EngineFile
+    _specialised: dict = field(default_factory=dict, repr=False)
+
+    # --- making and storing ---------------------------------------------------------------------
+    @classmethod
+    def from_compiled(cls, compiled: Compiled) -> "Engine":
+        graph = compiled.optimized.main
+        sources = {compiled.name: compiled.source.encode()}
+        shards = [{"function": s.function, "name": s.name, "dim": s.dim, "region": s.region}
+                  for s in compiled.typed.shards]
+        from ..compiler.ir.serialize import dumps
+        blob = dumps(graph)
+        manifest = build_manifest(graph=graph, program_blob=blob, target=compiled.target, num_gpu=compiled.num_gpu,
+                                  sources=sources, passes=list(compiled.passes), shards=shards)
+        return cls(build_engine_file(graph, manifest, sources))
+
+    @classmethod
+    def load(cls, path: Path | str) -> "Engine":
+        return cls(read_engine(Path(path)))
+
+    def save(self, path: Path | str) -> str:
+        return save_engine_file(self.file, Path(path))
+
+    @property
+    def manifest(self) -> dict:
+        return self.file.manifest
+
+    @property
+    def digest(self) -> str:
+        return self.file.digest
+
+    @property
+    def graph(self) -> Graph:
+        return self.file.graph
+
+    @property
+    def signature(self) -> list[dict]:
+        return self.manifest["entry"]["inputs"]
+
+    # --- inputs ---------------------------------------------------------------------------------
+    def prepare_inputs(self, values: Mapping[str, Any] | None, device: str) -> dict[str, torch.Tensor]:
+        values = dict(values or {})
+        expected = [s["name"] for s in self.signature]
+        missing = [n for n in expected if n not in values]
+        extra = [n for n in values if n not in expected]
+        if missing:
+            raise InputError(f"missing input{'s' if len(missing) > 1 else ''} {', '.join(f'`{m}`' for m in missing)}; "
+                             f"the engine takes {_sig_text(self.signature)}")
+        if extra:
+            raise InputError(f"unknown input{'s' if len(extra) > 1 else ''} {', '.join(f'`{e}`' for e in extra)}; "
+                             f"the engine takes {_sig_text(self.signature)}")
+        out: dict[str, torch.Tensor] = {}
+        for spec in self.signature:
+            name = spec["name"]
+            t = _as_tensor(name, values[name])
+            got = _XG_DTYPE.get(t.dtype, str(t.dtype))
+            if got != spec["dtype"]:
+                raise InputError(f"input `{name}` has dtype {got}, the engine expects {spec['dtype']} "
+                                 "(XG never converts implicitly)")
+            if t.device.type != device:
+                raise InputError(f"input `{name}` is on {t.device}, but the engine runs on {device}")
+            out[name] = t
+        return out
+
+    def specialised(self, inputs: Mapping[str, torch.Tensor]) -> tuple[Graph, dict, bool]:
+        key = tuple((n, str(t.dtype), tuple(t.shape)) for n, t in sorted(inputs.items()))
+        cached = key in self._specialised
+        if not cached:
+            try:
+                env = bind_symbols(self.graph, {n: tuple(t.shape) for n, t in inputs.items()})
+                self._specialised[key] = (specialize(self.graph, env), env)
+            except SpecializationError as exc:
+                raise InputError(str(exc)) from None
+        graph, env = self._specialised[key]
+        return graph, env, cached
+
+    # --- running --------------------------------------------------------------------------------
+    def run(self, external_values: Mapping[str, Any] | None = None, *, device: str = "cpu", check: bool = True,
+            float64: bool = False) -> RunResult:
+        if device not in ("cpu", "cuda"):
+            raise InputError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
+        if device == "cuda":
+            raise EngineError(f"engine {self.digest[:12]} carries no GPU kernels for this device: this XG runs "
+                              "engines on the CPU (device='cpu'); GPU kernels come with the code-generation stage")
+        inputs = self.prepare_inputs(external_values, device)
+        t0 = time.perf_counter()
+        graph, env, cached = self.specialised(inputs)
+        executor = CpuExecutor(float64=float64, check=check)
+        out = executor.run(graph, inputs)
+        total_ms = (time.perf_counter() - t0) * 1e3
+        value = _build(graph.output, out.values)
+        metadata = {
+            "target": self.manifest["target"],
+            "num_gpu": self.manifest["num_gpu"],
+            "engine_digest": self.digest,
+            "device": device,
+            "executor": executor.name + ("-float64" if float64 else ""),
+            "check": check,
+            "specialization": {"symbols": dict(sorted(env.items())), "cached": cached,
+                               "inputs": {n: {"dtype": _XG_DTYPE[t.dtype], "shape": list(t.shape)}
+                                          for n, t in inputs.items()}},
+            "timings": {"total_ms": total_ms, "ops": out.timings},
+        }
+        return RunResult(value, metadata)
+
+
+def _sig_text(sig: list[dict]) -> str:
+    return ", ".join(f"{s['name']}: {s['dtype']}{s['shape']}" for s in sig) or "no inputs"
+
+
+def _as_tensor(name: str, value: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            raise InputError(f"input `{name}` is a numpy object array; pass numbers")
+        try:
+            return torch.from_numpy(np.ascontiguousarray(value))
+        except TypeError as exc:
+            raise InputError(f"input `{name}`: numpy dtype {value.dtype} is not supported ({exc})") from None
+    if isinstance(value, bool):
+        return torch.tensor(value)
+    if isinstance(value, int):
+        return torch.tensor(value, dtype=torch.int64)
+    if isinstance(value, float):
+        return torch.tensor(value, dtype=torch.float32)
+    raise InputError(f"input `{name}` is a {type(value).__name__}; pass a torch tensor or a numpy array")
+
+
+def _scalar(t: torch.Tensor) -> Any:
+    return t.item() if t.dim() == 0 else t
+
+
+def _build(tree: dict, values: dict[int, torch.Tensor]) -> Any:
+    if "t" in tree:
+        return _scalar(values[tree["t"]])
+    if "tuple" in tree:
+        return tuple(_build(t, values) for t in tree["tuple"])
+    from ..compiler.ir.lower import ERROR_CODES
+    tag = int(values[tree["result"]["tag"]])
+    if tag == 0:
+        return ResultValue(True, _build(tree["result"]["value"], values), None)
+    names = {v: k for k, v in ERROR_CODES.items()}
+    return ResultValue(False, None, names.get(tag, f"error {tag}"))
+
+
+__all__ = ["Engine", "ExecutionError", "ResultValue", "RunResult"]
