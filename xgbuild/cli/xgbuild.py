@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 
@@ -21,6 +22,42 @@ def explain(code: str = typer.Argument(..., help="a diagnostic code such as XG01
     if text is None:
         fail(f"unknown diagnostic code {code!r}; codes look like XG0100", 2)
     sys.stdout.write(text)
+
+
+@app.command()
+def inspect(
+    engine: Path = typer.Argument(..., metavar="ENGINE", help="an .xge engine file", show_default=False),
+    json_out: bool = typer.Option(False, "--json", help="print the manifest (and digest) as JSON"),
+) -> None:
+    """Print an engine's manifest: target, signature, kernels, toolchain, sources."""
+    from ..errors import XGError
+    from ..runtime.engine import Engine
+    from .common import emit_json
+
+    try:
+        eng = Engine.load(engine)
+    except XGError as exc:
+        fail(str(exc))
+    m = eng.manifest
+    if json_out:
+        emit_json({"digest": eng.digest, **m})
+        return
+    out = sys.stdout
+    out.write(f"engine      {engine}\ndigest      {eng.digest}\nformat      {m['format_version']}\n")
+    out.write(f"target      {m['target']} ({m['target_profile']['arch']}), num_gpu {m['num_gpu']}\n")
+    out.write("toolchain   " + ", ".join(f"{k} {v}" for k, v in sorted(m["toolchain"].items())) + "\n")
+    out.write("inputs\n")
+    for spec in m["entry"]["inputs"]:
+        out.write(f"  {spec['name']:<12} {spec['dtype']:<9} {spec['shape']}\n")
+    out.write(f"output      {m['entry']['output']}\n")
+    out.write(f"program     {len(eng.graph.nodes)} nodes after {', '.join(m['program']['passes'])}\n")
+    out.write(f"kernels     {len(m['kernels'])}\n")
+    for k in m["kernels"]:
+        out.write(f"  {k['name']:<24} {k['arch']:<7} {k['tuning']}\n")
+    for shard in m["sharding"]:
+        out.write(f"shard       {shard['name']} dim={shard['dim']}\n")
+    for src in m["sources"]:
+        out.write(f"source      {src['path']} {src['sha256'][:16]}\n")
 
 
 def main() -> None:

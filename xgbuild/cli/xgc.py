@@ -1,23 +1,45 @@
-"""`xgc`: the XG compiler command. Thin: parsing options and printing; the work is in the library."""
+"""`xgc`: the XG compiler command. Thin: parsing options and printing; the work is in the library.
+
+    xgc FILE.xg --check [--json]                       type-check only
+    xgc FILE.xg --out build/engine.xge [--target T] [--num-gpu N]
+    xgc FILE.xg --emit ast|ir|ir-opt|ir-json|dot [--dump-after PASS]
+
+Exit codes: 0 ok (warnings allowed), 1 errors in the program, 2 usage, unreadable file or internal error.
+"""
 
 from __future__ import annotations
 
+import json
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from ..compiler.driver import compile_file
 from ..compiler.frontend import CheckOptions, check_file
-from .common import EXIT_OK, EXIT_PROGRAM, EXIT_USAGE, emit_json, make_app, run
+from ..compiler.frontend.ast_dump import dump as dump_ast
+from ..compiler.ir.serialize import program_text, to_dot, to_json, to_text
+from ..compiler.passes import PASS_NAMES
+from ..errors import CompileError, XGError
+from .common import EXIT_OK, EXIT_PROGRAM, EXIT_USAGE, emit_json, fail, make_app, run
 
 app = make_app("Compile an XG program (.xg) into an engine bundle (.xge), or check it.")
 
 
-def _exit_code(result) -> int:
-    if result.ok:
+class Emit(str, Enum):
+    ast = "ast"
+    ir = "ir"
+    ir_opt = "ir-opt"
+    ir_json = "ir-json"
+    dot = "dot"
+
+
+def _exit_code(diagnostics) -> int:
+    codes = {d.code for d in diagnostics if d.severity.value == "error"}
+    if not codes:
         return EXIT_OK
-    codes = {d.code for d in result.diagnostics}
     # An unreadable file or a bug in XG is not a mistake in the program.
     return EXIT_USAGE if codes & {"XG0007", "XG0900"} else EXIT_PROGRAM
 
@@ -26,23 +48,64 @@ def _exit_code(result) -> int:
 def compile(
     file: Path = typer.Argument(..., metavar="FILE", help="the .xg source file", show_default=False),
     check: bool = typer.Option(False, "--check", help="type-check only; write nothing"),
+    out: Optional[Path] = typer.Option(None, "--out", help="write the engine bundle here (.xge)"),
+    emit: Optional[Emit] = typer.Option(None, "--emit", help="print a stage: ast, ir, ir-opt, ir-json or dot"),
+    dump_after: Optional[str] = typer.Option(None, "--dump-after", help=f"print the IR after one pass: {', '.join(PASS_NAMES)}"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object on stdout"),
     target: Optional[str] = typer.Option(None, "--target", help="GPU profile from hw/ (overrides TARGET_GPU)"),
     num_gpu: Optional[int] = typer.Option(None, "--num-gpu", min=1, help="GPUs to plan for (overrides NUM_GPU)"),
-    lib: bool = typer.Option(False, "--lib", help="a library file: no `main` required"),
+    lib: bool = typer.Option(False, "--lib", help="a library file: no `main` required (with --check)"),
 ) -> None:
-    """Type-check FILE (`--check`)."""
+    """Check FILE, print one of its stages, or build its engine."""
+    if dump_after is not None and dump_after not in PASS_NAMES:
+        fail(f"unknown pass {dump_after!r} for --dump-after; passes: {', '.join(PASS_NAMES)}", EXIT_USAGE)
+    if not (check or out or emit or dump_after):
+        fail("nothing to do: pass --check, --out FILE.xge, --emit STAGE or --dump-after PASS", EXIT_USAGE)
+    if out is not None and out.suffix != ".xge":
+        fail(f"--out names an engine file ending in .xge, got {str(out)!r}", EXIT_USAGE)
     options = CheckOptions(target=target, num_gpu=num_gpu, lib=lib)
-    result = check_file(file, options)
-    if json_out:
-        emit_json(result.to_json())
-    if result.diagnostics and not json_out:
-        sys.stderr.write(result.render() + "\n")
-    code = _exit_code(result)
-    if code != EXIT_OK or check:
-        raise typer.Exit(code)
-    sys.stderr.write("error: building engines is not available yet; use --check\n")
-    raise typer.Exit(EXIT_USAGE)
+    if check or (lib and not out):
+        result = check_file(file, options)
+        if json_out:
+            emit_json(result.to_json())
+        elif result.diagnostics:
+            sys.stderr.write(result.render() + "\n")
+        raise typer.Exit(_exit_code(result.diagnostics))
+    try:
+        compiled = compile_file(file, options, stop_after=dump_after)
+    except CompileError as exc:
+        if json_out:
+            emit_json({"ok": False, "diagnostics": [d.to_json() for d in exc.diagnostics]})
+        else:
+            sys.stderr.write(str(exc) + "\n")
+        raise typer.Exit(_exit_code(exc.diagnostics) or EXIT_PROGRAM)
+    warnings = compiled.check.diagnostics
+    if warnings and not json_out:
+        sys.stderr.write(compiled.check.render() + "\n")
+    if dump_after is not None:
+        sys.stdout.write(to_text(compiled.optimized.main))
+    elif emit is Emit.ast:
+        sys.stdout.write(dump_ast(compiled.typed.module, compiled.typed.types))
+    elif emit is Emit.ir:
+        sys.stdout.write(program_text(compiled.lowered))
+    elif emit is Emit.ir_opt:
+        sys.stdout.write(to_text(compiled.optimized.main))
+    elif emit is Emit.ir_json:
+        sys.stdout.write(json.dumps(to_json(compiled.optimized.main), sort_keys=True, indent=1) + "\n")
+    elif emit is Emit.dot:
+        sys.stdout.write(to_dot(compiled.optimized.main))
+    if out is not None:
+        from ..runtime.engine import Engine
+        try:
+            engine = Engine.from_compiled(compiled)
+            digest = engine.save(out)
+        except XGError as exc:
+            fail(str(exc))
+        if json_out:
+            emit_json({"ok": True, "engine": str(out), "digest": digest,
+                       "diagnostics": [d.to_json() for d in warnings]})
+        else:
+            sys.stderr.write(f"wrote {out} ({digest[:12]}, target {compiled.target}, num_gpu {compiled.num_gpu})\n")
 
 
 def main() -> None:

@@ -1,0 +1,318 @@
+"""Engine inputs and outputs as files: `.npz`, `.safetensors`, `.pt`/`.pth`.
+
+Owns what `xgrun --inputs FILE --output FILE` and `xg.run_engine` read and write:
+
+- `load_tensors` reads a file into `{name: CPU tensor}`. Nothing is ever unpickled: `.npz` is read
+  with `allow_pickle=False`, `.pt` with `torch.load(weights_only=True)`. Every way a file can be
+  wrong (not the format its suffix says, truncated, an object array, a pickled payload, a name that
+  is not an XG identifier, a dtype XG lacks) is one `TensorIOError` line naming the file.
+- `save_tensors` writes atomically and byte-for-byte deterministically, so output files can be
+  compared and cached by digest.
+- `random_inputs` makes seeded inputs that are the same bits on every machine; `describe` gives the
+  shape, dtype and a content checksum of a tensor for logs and `--json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import secrets
+import sys
+import warnings
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import safetensors.torch
+import torch
+
+SUFFIXES = (".npz", ".safetensors", ".pt", ".pth")
+_FORMAT_NAMES = {".npz": ".npz archive", ".safetensors": "safetensors file",
+                 ".pt": "PyTorch tensor file", ".pth": "PyTorch tensor file"}
+
+# XG spelling -> torch; must match `compiler/frontend/types.py:DTYPES` (a test checks). Kept here
+# rather than imported so that running an engine does not need the compiler.
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
+    "int64": torch.int64, "uint8": torch.uint8, "float16": torch.float16,
+    "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
+}
+_XG_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
+
+# An XG external name: the lexer's NAME token that is not a keyword (`frontend/lexer.py`).
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_KEYWORDS = frozenset({"def", "return", "if", "else", "with", "match", "extern", "true", "false",
+                       "and", "or", "not"})
+
+# 1980-01-01 is the earliest time a zip entry can carry; a fixed stamp keeps `.npz` bytes stable.
+_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+class TensorIOError(Exception):
+    """A tensor file could not be read or written; the message is one line naming the file."""
+
+
+def xg_dtype(dtype: torch.dtype) -> str:
+    """The XG name of a torch dtype; `ValueError` for dtypes XG has no name for (complex64, ...)."""
+    try:
+        return _XG_NAMES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype {dtype} is not an XG dtype (XG dtypes: {', '.join(TORCH_DTYPES)})") from None
+
+
+# ---------------------------------------------------------------------------------------- reading
+
+def load_tensors(path: Path, *, role: str = "inputs file") -> dict[str, torch.Tensor]:
+    """Read `path` into `{name: tensor}`: CPU, contiguous, in the file's dtype, names in file order.
+
+    `role` only words the error messages ("inputs file", "expected outputs file", ...).
+    """
+    path = Path(path)
+    suffix = _suffix(path, role)
+    if not path.is_file():
+        raise TensorIOError(f"{role} {path} " + ("is not a regular file" if path.exists() else "does not exist"))
+    invalid = f"{role} {path} is not a valid {_FORMAT_NAMES[suffix]}"
+    try:
+        if path.stat().st_size == 0:
+            raise TensorIOError(f"{invalid}: the file is empty")
+        raw = _READERS[suffix](path)
+    except TensorIOError:
+        raise
+    except OSError as e:
+        raise TensorIOError(f"cannot read {role} {path}: {e.strerror or e}") from None
+    # Parsers fail in many ways (ValueError, RuntimeError, UnpicklingError, SafetensorError, ...);
+    # the user needs to know the file is bad and why, not the parser's traceback.
+    except Exception as e:  # noqa: BLE001
+        raise TensorIOError(f"{invalid}: {_summarize(e)}{_hint(path, suffix)}") from None
+    return {name: _checked(f"{role} {path}", name, t) for name, t in raw}
+
+
+def _read_npz(path: Path) -> list[tuple[str, torch.Tensor]]:
+    out = []
+    with zipfile.ZipFile(path) as zf:
+        for info in zf.infolist():
+            if not info.filename.endswith(".npy"):
+                raise ValueError(f"entry {info.filename!r} is not a .npy array")
+            with zf.open(info) as f:
+                array = np.lib.format.read_array(f, allow_pickle=False)
+            if array.dtype.name not in TORCH_DTYPES:  # also catches strings, structs, datetimes
+                raise ValueError(f"array {info.filename[:-4]!r} has dtype {array.dtype}, which XG lacks")
+            if not array.dtype.isnative:
+                array = array.astype(array.dtype.newbyteorder("="))
+            out.append((info.filename[:-4], torch.from_numpy(array)))
+    return out
+
+
+def _read_safetensors(path: Path) -> list[tuple[str, torch.Tensor]]:
+    # Read the bytes rather than mmap: the file may be replaced while the engine runs.
+    return list(safetensors.torch.load(path.read_bytes()).items())
+
+
+def _read_pt(path: Path) -> list[tuple[str, torch.Tensor]]:
+    # weights_only=True: a .pt file is a pickle, and a pickle can run arbitrary code when loaded.
+    with warnings.catch_warnings():
+        # torch warns about pickle protocols it did not write; the load itself decides what is safe.
+        warnings.filterwarnings("ignore", message="Detected pickle protocol")
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(obj, dict):
+        raise ValueError(f"it holds a {type(obj).__name__}, not a dict of name -> tensor")
+    for name, value in obj.items():
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"entry {name!r} is of type {type(value).__name__}, not a tensor")
+    return list(obj.items())
+
+
+_READERS = {".npz": _read_npz, ".safetensors": _read_safetensors, ".pt": _read_pt, ".pth": _read_pt}
+
+
+def _checked(where: str, name: object, t: torch.Tensor) -> torch.Tensor:
+    """Check one loaded entry is an XG-usable tensor, and return it as a compact CPU tensor."""
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or name in _KEYWORDS:
+        raise TensorIOError(f"{where}: name {name!r} is not an XG identifier "
+                            "(letters, digits and `_`, not starting with a digit, not a keyword)")
+    if t.layout != torch.strided:
+        raise TensorIOError(f"{where}: tensor {name!r} has layout {t.layout}; only dense tensors are supported")
+    if t.dtype not in _XG_NAMES:
+        raise TensorIOError(f"{where}: tensor {name!r} has dtype {t.dtype}, which XG does not support "
+                            f"(XG dtypes: {', '.join(TORCH_DTYPES)})")
+    return _compact(t.detach().cpu())
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """`t` contiguous and owning exactly its own bytes (not a view into a larger storage)."""
+    if t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.nbytes:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _suffix(path: Path, role: str) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in SUFFIXES:
+        raise TensorIOError(f"{role} {path}: unknown suffix {path.suffix or '(none)'!r}; "
+                            f"supported: {', '.join(SUFFIXES)}")
+    return suffix
+
+
+def _hint(path: Path, suffix: str) -> str:
+    """" (it looks like ...)" when the first bytes point to another format; a guess, never an error."""
+    actual = None
+    with contextlib.suppress(Exception):
+        with open(path, "rb") as f:
+            head = f.read(9)
+        if head.startswith(b"PK\x03\x04"):
+            with zipfile.ZipFile(path) as zf:
+                names = zf.namelist()
+            actual = (".pt" if any(n.endswith("data.pkl") for n in names)
+                      else ".npz" if names and all(n.endswith(".npy") for n in names) else None)
+        elif head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 10**8:  # safetensors header
+            actual = ".safetensors"
+    if actual is None or actual == suffix.replace(".pth", ".pt"):
+        return ""
+    return f" (it looks like a {_FORMAT_NAMES[actual]}; name it {actual})"
+
+
+# torch's weights_only refusal is a paragraph around one useful line; these are the other lines.
+_TORCH_BOILERPLATE = ("Weights only load failed", "Please file an issue", "Check the documentation")
+
+
+def _summarize(e: BaseException) -> str:
+    """One short line from a parser exception: its first informative sentence."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    informative = [line for line in lines if not line.startswith(_TORCH_BOILERPLATE)]
+    line = (informative or lines or [type(e).__name__])[0].split(". ")[0].removesuffix(".")
+    if str(e).startswith("Weights only load failed"):
+        line = f"refused by the weights-only unpickler ({line})"
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
+# ---------------------------------------------------------------------------------------- writing
+
+def save_tensors(path: Path, tensors: Mapping[str, torch.Tensor | float | int | bool], *,
+                 role: str = "output file") -> None:
+    """Write `tensors` to `path` (format by suffix), atomically, with the same bytes for the same tensors.
+
+    Python scalars become 0-d tensors: bool -> bool, int -> int64, float -> float32 (XG's default
+    float). Tensors on other devices are copied to the CPU. `.npz` cannot hold bfloat16 (numpy
+    has no such dtype), so that is refused rather than silently widened.
+    """
+    path = Path(path)
+    suffix = _suffix(path, role)
+    where = f"{role} {path}"
+    prepared: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name in sorted(tensors, key=str):
+        t = _checked(where, name, _as_tensor(where, name, tensors[name]))
+        # Two names sharing memory would make the .pt alias them and safetensors refuse them.
+        if t.numel() and t.untyped_storage().data_ptr() in seen:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        if suffix == ".npz" and t.dtype == torch.bfloat16:
+            raise TensorIOError(f"{where}: tensor {name!r} is bfloat16, which .npz cannot store; "
+                                "use .safetensors or .pt")
+        prepared[name] = t
+    _write_atomic(path, where, lambda f: _WRITERS[suffix](f, prepared))
+
+
+_SCALAR_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float32}
+
+
+def _as_tensor(where: str, name: object, value: object) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    if type(value) is int and not -2**63 <= value < 2**63:
+        raise TensorIOError(f"{where}: value {name!r} = {value} does not fit in int64")
+    if type(value) in _SCALAR_DTYPES:
+        return torch.tensor(value, dtype=_SCALAR_DTYPES[type(value)])
+    raise TensorIOError(f"{where}: value {name!r} is of type {type(value).__name__}; "
+                        "expected a torch.Tensor or a Python bool, int or float")
+
+
+def _write_npz(f: BinaryIO, tensors: Mapping[str, torch.Tensor]) -> None:
+    # Written by hand rather than np.savez: savez stamps each entry with the current time.
+    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED) as zf:
+        for name, t in tensors.items():
+            info = zipfile.ZipInfo(name + ".npy", date_time=_ZIP_EPOCH)
+            info.create_system = 3  # Unix; the default depends on the writing platform
+            info.external_attr = 0o100644 << 16
+            # Entries over 2 GiB need zip64 headers, and zipfile must know before it streams.
+            with zf.open(info, "w", force_zip64=t.nbytes > 2**30) as out:
+                np.lib.format.write_array(out, t.numpy(), allow_pickle=False)
+
+
+def _write_pt(f: BinaryIO, tensors: Mapping[str, torch.Tensor]) -> None:
+    # A file object, not a path: given a path, torch names the archive's top folder after the file.
+    torch.save(dict(tensors), f)
+
+
+_WRITERS: dict[str, Callable[[BinaryIO, Mapping[str, torch.Tensor]], object]] = {
+    ".npz": _write_npz, ".pt": _write_pt, ".pth": _write_pt,
+    ".safetensors": lambda f, tensors: f.write(safetensors.torch.save(dict(tensors))),
+}
+
+
+def _write_atomic(path: Path, where: str, write: Callable[[BinaryIO], None]) -> None:
+    # Write a temp file in the same directory and os.replace it over the target: a reader (or a
+    # crash) sees the old file or the new one, never half of one. os.open with mode 0o666 lets the
+    # umask apply, as for a plain open(); mkstemp would leave the output 0600.
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        raise TensorIOError(f"cannot write {where}: {e.strerror or e}") from None
+    except TensorIOError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a library refusing the data, said in one line
+        raise TensorIOError(f"cannot write {where}: {_summarize(e)}") from None
+    finally:
+        tmp.unlink(missing_ok=True)  # a no-op once os.replace has moved it
+
+
+# ------------------------------------------------------------------------- random inputs, describe
+
+def random_inputs(signature: Mapping[str, tuple[str, tuple[int, ...]]], seed: int) -> dict[str, torch.Tensor]:
+    """Seeded inputs for `{name: (xg dtype, shape)}`: the same bits for the same seed on any machine.
+
+    Floats are standard normal rounded to float32 then cast; ints uniform in [-8, 8) (uint8 in
+    [0, 16)); bools fair coin flips. Each input has its own generator, seeded from sha256 of
+    (seed, name), so adding or renaming one input leaves the others' values unchanged.
+    """
+    out = {}
+    for name, (dtype_name, shape) in signature.items():
+        if dtype_name not in TORCH_DTYPES:
+            raise ValueError(f"input {name!r}: unknown dtype {dtype_name!r} (XG dtypes: {', '.join(TORCH_DTYPES)})")
+        dtype, shape = TORCH_DTYPES[dtype_name], tuple(shape)
+        digest = hashlib.sha256(f"xg.random_inputs\0{seed}\0{name}".encode()).digest()
+        g = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+        if dtype.is_floating_point:
+            # Drawn in float64, then rounded: torch's float32 randn takes a SIMD path on AVX2/AVX-512
+            # CPUs whose bits differ from its scalar path; the float64 one is the same everywhere.
+            t = torch.randn(shape, generator=g, dtype=torch.float64).to(torch.float32).to(dtype)
+        elif dtype == torch.bool:
+            t = torch.randint(0, 2, shape, generator=g, dtype=torch.int64).to(torch.bool)
+        else:
+            low, high = (0, 16) if dtype == torch.uint8 else (-8, 8)
+            t = torch.randint(low, high, shape, generator=g, dtype=torch.int64).to(dtype)
+        out[name] = t
+    return out
+
+
+def describe(t: torch.Tensor) -> dict[str, object]:
+    """`{"shape": [...], "dtype": xg name, "checksum": 16 hex}`; the checksum is sha256 of the raw
+    little-endian element bytes, so it is the same on every run and machine."""
+    dtype = xg_dtype(t.dtype)
+    data = t.detach().cpu().contiguous()
+    if data.dtype == torch.bfloat16:  # numpy has no bfloat16; the same 2 bytes as int16
+        data = data.view(torch.int16)
+    array = data.numpy()
+    if sys.byteorder == "big":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return {"shape": list(t.shape), "dtype": dtype, "checksum": hashlib.sha256(array.tobytes()).hexdigest()[:16]}
