@@ -9,7 +9,7 @@ that lowering reads.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import ast as A
 from . import ranges as R

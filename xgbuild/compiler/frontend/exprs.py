@@ -7,6 +7,7 @@ Each `check` returns `(type, sign)`; the type of every node is recorded for late
 from __future__ import annotations
 
 import difflib
+import math
 
 from . import ast as A
 from . import ranges as R
@@ -273,7 +274,7 @@ class ExprChecker:
         elif e.op == "/":
             v = (abs(a) // abs(b)) * (1 if (a >= 0) == (b >= 0) else -1) if both_int else a / b
         else:
-            v = (a - b * int(a / b)) if both_int else __import__("math").fmod(a, b)
+            v = (a - b * int(a / b)) if both_int else math.fmod(a, b)
         if both_int:
             return IntLiteral(int(v)), R.of_value(v)
         return FloatLiteral(float(v)), R.of_value(v)

@@ -462,7 +462,7 @@ class Parser:
             if tok.kind is T.NAME and self.peek().is_op("="):
                 self.advance()
                 self.advance()
-                value = self.parse_expr_or_tuple_arg()
+                value = self.parse_expr()
                 kwargs.append(A.Keyword(self.nid(), tok.span.to(value.span), tok.text, value))
             else:
                 if kwargs:
@@ -473,9 +473,6 @@ class Parser:
             self.advance()
         end = self.expect_op(")", "to close the argument list")
         return args, kwargs, end
-
-    def parse_expr_or_tuple_arg(self) -> A.Expr:
-        return self.parse_expr()
 
     def parse_index(self, base: A.Expr) -> A.Expr:
         self.advance()  # [

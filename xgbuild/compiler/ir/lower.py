@@ -14,8 +14,7 @@ from typing import Any, Union
 
 from ..frontend import ast as A
 from ..frontend.checker import TypedProgram
-from ..frontend.types import (NAMED_ERRORS, ErrorValue, FloatLiteral, IntLiteral, ResultType, ShapeValue,
-                              TensorType, TupleType, Type)
+from ..frontend.types import NAMED_ERRORS, FloatLiteral, IntLiteral, ResultType, TensorType, TupleType, Type
 from .graph import Graph, GraphBuilder, Op, Program, attrs_of, tree_ids
 
 TAG_DTYPE = "int32"
@@ -170,7 +169,7 @@ class FunctionLowering:
                 self.expr(stmt.expr)
             elif isinstance(stmt, A.With):
                 self.with_block(stmt)
-                result = self.seq_nested(stmt.body.stmts)
+                result = self.seq(list(stmt.body.stmts))
                 if result is not None:
                     return result
             elif isinstance(stmt, A.If):
@@ -178,9 +177,6 @@ class FunctionLowering:
                 if result is not _FALLTHROUGH:
                     return result
         return None
-
-    def seq_nested(self, stmts: list[A.Stmt]) -> LVal | None:
-        return self.seq(list(stmts))
 
     def if_stmt(self, s: A.If, rest: list[A.Stmt]):
         cond = self.scalar_bool(s.cond)
@@ -427,7 +423,7 @@ class FunctionLowering:
             args_by_name[kw.name] = kw.value
         flat: list[int] = []
         for pname, ptype in sig.params:
-            flat.extend(_leaves(self.conform(self.expr(args_by_name[pname]), _instantiate(ptype, {}), e)))
+            flat.extend(_leaves(self.conform(self.expr(args_by_name[pname]), ptype, e)))
         dims = self.tp.instantiations.get(e.nid, {})
         call = self.b.add(Op.CALL, flat, "bool", (), attrs_of(func=name, dims=dict(sorted(dims.items()))), self.src(e))
         leaves = tree_ids(callee.output)
@@ -564,10 +560,3 @@ def _from_tree(tree: dict, ids: dict[int, int]) -> LVal:
 
 def _subst_shape(shape, dims: dict) -> tuple:
     return tuple(dims.get(d, d) if isinstance(d, str) else d for d in shape)
-
-
-def _instantiate(ty: Type, dims: dict) -> Type:
-    return ty
-
-
-__all__ = ["LoweringError", "lower", "ShapeValue", "ErrorValue"]

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import torch
 
-from ..ir.graph import BINARY, Node, Op, Program, attrs_of, tree_map
+from ..ir.graph import Node, Op, Program, attrs_of, tree_map
 
 _TORCH = {"bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
           "int64": torch.int64, "uint8": torch.uint8, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -63,5 +63,3 @@ def const_fold(program: Program) -> Program:
         nodes.append(n)
     return program.replace_main(g.with_nodes(nodes, tree_map(g.output, lambda i: alias.get(i, i))))
 
-
-__all__ = ["const_fold", "BINARY"]
