@@ -25,7 +25,7 @@ FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
 
 _UNARY = {Op.NEG: torch.neg, Op.NOT: torch.logical_not, Op.EXP: torch.exp, Op.LOG: torch.log,
           Op.SQRT: torch.sqrt, Op.RSQRT: torch.rsqrt, Op.SIGMOID: torch.sigmoid, Op.TANH: torch.tanh,
-          Op.GELU: F.gelu, Op.SILU: F.silu, Op.RELU: torch.relu, Op.ABS: torch.abs}
+          Op.GELU: F.gelu, Op.SILU: F.silu, Op.RELU: torch.relu, Op.ABS: torch.abs, Op.ERF: torch.erf}
 _BINARY = {Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul, Op.EQ: torch.eq, Op.NE: torch.ne,
            Op.LT: torch.lt, Op.LE: torch.le, Op.GT: torch.gt, Op.GE: torch.ge, Op.AND: torch.logical_and,
            Op.OR: torch.logical_or, Op.MAXIMUM: torch.maximum, Op.MINIMUM: torch.minimum, Op.MATMUL: torch.matmul}
@@ -107,6 +107,8 @@ class CpuExecutor:
         if op is Op.RANDN:
             # Samples are made in the declared dtype, then widened: float64 mode sees the same values.
             return counter_randn(int(args[0]), tuple(n.shape), TORCH_DTYPES[n.dtype]).to(dt)
+        if op is Op.IOTA:
+            return torch.arange(n.shape[0], dtype=dt)
         if op in _UNARY:
             return _UNARY[op](args[0])
         if op is Op.CAST:
@@ -146,6 +148,10 @@ class CpuExecutor:
             return args[0].reshape(n.shape)
         if op is Op.INDEX:
             return args[0][self.index(n, args)]
+        if op is Op.UNINDEX:
+            out = torch.zeros(n.shape, dtype=args[0].dtype)
+            out[self.index(n, [out] + args[1:])] = args[0]
+            return out
         if op in (Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE):
             return args[0]          # one process holds every shard
         raise ExecutionError(f"the CPU executor has no implementation of `{op.value}`")

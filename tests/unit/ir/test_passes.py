@@ -11,6 +11,8 @@ from xgbuild.compiler.driver import compile_file, compile_source
 from xgbuild.compiler.ir.graph import Op, Program, tree_ids
 from xgbuild.compiler.ir.verify import IRError, verify
 from xgbuild.compiler.passes import PASS_NAMES, PIPELINE, run_pipeline
+from xgbuild.compiler.passes.autodiff import autodiff
+from xgbuild.compiler.passes.inline import inline
 from xgbuild.compiler.passes.specialize import SpecializationError, bind_symbols, specialize
 from xgbuild.runtime.cpu import CpuExecutor
 
@@ -74,7 +76,7 @@ def test_dump_after_stops_early() -> None:
     assert len(after_inline.nodes) > len(full.nodes)
     with pytest.raises(ValueError, match="unknown pass"):
         run_pipeline(compile_file(path).lowered, stop_after="nope")
-    assert PASS_NAMES == ["inline", "const-fold", "cse", "dce"]
+    assert PASS_NAMES == ["autodiff", "inline", "const-fold", "cse", "dce"]
 
 
 def _random(dtype: str, shape: tuple, gen: torch.Generator) -> torch.Tensor:
@@ -85,7 +87,7 @@ def _random(dtype: str, shape: tuple, gen: torch.Generator) -> torch.Tensor:
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_optimisation_preserves_results(path: Path) -> None:
     compiled = compile_file(path)
-    unoptimised = PIPELINE[0][1](compiled.lowered).main       # inlined only
+    unoptimised = inline(autodiff(compiled.lowered)).main     # differentiated and inlined only
     optimised = compiled.optimized.main
     gen = torch.Generator().manual_seed(torch.seed() % (2**31))
     sizes = {}

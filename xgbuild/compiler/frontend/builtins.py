@@ -17,7 +17,7 @@ from .types import (DTYPES, ERROR, DTypeValue, ErrorType, ExternVar, FloatLitera
 REQUIRED = object()
 Val = tuple[Type, R.Sign]
 
-_FLOAT_UNARY = ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "gelu", "silu")
+_FLOAT_UNARY = ("erf", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "gelu", "silu")
 _NUMERIC_UNARY = ("relu", "abs")
 _REDUCTIONS = ("sum", "mean", "max", "min")
 
@@ -36,6 +36,7 @@ SPECS: dict[str, list[tuple[str, object]]] = {
     "ones": [("shape", REQUIRED), ("dtype", "float32")],
     "full": [("shape", REQUIRED), ("value", REQUIRED), ("dtype", "float32")],
     "randn": [("shape", REQUIRED), ("dtype", "float32"), ("seed", REQUIRED)],
+    "arange": [("n", REQUIRED), ("dtype", "int64")],
     "grad": [("f", REQUIRED), ("wrt", REQUIRED)],
     "value_and_grad": [("f", REQUIRED), ("wrt", REQUIRED)],
     "shard": [("x", REQUIRED), ("dim", None)],
@@ -332,6 +333,22 @@ class BuiltinChecker:
             self.diags.error(TYPE_MISMATCH, bound["seed"].span, expected="an integer seed", found=sty)
             return ERROR, R.ANY
         return TensorType(dtype, shape.dims), R.ANY
+
+    def b_arange(self, e: A.Call, bound: dict) -> Val:
+        n, dtype = bound["n"], self.dtype_arg(bound["dtype"])
+        if dtype is None or dtype == "bool":
+            if dtype == "bool":
+                self.diags.error(TYPE_MISMATCH, e.span, expected="a numeric dtype for `arange`", found=dtype)
+            return ERROR, R.ANY
+        if isinstance(n, A.Name) and self.scope.get(n.id) is None and n.id in self.rigid_dims:
+            return TensorType(dtype, (n.id,)), R.NONNEG
+        size = self.const_int(n, "the length of `arange`")
+        if size is None:
+            return ERROR, R.ANY
+        if size < 0:
+            self.diags.error(TYPE_MISMATCH, n.span, expected="a non-negative length", found=size)
+            return ERROR, R.ANY
+        return TensorType(dtype, (size,)), R.NONNEG
 
     def b_shard(self, e: A.Call, bound: dict) -> Val:
         self.diags.error(NOT_CALLABLE, e.span, detail="`shard(...)` is only valid in a `with` clause",

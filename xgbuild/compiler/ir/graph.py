@@ -24,9 +24,11 @@ class Op(str, Enum):
     CONST = "const"            # attrs: value             a scalar
     FULL = "full"              # attrs: value             zeros / ones / full, shape from the node
     RANDN = "randn"            # inputs: seed             counter-based normal samples
+    IOTA = "iota"              # 0, 1, 2, … along a 1-D shape
     # element-wise, one input
     NEG = "neg"; NOT = "not"; EXP = "exp"; LOG = "log"; SQRT = "sqrt"; RSQRT = "rsqrt"  # noqa: E702
     SIGMOID = "sigmoid"; TANH = "tanh"; GELU = "gelu"; SILU = "silu"; RELU = "relu"; ABS = "abs"  # noqa: E702
+    ERF = "erf"
     CAST = "cast"              # to the node's dtype
     # element-wise, two inputs (broadcasting)
     ADD = "add"; SUB = "sub"; MUL = "mul"; DIV = "div"; MOD = "mod"  # noqa: E702
@@ -40,6 +42,7 @@ class Op(str, Enum):
     TRANSPOSE = "transpose"    # attrs: dim0, dim1
     RESHAPE = "reshape"        # shape from the node
     INDEX = "index"            # attrs: items; extra inputs are run-time indices
+    UNINDEX = "unindex"        # attrs: items: zeros of the node's shape with the input placed where INDEX read
     # functions (before inlining)
     CALL = "call"              # attrs: func, dims (callee symbol -> caller dim); one output per PROJ
     PROJ = "proj"              # attrs: index: the index-th output of a CALL
@@ -50,7 +53,7 @@ class Op(str, Enum):
 
 
 UNARY = {Op.NEG, Op.NOT, Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.SIGMOID, Op.TANH, Op.GELU, Op.SILU,
-         Op.RELU, Op.ABS, Op.CAST}
+         Op.RELU, Op.ABS, Op.CAST, Op.ERF}
 BINARY = {Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MOD, Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.AND,
           Op.OR, Op.MAXIMUM, Op.MINIMUM}
 COMPARE = {Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE}

@@ -55,7 +55,7 @@ LVal = Union[int, Lit, Err, Res, Tup, Meta]
 
 _BIN = {"+": Op.ADD, "-": Op.SUB, "*": Op.MUL, "/": Op.DIV, "%": Op.MOD, "==": Op.EQ, "!=": Op.NE,
         "<": Op.LT, "<=": Op.LE, ">": Op.GT, ">=": Op.GE, "and": Op.AND, "or": Op.OR}
-_UNARY_BUILTINS = {"exp": Op.EXP, "log": Op.LOG, "sqrt": Op.SQRT, "rsqrt": Op.RSQRT, "sigmoid": Op.SIGMOID,
+_UNARY_BUILTINS = {"erf": Op.ERF, "exp": Op.EXP, "log": Op.LOG, "sqrt": Op.SQRT, "rsqrt": Op.RSQRT, "sigmoid": Op.SIGMOID,
                    "tanh": Op.TANH, "gelu": Op.GELU, "silu": Op.SILU, "relu": Op.RELU, "abs": Op.ABS}
 _REDUCE = {"sum": Op.SUM, "mean": Op.MEAN, "max": Op.MAX, "min": Op.MIN}
 
@@ -77,8 +77,8 @@ def _call_order(tp: TypedProgram) -> list[str]:
         stack: list[Any] = [sig.node.body]
         while stack:
             node = stack.pop()
-            if isinstance(node, A.Call) and isinstance(node.func, A.Name) and node.func.id in tp.funcs:
-                calls[sig.name].add(node.func.id)
+            if isinstance(node, A.Name) and node.id in tp.funcs:     # a call, or `grad(f, ...)`
+                calls[sig.name].add(node.id)
             if isinstance(node, A.Node):
                 for field in node.__slots__:
                     stack.append(getattr(node, field, None))
@@ -402,8 +402,7 @@ class FunctionLowering:
 
     def e_Call(self, e: A.Call) -> LVal:
         if isinstance(e.func, A.Call):
-            raise self.fail(e, "`grad` and `value_and_grad` are not supported by this compiler yet "
-                               "(automatic differentiation arrives with the autodiff pass)")
+            return self.grad_call(e)
         name = e.func.id
         if name == "Ok":
             return Res(self.const(0, TAG_DTYPE, e), self.expr(e.args[0]))
@@ -414,16 +413,8 @@ class FunctionLowering:
         return self.builtin(name, e)
 
     def call(self, name: str, e: A.Call) -> LVal:
-        sig = self.tp.funcs[name]
         callee = self.functions[name]
-        args_by_name = {p: None for p, _ in sig.params}
-        for (pname, _), arg in zip(sig.params, e.args):
-            args_by_name[pname] = arg
-        for kw in e.kwargs:
-            args_by_name[kw.name] = kw.value
-        flat: list[int] = []
-        for pname, ptype in sig.params:
-            flat.extend(_leaves(self.conform(self.expr(args_by_name[pname]), ptype, e)))
+        flat = self.call_args(name, e)
         dims = self.tp.instantiations.get(e.nid, {})
         call = self.b.add(Op.CALL, flat, "bool", (), attrs_of(func=name, dims=dict(sorted(dims.items()))), self.src(e))
         leaves = tree_ids(callee.output)
@@ -433,6 +424,42 @@ class FunctionLowering:
             projs[leaf] = self.b.add(Op.PROJ, (call,), n.dtype, _subst_shape(n.shape, dims), attrs_of(index=i),
                                      self.src(e))
         return _from_tree(callee.output, projs)
+
+    def call_args(self, name: str, e: A.Call) -> list[int]:
+        sig = self.tp.funcs[name]
+        args_by_name = {p: None for p, _ in sig.params}
+        for (pname, _), arg in zip(sig.params, e.args):
+            args_by_name[pname] = arg
+        for kw in e.kwargs:
+            args_by_name[kw.name] = kw.value
+        flat: list[int] = []
+        for pname, ptype in sig.params:
+            flat.extend(_leaves(self.conform(self.expr(args_by_name[pname]), ptype, e)))
+        return flat
+
+    def grad_call(self, e: A.Call) -> LVal:
+        """`grad(f, wrt=...)(args)`: a CALL the autodiff pass points at f's derivative."""
+        g = self.ty(e.func)
+        callee = self.functions[g.func]
+        dims = self.tp.instantiations.get(e.nid, {})
+        spec = {"wrt": list(g.wrt), "with_value": g.with_value, "tuple_wrt": g.tuple_wrt}
+        call = self.b.add(Op.CALL, self.call_args(g.func, e), "bool", (),
+                          attrs_of(func=g.func, dims=dict(sorted(dims.items())), grad=spec), self.src(e))
+        index = 0
+
+        def proj(node) -> int:
+            nonlocal index
+            nid = self.b.add(Op.PROJ, (call,), node.dtype, _subst_shape(node.shape, dims), attrs_of(index=index),
+                             self.src(e))
+            index += 1
+            return nid
+
+        value = None
+        if g.with_value:
+            value = _from_tree(callee.output, {leaf: proj(callee.node(leaf)) for leaf in tree_ids(callee.output)})
+        grads = [proj(callee.node(callee.params[i])) for i in g.wrt]
+        out: LVal = Tup(tuple(grads)) if g.tuple_wrt else grads[0]
+        return Tup((value, out)) if g.with_value else out
 
     def builtin(self, name: str, e: A.Call) -> LVal:
         ty = self.ty(e)
@@ -488,9 +515,8 @@ class FunctionLowering:
         if name == "randn":
             seed = self.mat(self.expr(bound["seed"]), "int64", e)
             return self.b.add(Op.RANDN, (seed,), dtype, shape, (), src)
-        if name in ("grad", "value_and_grad"):
-            raise self.fail(e, "`grad` and `value_and_grad` are not supported by this compiler yet "
-                               "(automatic differentiation arrives with the autodiff pass)")
+        if name == "arange":
+            return self.b.add(Op.IOTA, (), dtype, shape, (), src)
         raise self.fail(e, f"builtin `{name}` cannot be lowered")
 
     def bound_args(self, name: str, e: A.Call) -> dict[str, A.Expr]:

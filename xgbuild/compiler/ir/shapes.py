@@ -51,7 +51,7 @@ def numel(shape: Shape) -> int | None:
 def infer(node: Node, ins: list[tuple[str, Shape]]) -> tuple[str, Shape]:
     """The (dtype, shape) `node` must have given its inputs' (dtype, shape)."""
     op = node.op
-    if op in (Op.INPUT, Op.PARAM, Op.CONST, Op.FULL, Op.RANDN, Op.CALL, Op.PROJ):
+    if op in (Op.INPUT, Op.PARAM, Op.CONST, Op.FULL, Op.RANDN, Op.IOTA, Op.CALL, Op.PROJ):
         return node.dtype, node.shape
     if op in UNARY:
         dtype = node.dtype if op is Op.CAST else ins[0][0]
@@ -102,6 +102,11 @@ def infer(node: Node, ins: list[tuple[str, Shape]]) -> tuple[str, Shape]:
         return ins[0][0], node.shape
     if op is Op.INDEX:
         return ins[0][0], index_shape(ins[0][1], node.attr("items"))
+    if op is Op.UNINDEX:
+        expected = index_shape(node.shape, node.attr("items"))
+        if tuple(expected) != tuple(ins[0][1]):
+            raise ShapeError(f"`unindex` of {list(ins[0][1])} into {list(node.shape)} needs {list(expected)}")
+        return ins[0][0], node.shape
     raise ShapeError(f"unknown op {op}")
 
 

@@ -10,11 +10,11 @@ from .graph import BINARY, UNARY, Graph, Op, tree_ids
 from .shapes import ShapeError, infer
 
 _ARITY = {**{op: 1 for op in UNARY}, **{op: 2 for op in BINARY}, Op.WHERE: 3, Op.MATMUL: 2,
-          Op.INPUT: 0, Op.PARAM: 0, Op.CONST: 0, Op.FULL: 0, Op.RANDN: 1, Op.TRANSPOSE: 1,
+          Op.INPUT: 0, Op.PARAM: 0, Op.CONST: 0, Op.FULL: 0, Op.RANDN: 1, Op.IOTA: 0, Op.TRANSPOSE: 1,
           Op.RESHAPE: 1, Op.SOFTMAX: 1, Op.LOG_SOFTMAX: 1, Op.PROJ: 1, Op.SHARD: 1,
           Op.ALL_GATHER: 1, Op.ALL_REDUCE: 1, Op.SUM: 1, Op.MEAN: 1, Op.MAX: 1, Op.MIN: 1}
 _ATTRS = {Op.INPUT: ("name",), Op.PARAM: ("index",), Op.CONST: ("value",), Op.FULL: ("value",),
-          Op.TRANSPOSE: ("dim0", "dim1"), Op.INDEX: ("items",), Op.CALL: ("func",), Op.PROJ: ("index",),
+          Op.TRANSPOSE: ("dim0", "dim1"), Op.INDEX: ("items",), Op.UNINDEX: ("items",), Op.CALL: ("func",), Op.PROJ: ("index",),
           Op.SOFTMAX: ("dim",), Op.LOG_SOFTMAX: ("dim",), Op.SHARD: ("dim",)}
 DTYPES = {"bool", "int8", "int16", "int32", "int64", "uint8", "float16", "bfloat16", "float32", "float64"}
 
@@ -32,7 +32,7 @@ def verify(graph: Graph, *, check_shapes: bool = True) -> None:
         if n.dtype not in DTYPES:
             raise IRError(f"{where}: unknown dtype {n.dtype!r}")
         arity = _ARITY.get(n.op)
-        if n.op is Op.INDEX:
+        if n.op in (Op.INDEX, Op.UNINDEX):
             dynamic = sum(1 for item in n.attr("items", ()) if item[0] == "d")
             arity = 1 + dynamic
         if arity is not None and n.op is not Op.CALL and len(n.inputs) != arity:

@@ -12,6 +12,7 @@ from typing import Callable
 from ..ir.graph import Program, renumber
 from ..ir.verify import verify
 from .const_fold import const_fold
+from .autodiff import autodiff
 from .cse import cse
 from .dce import dce
 from .inline import inline
@@ -19,6 +20,7 @@ from .inline import inline
 Pass = Callable[[Program], Program]
 
 PIPELINE: list[tuple[str, Pass]] = [
+    ("autodiff", autodiff),
     ("inline", inline),
     ("const-fold", const_fold),
     ("cse", cse),

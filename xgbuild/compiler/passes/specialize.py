@@ -13,7 +13,7 @@ from dataclasses import replace
 from ..ir.graph import Graph, Op
 from ..ir.shapes import ShapeError, infer
 
-_SOURCES = {Op.INPUT, Op.CONST, Op.FULL, Op.RANDN, Op.RESHAPE}
+_SOURCES = {Op.INPUT, Op.CONST, Op.FULL, Op.RANDN, Op.RESHAPE, Op.IOTA, Op.UNINDEX}
 
 
 class SpecializationError(ValueError):
