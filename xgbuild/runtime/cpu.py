@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..compiler.ir.graph import Graph, Node, Op, tree_ids
+from ..compiler.ir.serialize import where as src_text
 from ..errors import ExecutionError
 
 TORCH_DTYPES = {"bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
@@ -41,15 +42,24 @@ def _pcg(x: torch.Tensor) -> torch.Tensor:
     return (word >> 22) ^ word
 
 
+def _uniform(seed: int, n: int, lane: int) -> torch.Tensor:
+    """24-bit uniforms in (0, 1) from (seed, element index, lane) alone."""
+    key = _pcg(torch.tensor([seed & _M32], dtype=torch.int64) ^ _pcg(torch.tensor([(seed >> 32) & _M32])))
+    idx = torch.arange(n, dtype=torch.int64)
+    return (_pcg((key + 2 * idx + lane) & _M32) >> 8).to(torch.float64).add_(0.5).div_(1 << 24)
+
+
 def counter_randn(seed: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """Normal samples from (seed, element index) alone: the same bits whatever computes them."""
     n = math.prod(shape)
-    key = _pcg(torch.tensor([seed & _M32], dtype=torch.int64) ^ _pcg(torch.tensor([(seed >> 32) & _M32])))
-    idx = torch.arange(n, dtype=torch.int64)
-    u1 = (_pcg((key + 2 * idx) & _M32) >> 8).to(torch.float64).add_(0.5).div_(1 << 24)
-    u2 = (_pcg((key + 2 * idx + 1) & _M32) >> 8).to(torch.float64).add_(0.5).div_(1 << 24)
+    u1, u2 = _uniform(seed, n, 0), _uniform(seed, n, 1)
     z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)
     return z.reshape(shape).to(dtype)
+
+
+def counter_rand(seed: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Uniform samples in (0, 1) from (seed, element index) alone."""
+    return _uniform(seed, math.prod(shape), 0).reshape(shape).to(dtype)
 
 
 @dataclass
@@ -107,6 +117,8 @@ class CpuExecutor:
         if op is Op.RANDN:
             # Samples are made in the declared dtype, then widened: float64 mode sees the same values.
             return counter_randn(int(args[0]), tuple(n.shape), TORCH_DTYPES[n.dtype]).to(dt)
+        if op is Op.RAND:
+            return counter_rand(int(args[0]), tuple(n.shape), TORCH_DTYPES[n.dtype]).to(dt)
         if op is Op.IOTA:
             return torch.arange(n.shape[0], dtype=dt)
         if op in _UNARY:
@@ -168,7 +180,7 @@ class CpuExecutor:
                 i = int(args[item[1]])
                 size = base_shape[axis]
                 if not -size <= i < size:
-                    line = f" at line {n.src[0]}" if n.src else ""
+                    line = f" at {src_text(n.src)}" if n.src else ""
                     raise ExecutionError(f"index {i} is out of bounds for dimension {axis} of size {size}{line}")
                 key.append(i)
         return tuple(key)
@@ -184,7 +196,7 @@ class CpuExecutor:
                 if node.op is Op.INPUT:
                     where = f"the input `{node.attr('name')}`"
                 else:
-                    where = f"`{node.op.value}` (node %{node.id})" + (f" at line {node.src[0]}" if node.src else "")
+                    where = f"`{node.op.value}` (node %{node.id})" + (f" at {src_text(node.src)}" if node.src else "")
                 raise ExecutionError(f"check failed: an output holds {kind}; it first appears in {where}")
 
     def origin(self, graph: Graph, vals: dict[int, torch.Tensor], nid: int, mask: torch.Tensor) -> int:

@@ -45,7 +45,7 @@ _XG_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 
 # An XG external name: the lexer's NAME token that is not a keyword (`frontend/lexer.py`).
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_KEYWORDS = frozenset({"def", "return", "if", "else", "with", "match", "extern", "true", "false",
+_KEYWORDS = frozenset({"import", "def", "return", "if", "else", "with", "match", "extern", "true", "false",
                        "and", "or", "not"})
 
 # 1980-01-01 is the earliest time a zip entry can carry; a fixed stamp keeps `.npz` bytes stable.

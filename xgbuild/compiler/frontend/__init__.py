@@ -17,7 +17,9 @@ from pathlib import Path
 from .checker import CheckOptions, ProgramChecker, TypedProgram
 from .codes import FILE_ERROR, INTERNAL, NOT_UTF8
 from .diagnostics import Diagnostic, Diagnostics, Severity, render_all
+from .ast import Import
 from .lexer import tokenize
+from .modules import ModuleLoader
 from .parser import parse
 from .source import Span, SourceFile
 
@@ -56,6 +58,11 @@ def _deep_stack(limit: int = 20000):
 
 
 def check_source(text: str, name: str = "<input>", options: CheckOptions = CheckOptions()) -> CheckResult:
+    base = Path(name).resolve().parent if name and not name.startswith("<") else Path.cwd()
+    return check_source_with_loader(text, name, options, ModuleLoader(options, base))
+
+
+def check_source_with_loader(text: str, name: str, options: CheckOptions, loader: "ModuleLoader") -> CheckResult:
     source = SourceFile(name, text)
     diags = Diagnostics(source)
     program = None
@@ -63,6 +70,8 @@ def check_source(text: str, name: str = "<input>", options: CheckOptions = Check
         with _deep_stack():
             tokens = tokenize(text, diags)
             module = parse(tokens, diags)
+            imported = loader.load_all(module, diags)
+            module.decls = [d for d in module.decls if not isinstance(d, Import)] + imported
             program = ProgramChecker(diags, options).run(module)
     except Diagnostics.Overflow:
         program = None

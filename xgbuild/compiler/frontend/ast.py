@@ -212,12 +212,14 @@ class FuncDef(Node):
     body: Block
     name_span: Span = Span(0, 0)
     syntax_errors: bool = False     # the body lost statements to parse errors
+    origin: object = None           # the SourceFile of an imported function (None: this file)
 
 
 @dataclass(slots=True, eq=False)
 class ConstDecl(Node):         # TARGET_GPU = H100, NUM_GPU = 8, D_MODEL = 64
     name: str
     value: Expr
+    origin: object = None           # set for constants of an imported module
 
 
 @dataclass(slots=True, eq=False)
@@ -226,7 +228,16 @@ class Extern(Node):            # extern Tensor[float32, 64, 32] P
     name: str
 
 
-Decl = FuncDef | ConstDecl | Extern
+@dataclass(slots=True, eq=False)
+class Import(Node):            # import std.nn  /  import mylib
+    path: list[str]
+
+    @property
+    def name(self) -> str:
+        return ".".join(self.path)
+
+
+Decl = FuncDef | ConstDecl | Extern | Import
 
 
 @dataclass(slots=True, eq=False)

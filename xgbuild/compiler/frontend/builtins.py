@@ -36,6 +36,7 @@ SPECS: dict[str, list[tuple[str, object]]] = {
     "ones": [("shape", REQUIRED), ("dtype", "float32")],
     "full": [("shape", REQUIRED), ("value", REQUIRED), ("dtype", "float32")],
     "randn": [("shape", REQUIRED), ("dtype", "float32"), ("seed", REQUIRED)],
+    "rand": [("shape", REQUIRED), ("dtype", "float32"), ("seed", REQUIRED)],
     "arange": [("n", REQUIRED), ("dtype", "int64")],
     "grad": [("f", REQUIRED), ("wrt", REQUIRED)],
     "value_and_grad": [("f", REQUIRED), ("wrt", REQUIRED)],
@@ -176,10 +177,16 @@ class BuiltinChecker:
         return ty, R.unary(name, sign)
 
     def b_maximum(self, e: A.Call, bound: dict) -> Val:
-        return self.elementwise_pair(e, bound["a"], bound["b"], "maximum")
+        ty, _ = self.elementwise_pair(e, bound["a"], bound["b"], "maximum")
+        sa, sb = self.sign_of(bound["a"]), self.sign_of(bound["b"])
+        # max(a, b) > 0 when either side is; >= 0 when either side is >= 0.
+        sign = R.POS if R.POS in (sa, sb) else R.NONNEG if (sa <= R.NONNEG or sb <= R.NONNEG) else R.ANY
+        return ty, sign
 
     def b_minimum(self, e: A.Call, bound: dict) -> Val:
-        return self.elementwise_pair(e, bound["a"], bound["b"], "minimum")
+        ty, _ = self.elementwise_pair(e, bound["a"], bound["b"], "minimum")
+        sa, sb = self.sign_of(bound["a"]), self.sign_of(bound["b"])
+        return ty, (R.POS if sa == R.POS and sb == R.POS else R.ANY)
 
     def elementwise_pair(self, e: A.Call, a: A.Expr, b: A.Expr, name: str) -> Val:
         fake = A.Binary(e.nid, e.span, "+", a, b, e.span)   # same typing as `a + b`
@@ -349,6 +356,10 @@ class BuiltinChecker:
             self.diags.error(TYPE_MISMATCH, n.span, expected="a non-negative length", found=size)
             return ERROR, R.ANY
         return TensorType(dtype, (size,)), R.NONNEG
+
+    def b_rand(self, e: A.Call, bound: dict) -> Val:
+        ty, _ = self.b_randn(e, bound)
+        return ty, R.POS        # samples lie in (0, 1)
 
     def b_shard(self, e: A.Call, bound: dict) -> Val:
         self.diags.error(NOT_CALLABLE, e.span, detail="`shard(...)` is only valid in a `with` clause",

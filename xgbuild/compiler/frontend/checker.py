@@ -9,7 +9,7 @@ that lowering reads.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import ast as A
 from . import ranges as R
@@ -49,6 +49,7 @@ class TypedProgram:
     num_gpu: int
     shards: list[ShardSpec]
     main_ret: Type | None
+    module_constants: dict = field(default_factory=dict)   # module (None: this file) -> constants
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
         self.diags = prog.diags
         self.source = prog.diags.source
         self.funcs = prog.funcs
-        self.constants = prog.constants
+        self.constants = prog.constants_of(fn)
         self.calls = prog.calls
         self.instantiations = prog.instantiations
         self.fn, self.sig, self.current = fn, sig, fn.name
@@ -83,7 +84,7 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
         self.inferred_ret: Type | None = None
         self.shard_created: dict[str, Span] = {}
         self.call_nids: list[int] = []
-        for name, (value, ty) in prog.constants.items():
+        for name, (value, ty) in self.constants.items():
             self.root_scope.bind(Var(name, ty, Span(0, 0), "const", used=True), R.of_value(value)
                                  if isinstance(value, (int, float)) and not isinstance(value, bool) else R.ANY)
         if self.is_main:
@@ -112,7 +113,7 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
                 self.diags.error(RESULT_UNUSED, var.span, detail=f"`{var.name}` holds a `{ty}` that is never handled",
                                  label="this `Result` is dropped",
                                  help=f"handle it: `match {var.name} {{ Ok(v) => ..., Err(e) => ... }}` or `{var.name}.unwrap_or(...)`")
-            elif not var.used and var.kind == "local" and not var.name.startswith("_"):
+            elif not var.used and var.kind == "local" and not var.name.startswith("_") and not self.fn.syntax_errors:
                 self.diags.warning(UNUSED_VAR, var.span, name=var.name)
         if self.is_main:
             self.finish_externals()
@@ -421,7 +422,9 @@ class ProgramChecker:
         self.diags = diags
         self.options = options
         self.funcs: dict[str, FuncSig] = {}
-        self.constants: dict[str, tuple[object, Type]] = {}
+        # File-level constants, per module: a module's functions see only its own constants
+        # (None: the file being compiled).
+        self.module_constants: dict[str | None, dict[str, tuple[object, Type]]] = {None: {}}
         self.externs: dict[str, Var] = {}
         self.calls: dict[str, set[str]] = {}
         self.instantiations: dict[int, dict] = {}
@@ -432,15 +435,31 @@ class ProgramChecker:
         self.num_gpu = 1
         self.main_ret: Type | None = None
 
+    @property
+    def constants(self) -> dict[str, tuple[object, Type]]:
+        return self.module_constants[None]
+
+    def constants_of(self, decl: A.Node) -> dict[str, tuple[object, Type]]:
+        origin = getattr(decl, "origin", None)
+        return self.module_constants.setdefault(origin.module if origin else None, {})
+
     def run(self, module: A.Module) -> TypedProgram:
         target_decl: A.ConstDecl | None = None
         num_decl: A.ConstDecl | None = None
         defined: dict[str, Span] = {}
         for decl in module.decls:
             name = decl.name
+            origin = getattr(decl, "origin", None)
+            if isinstance(decl, A.ConstDecl) and origin is not None:
+                self.constant(decl)          # scoped to its module: no clash with this file's names
+                continue
             if name in defined:
-                self.diags.error(DUPLICATE, getattr(decl, "name_span", decl.span), name=name,
-                                 label="defined again here")
+                if origin is not None:
+                    self.diags.error(DUPLICATE, origin.import_span, name=name,
+                                     label=f"module `{origin.module}` defines `{name}` too")
+                else:
+                    self.diags.error(DUPLICATE, getattr(decl, "name_span", decl.span), name=name,
+                                     label="defined again here")
                 continue
             defined[name] = decl.span
             if isinstance(decl, A.ConstDecl):
@@ -467,12 +486,22 @@ class ProgramChecker:
         elif main is not None and main.params:
             self.diags.error(MAIN_PARAMS, main.node.name_span)
         for sig in self.funcs.values():
-            FunctionChecker(self, sig.node, sig).run()
+            if sig.node.origin is not None:
+                # Checked clean on its own already; anything it reports here would point into
+                # another file, so its (warning-only) diagnostics go to a sink of their own.
+                own, self.diags = self.diags, Diagnostics(sig.node.origin.source)
+                try:
+                    FunctionChecker(self, sig.node, sig).run()
+                finally:
+                    self.diags = own
+            else:
+                FunctionChecker(self, sig.node, sig).run()
         self.recursion()
         externals = {n: v.type for n, v in self.externs.items() if isinstance(v.type, TensorType)}
         return TypedProgram(self.diags.source, module, self.funcs, self.types, self.instantiations, externals,
                             {k: v for k, (v, _) in self.constants.items()}, self.target, self.num_gpu,
-                            self.shards, self.main_ret)
+                            self.shards, self.main_ret,
+                            {m: {k: v for k, (v, _) in table.items()} for m, table in self.module_constants.items()})
 
     # --- file-level declarations ----------------------------------------------------------------
     def constant(self, decl: A.ConstDecl) -> None:
@@ -480,12 +509,13 @@ class ProgramChecker:
         sign = 1
         if isinstance(value, A.Unary) and value.op == "-" and isinstance(value.operand, (A.IntLit, A.FloatLit)):
             value, sign = value.operand, -1
+        table = self.constants_of(decl)
         if isinstance(value, A.IntLit):
-            self.constants[decl.name] = (sign * value.value, IntLiteral(sign * value.value))
+            table[decl.name] = (sign * value.value, IntLiteral(sign * value.value))
         elif isinstance(value, A.FloatLit):
-            self.constants[decl.name] = (sign * value.value, FloatLiteral(sign * value.value))
+            table[decl.name] = (sign * value.value, FloatLiteral(sign * value.value))
         elif isinstance(value, A.BoolLit):
-            self.constants[decl.name] = (value.value, TensorType("bool", ()))
+            table[decl.name] = (value.value, TensorType("bool", ()))
         else:
             self.diags.error(BAD_DECL, decl.value.span, detail=f"file-level constant `{decl.name}` must be a literal",
                              help="compute values inside a function")
@@ -528,19 +558,21 @@ class ProgramChecker:
         params: list[tuple[str, Type]] = []
         seen: set[str] = set()
         ok = True
+        constants = self.constants_of(fn)
         for p in fn.params:
-            ty = self.resolve_type(p.type)
+            ty = self.resolve_type(p.type, constants)
             ok &= not isinstance(ty, ErrorType)
             if p.name in seen:
                 self.diags.error(DUPLICATE, p.span, name=p.name, label="parameter named twice")
                 ok = False
             seen.add(p.name)
             params.append((p.name, ty))
-        ret = self.resolve_type(fn.ret) if fn.ret is not None else (None if fn.name == "main" else UNIT)
+        ret = self.resolve_type(fn.ret, constants) if fn.ret is not None else (None if fn.name == "main" else UNIT)
         ok &= not isinstance(ret, ErrorType)
         return FuncSig(fn.name, tuple(params), ret if ret is not None else UNIT, fn, fn.ret is not None, ok)
 
-    def resolve_type(self, t: A.TypeExpr) -> Type:
+    def resolve_type(self, t: A.TypeExpr, constants: dict | None = None) -> Type:
+        constants = self.constants if constants is None else constants
         if isinstance(t, A.TypeName):
             if t.name in DTYPES:
                 return TensorType(t.name, ())
@@ -553,11 +585,11 @@ class ProgramChecker:
             return ERROR
         if isinstance(t, A.TensorTypeExpr):
             if t.dtype.name not in DTYPES:
-                return self.resolve_type(t.dtype)
+                return self.resolve_type(t.dtype, constants)
             dims: list = []
             for d in t.dims:
-                if isinstance(d.value, str) and d.value in self.constants:
-                    value = self.constants[d.value][0]
+                if isinstance(d.value, str) and d.value in constants:
+                    value = constants[d.value][0]
                     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                         self.diags.error(UNKNOWN_TYPE, d.span, name=d.value,
                                          help="a constant used as a dimension must be a non-negative integer")
@@ -567,9 +599,9 @@ class ProgramChecker:
                     dims.append(d.value)
             return TensorType(t.dtype.name, tuple(dims))
         if isinstance(t, A.ResultTypeExpr):
-            inner = self.resolve_type(t.inner)
+            inner = self.resolve_type(t.inner, constants)
             return ERROR if isinstance(inner, ErrorType) else ResultType(inner)
-        items = tuple(self.resolve_type(i) for i in t.items)
+        items = tuple(self.resolve_type(i, constants) for i in t.items)
         return ERROR if any(isinstance(i, ErrorType) for i in items) else TupleType(items)
 
     def recursion(self) -> None:

@@ -90,6 +90,13 @@ time by `xg.run_engine(engine, external_values={...})` or `xgrun --inputs`. Decl
 with `extern Tensor[float32, 64, 32] P`.
 """)
 
+BAD_IMPORT = _code("XG0016", "bad import", "{detail}", """
+`import std.nn` loads `std/nn.xg` from XG's standard library; `import mylib` loads `mylib.xg`
+beside the importing file (`import a.b` loads `a/b.xg`). A module holds functions and constants
+only: no `main`, no `extern`, no `TARGET_GPU` or `NUM_GPU`. Imports may not form a cycle, and a
+module with errors cannot be imported (its diagnostics are listed as notes).
+""")
+
 # --- types (XG01xx) -------------------------------------------------------------------------
 DTYPE_MISMATCH = _code("XG0100", "mismatched dtypes", "mismatched dtypes: `{left}` {op} `{right}`", """
 XG never converts between dtypes implicitly (Rules 1 and 2). Both operands of an arithmetic or

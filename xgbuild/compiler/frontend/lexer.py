@@ -27,7 +27,7 @@ class T(str, Enum):
     EOF = "end of file"
 
 
-KEYWORDS = frozenset({"def", "return", "if", "else", "with", "match", "extern", "true", "false",
+KEYWORDS = frozenset({"import", "def", "return", "if", "else", "with", "match", "extern", "true", "false",
                       "and", "or", "not"})
 
 _OPS = ["->", "=>", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "@", "<", ">", "=",

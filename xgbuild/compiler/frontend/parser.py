@@ -34,13 +34,13 @@ class _Abort(Exception):
 
 
 class Parser:
-    def __init__(self, tokens: list[Token], diags: Diagnostics) -> None:
+    def __init__(self, tokens: list[Token], diags: Diagnostics, first_id: int = 0) -> None:
         self.toks = tokens
         self.pos = 0
         self.diags = diags
         self.depth = 0
         self.suppressed = 0     # syntax errors not reported because their line already had one
-        self._next_id = 0
+        self._next_id = first_id   # node ids stay unique across the files of one program
 
     # --- helpers --------------------------------------------------------------------------------
     def nid(self) -> int:
@@ -120,7 +120,8 @@ class Parser:
         """Skip to the next token that can start a file-level declaration."""
         while self.tok.kind is not T.EOF:
             tok = self.tok
-            if tok.first and tok.col == 0 and (tok.is_kw("def") or tok.is_kw("extern") or tok.kind is T.NAME):
+            if tok.first and tok.col == 0 and (tok.is_kw("def") or tok.is_kw("extern") or tok.is_kw("import")
+                                               or tok.kind is T.NAME):
                 return
             self.advance()
 
@@ -147,6 +148,15 @@ class Parser:
         tok = self.tok
         if tok.is_kw("def"):
             return self.parse_def()
+        if tok.is_kw("import"):
+            self.advance()
+            parts = [self.expect_name("a module name").text]
+            while self.at_op("."):
+                self.advance()
+                parts.append(self.expect_name("a module name").text)
+            end = self.toks[self.pos - 1]
+            self.end_statement()
+            return A.Import(self.nid(), tok.span.to(end.span), parts)
         if tok.is_kw("extern"):
             self.advance()
             ty = self.parse_type()
@@ -587,5 +597,5 @@ class Parser:
         return A.Pattern(self.nid(), tok.span.to(end.span), tok.text, bind.text, bind.span)
 
 
-def parse(tokens: list[Token], diags: Diagnostics) -> A.Module:
-    return Parser(tokens, diags).parse_module()
+def parse(tokens: list[Token], diags: Diagnostics, first_id: int = 0) -> A.Module:
+    return Parser(tokens, diags, first_id).parse_module()

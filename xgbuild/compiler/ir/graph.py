@@ -24,6 +24,7 @@ class Op(str, Enum):
     CONST = "const"            # attrs: value             a scalar
     FULL = "full"              # attrs: value             zeros / ones / full, shape from the node
     RANDN = "randn"            # inputs: seed             counter-based normal samples
+    RAND = "rand"              # inputs: seed             counter-based uniform samples in (0, 1)
     IOTA = "iota"              # 0, 1, 2, … along a 1-D shape
     # element-wise, one input
     NEG = "neg"; NOT = "not"; EXP = "exp"; LOG = "log"; SQRT = "sqrt"; RSQRT = "rsqrt"  # noqa: E702
@@ -69,7 +70,7 @@ class Node:
     dtype: str
     shape: Shape
     attrs: tuple[tuple[str, Any], ...] = ()     # sorted (key, value) pairs: hashable, canonical
-    src: tuple[int, int] | None = None          # (line, col) in the source
+    src: tuple | None = None                    # (line, col), or (line, col, module) if imported
 
     def attr(self, key: str, default: Any = None) -> Any:
         for k, v in self.attrs:

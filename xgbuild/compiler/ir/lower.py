@@ -144,8 +144,12 @@ class FunctionLowering:
             return {"result": {"tag": self.tree(v.tag)["t"], "value": self.tree(v.value)}}
         raise LoweringError(f"cannot return {v}")
 
-    def src(self, node: A.Node) -> tuple[int, int]:
-        return self.tp.source.line_col(node.span.start)
+    def src(self, node: A.Node) -> tuple:
+        """(line, col) in the compiled file, or (line, col, module) in an imported one."""
+        origin = self.sig.node.origin
+        if origin is None:
+            return self.tp.source.line_col(node.span.start)
+        return (*origin.source.line_col(node.span.start), origin.module)
 
     def fail(self, node: A.Node, message: str) -> LoweringError:
         line, col = self.src(node)
@@ -313,8 +317,10 @@ class FunctionLowering:
     def e_Name(self, e: A.Name) -> LVal:
         if e.id in self.env:
             return self.env[e.id][0]
-        if e.id in self.tp.constants:
-            value = self.tp.constants[e.id]
+        origin = self.sig.node.origin
+        constants = self.tp.module_constants.get(origin.module if origin else None, {})
+        if e.id in constants:
+            value = constants[e.id]
             return self.const(value, "bool", e) if isinstance(value, bool) else Lit(value)
         if e.id in ERROR_CODES:
             return Err(ERROR_CODES[e.id])
@@ -512,9 +518,9 @@ class FunctionLowering:
                 value = v.value
             value = bool(value) if dtype == "bool" else (int(value) if not dtype.startswith(("float", "bfloat")) else float(value))
             return self.b.add(Op.FULL, (), dtype, shape, attrs_of(value=value), src)
-        if name == "randn":
+        if name in ("randn", "rand"):
             seed = self.mat(self.expr(bound["seed"]), "int64", e)
-            return self.b.add(Op.RANDN, (seed,), dtype, shape, (), src)
+            return self.b.add(Op.RANDN if name == "randn" else Op.RAND, (seed,), dtype, shape, (), src)
         if name == "arange":
             return self.b.add(Op.IOTA, (), dtype, shape, (), src)
         raise self.fail(e, f"builtin `{name}` cannot be lowered")

@@ -30,7 +30,7 @@ def to_text(graph: Graph) -> str:
     for n in graph.nodes:
         args = ", ".join(f"%{i}" for i in n.inputs)
         attrs = " ".join(f"{k}={_attr_text(v)}" for k, v in n.attrs)
-        loc = f"  # line {n.src[0]}" if n.src else ""
+        loc = f"  # {where(n.src)}" if n.src else ""
         lines.append(f"  %{n.id} = {n.op.value}({args}){' ' + attrs if attrs else ''} : {n.dtype}{_dims(n.shape)}{loc}")
     lines.append(f"  return {_tree_text(graph.output)}")
     lines.append("}")
@@ -113,7 +113,7 @@ def from_json(data: Any) -> Graph:
             src = raw.get("src")
             nodes.append(Node(int(raw["id"]), Op(raw["op"]), tuple(int(i) for i in raw["inputs"]), str(raw["dtype"]),
                               shape, tuple((str(k), _freeze(v)) for k, v in raw["attrs"]),
-                              (int(src[0]), int(src[1])) if src else None))
+                              _src(src)))
         graph = Graph(str(data["name"]), tuple(nodes), tuple((str(n), int(i)) for n, i in data["inputs"]),
                       _check_tree(data["output"]), tuple(int(p) for p in data.get("params", [])))
     except IRError:
@@ -121,6 +121,21 @@ def from_json(data: Any) -> Graph:
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise IRError(f"malformed program IR: {type(exc).__name__}: {exc}") from None
     return graph
+
+
+def _src(src) -> tuple | None:
+    if not src:
+        return None
+    if len(src) == 3:
+        return (int(src[0]), int(src[1]), str(src[2]))
+    return (int(src[0]), int(src[1]))
+
+
+def where(src: tuple | None) -> str:
+    """`line 12`, or `line 23 of std.optim`: a node's source position for messages."""
+    if not src:
+        return ""
+    return f"line {src[0]}" + (f" of {src[2]}" if len(src) > 2 else "")
 
 
 def loads(blob: bytes) -> Graph:

@@ -16,7 +16,7 @@ from ..ir.shapes import broadcast
 from .inline import _inline_graph
 
 NON_DIFFERENTIABLE = {Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.AND, Op.OR, Op.NOT, Op.IOTA,
-                      Op.CONST, Op.FULL, Op.RANDN, Op.PARAM, Op.INPUT}
+                      Op.CONST, Op.FULL, Op.RANDN, Op.RAND, Op.PARAM, Op.INPUT}
 
 
 class AutodiffError(ValueError):

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir.graph import Graph, Op
+from ..ir.serialize import where as src_text
 from ..ir.shapes import ShapeError, infer
 
-_SOURCES = {Op.INPUT, Op.CONST, Op.FULL, Op.RANDN, Op.RESHAPE, Op.IOTA, Op.UNINDEX}
+_SOURCES = {Op.INPUT, Op.CONST, Op.FULL, Op.RANDN, Op.RAND, Op.RESHAPE, Op.IOTA, Op.UNINDEX}
 
 
 class SpecializationError(ValueError):
@@ -55,7 +56,7 @@ def specialize(graph: Graph, env: dict[str, int]) -> Graph:
         try:
             dtype, shape = infer(n, [known[i] for i in n.inputs])
         except ShapeError as exc:
-            where = f" (line {n.src[0]})" if n.src else ""
+            where = f" ({src_text(n.src)})" if n.src else ""
             raise SpecializationError(f"`{n.op.value}`{where}: {exc}") from None
         n = replace(n, dtype=dtype, shape=tuple(shape))
         known[n.id] = (n.dtype, n.shape)

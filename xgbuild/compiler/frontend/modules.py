@@ -1,0 +1,113 @@
+"""Imports: `import std.nn` and `import mylib` bring a module's functions and constants in.
+
+Each module is checked on its own first (as a library); only a clean module is merged, so its
+functions never need diagnostics rendered against another file. Node ids are offset per module
+so one program's side tables never collide. Cycles and missing files are diagnostics at the
+`import` line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...settings import REPO_ROOT
+from . import ast as A
+from .codes import BAD_IMPORT
+from .diagnostics import Diagnostics
+from .lexer import tokenize
+from .parser import parse
+from .source import SourceFile, Span
+
+STD_DIR = REPO_ROOT / "std"
+_ID_STRIDE = 10_000_000
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where an imported declaration came from."""
+    source: SourceFile
+    module: str
+    import_span: Span
+
+
+@dataclass
+class ModuleLoader:
+    options: object
+    base_dir: Path
+    loading: list[str] = field(default_factory=list)
+    loaded: dict[str, list[A.Node]] = field(default_factory=dict)
+    next_offset: int = 1
+
+    def resolve(self, path: list[str]) -> Path:
+        if path[0] == "std" and len(path) > 1:
+            return STD_DIR.joinpath(*path[1:]).with_suffix(".xg")
+        return self.base_dir.joinpath(*path).with_suffix(".xg")
+
+    def load_all(self, module: A.Module, diags: Diagnostics) -> list[A.Node]:
+        out: list[A.Node] = []
+        seen: set[str] = set()
+        for decl in module.decls:
+            if isinstance(decl, A.Import):
+                for d in self.load(decl, diags):
+                    key = f"{type(d).__name__}:{d.name}:{d.origin.module}"
+                    if key not in seen:
+                        seen.add(key)
+                        out.append(d)
+        return out
+
+    def load(self, imp: A.Import, diags: Diagnostics) -> list[A.Node]:
+        name = imp.name
+        if name in self.loaded:
+            return self.loaded[name]
+        if name in self.loading:
+            cycle = " -> ".join(self.loading[self.loading.index(name):] + [name])
+            diags.error(BAD_IMPORT, imp.span, detail=f"import cycle: {cycle}")
+            return []
+        path = self.resolve(imp.path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = "no such module" if isinstance(exc, FileNotFoundError) else str(exc)
+            diags.error(BAD_IMPORT, imp.span, detail=f"cannot import `{name}`: {reason} ({path})",
+                        help="`std.*` modules live in XG's std/ directory; others beside the importing file")
+            return []
+        from . import check_source_with_loader          # the package's entry point, shared
+        from .checker import CheckOptions
+        self.loading.append(name)
+        sub = ModuleLoader(self.options, path.parent, self.loading, self.loaded, self.next_offset)
+        result = check_source_with_loader(text, str(path), CheckOptions(lib=True, hw_dir=self.options.hw_dir), sub)
+        self.next_offset = sub.next_offset
+        self.loading.pop()
+        if not result.ok:
+            notes = tuple(f"{d.file}:{d.line}:{d.col}: {d.message}" for d in result.diagnostics
+                          if d.severity.value == "error")[:10]
+            diags.error(BAD_IMPORT, imp.span, detail=f"module `{name}` has errors", notes=notes)
+            self.loaded[name] = []
+            return []
+        # Parse again with ids of its own: the checked copy's ids belong to its own check.
+        source = SourceFile(str(path), text)
+        quiet = Diagnostics(source)
+        offset = self.next_offset * _ID_STRIDE
+        self.next_offset += 1
+        parsed = parse(tokenize(text, quiet), quiet, first_id=offset)
+        origin = Origin(source, name, imp.span)
+        decls: list[A.Node] = []
+        for decl in parsed.decls:
+            if isinstance(decl, A.FuncDef):
+                if decl.name == "main":
+                    diags.error(BAD_IMPORT, imp.span, detail=f"module `{name}` defines `main`; modules hold functions "
+                                "and constants")
+                    continue
+                decl.origin = origin
+                decls.append(decl)
+            elif isinstance(decl, A.ConstDecl) and decl.name not in ("TARGET_GPU", "NUM_GPU"):
+                decl.origin = origin
+                decls.append(decl)
+            elif isinstance(decl, A.Import):
+                decls.extend(self.load(decl, quiet))
+            else:
+                diags.error(BAD_IMPORT, imp.span, detail=f"module `{name}` declares `{decl.name}`; modules hold "
+                            "functions and constants only")
+        self.loaded[name] = decls
+        return decls
