@@ -14,6 +14,7 @@ from .frontend import CheckOptions, CheckResult, TypedProgram, check_file, check
 from .ir.graph import Program
 from .ir.lower import LoweringError, lower
 from .passes import PASS_NAMES, run_pipeline
+from .passes.autodiff import AutodiffError
 
 DEFAULT_TARGET = "H100"
 
@@ -39,9 +40,22 @@ def _finish(result: CheckResult, name: str, stop_after: str | None, verify_each:
         lowered = lower(typed)
     except LoweringError as exc:
         raise CompileError(f"error: {exc}", result.diagnostics) from None
-    optimized = run_pipeline(lowered, stop_after=stop_after, verify_each=verify_each)
+    try:
+        optimized = run_pipeline(lowered, stop_after=stop_after, verify_each=verify_each)
+    except AutodiffError as exc:
+        raise CompileError(_located(result, "XG0112", str(exc), exc.src), result.diagnostics) from None
     return Compiled(Path(name).name, result.source.text if result.source else "", result, typed, lowered,
                     optimized, typed.target or DEFAULT_TARGET, typed.num_gpu)
+
+
+def _located(result: CheckResult, code: str, message: str, src: tuple | None) -> str:
+    """A diagnostic-style message for an error found after checking (in lowering or a pass)."""
+    if src and len(src) == 2 and result.source is not None:
+        line, col = src
+        text = result.source.line_text(line)
+        return (f"error[{code}]: {message}\n --> {result.source.name}:{line}:{col}\n  |\n"
+                f"{line} | {text}\n  | {' ' * (col - 1)}^")
+    return f"error[{code}]: {message}"
 
 
 def compile_source(text: str, name: str = "program.xg", options: CheckOptions = CheckOptions(), *,

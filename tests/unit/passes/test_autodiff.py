@@ -155,3 +155,20 @@ def main() {
         loss.backward()
         assert _rel(gx, xt.grad) < 1e-12
         assert abs(gs - (float(st.grad) if st.grad is not None else 0.0)) < 1e-12
+
+
+def test_gradient_through_a_comparison_is_a_compile_error() -> None:
+    src = ("def f(Tensor[float32, 4] x) -> float32 {\n    c = cast(x > 0.0, float32)\n    return sum(c * 2.0)\n}\n"
+           "def main() {\n    return grad(f, wrt=x)(ones([4], float32))\n}\n")
+    with pytest.raises(CompileError) as err:
+        compile_source(src, "cmp.xg")
+    text = str(err.value)
+    assert "XG0112" in text and "cast" in text and "cmp.xg:2:" in text
+
+
+def test_where_on_a_comparison_is_differentiable() -> None:
+    src = ("def f(Tensor[float64, 4] x) -> float64 {\n    return sum(where(x > 0.0, x * 3.0, x * x))\n}\n"
+           "def main() {\n    return grad(f, wrt=x)(X)\n}\n")
+    engine = Engine.from_compiled(compile_source(src))
+    x = torch.tensor([1.0, -2.0, 0.5, -0.25], dtype=torch.float64)
+    torch.testing.assert_close(engine.run({"X": x}).value, torch.where(x > 0, 3.0, 2 * x))

@@ -20,7 +20,9 @@ NON_DIFFERENTIABLE = {Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.AND, Op.OR, O
 
 
 class AutodiffError(ValueError):
-    pass
+    def __init__(self, message: str, src: tuple | None = None) -> None:
+        super().__init__(message)
+        self.src = src
 
 
 def grad_name(func: str, wrt: tuple[int, ...], with_value: bool) -> str:
@@ -106,6 +108,7 @@ def differentiate(fn: Graph, wrt: tuple[int, ...], with_value: bool, tuple_wrt: 
     out_ids = tree_ids(fn.output)
     if len(out_ids) != 1 or fn.node(out_ids[0]).shape != () or not fn.node(out_ids[0]).dtype.startswith(("float", "bfloat")):
         raise AutodiffError(f"`{fn.name}` must return one floating-point scalar to be differentiated")
+    _check_differentiable(fn, wrt, out_ids[0])
     b = GraphBuilder(name, start=max((n.id for n in fn.nodes), default=0) + 1)
     b.nodes = list(fn.nodes)
     b.params = list(fn.params)
@@ -124,6 +127,28 @@ def differentiate(fn: Graph, wrt: tuple[int, ...], with_value: bool, tuple_wrt: 
     gtree = {"tuple": [{"t": g} for g in grads]} if tuple_wrt else {"t": grads[0]}
     output = {"tuple": [fn.output, gtree]} if with_value else gtree
     return replace(b.build(output), params=fn.params)
+
+
+def _check_differentiable(fn: Graph, wrt: tuple[int, ...], loss: int) -> None:
+    """A wrt parameter that reaches the loss only through a comparison (a bool or integer turned
+    into a float) has no gradient: say which op, and where, instead of returning zeros."""
+    depends: set[int] = {fn.params[i] for i in wrt}
+    for n in fn.nodes:
+        if any(i in depends for i in n.inputs) and not (n.op is Op.WHERE and n.inputs[0] in depends
+                                                        and not any(i in depends for i in n.inputs[1:])):
+            depends.add(n.id)
+    reaches: set[int] = {loss}
+    for n in reversed(fn.nodes):
+        if n.id in reaches:
+            reaches.update(n.inputs)
+    for n in fn.nodes:
+        if n.op is Op.CAST and n.id in reaches and n.inputs[0] in depends:
+            src = fn.node(n.inputs[0])
+            if not src.dtype.startswith(("float", "bfloat")):
+                where = f"line {n.src[0]}" + (f" of {n.src[2]}" if n.src and len(n.src) > 2 else "") if n.src else "?"
+                raise AutodiffError(f"`{fn.name}` depends on a differentiated parameter only through `cast` of a "
+                                    f"{src.dtype} value ({src.op.value}) at {where}: that path has no gradient",
+                                    n.src)
 
 
 def _vjp(A: _Adjoints, n: Node, g: int) -> None:
