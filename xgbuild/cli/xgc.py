@@ -91,7 +91,7 @@ def compile(
     elif emit is Emit.ir_opt:
         sys.stdout.write(to_text(compiled.optimized.main))
     elif emit is Emit.ir_json:
-        sys.stdout.write(json.dumps(to_json(compiled.optimized.main), sort_keys=True, indent=1) + "\n")
+        sys.stdout.write(json.dumps(to_json(compiled.optimized.main), sort_keys=True, indent=1, allow_nan=False) + "\n")
     elif emit is Emit.dot:
         sys.stdout.write(to_dot(compiled.optimized.main))
     if out is not None:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import List, Optional
 
 import torch
 import typer
 
 from ..errors import XGError
-from ..runtime.engine import Engine, ResultValue
+from ..runtime.engine import Engine
 from ..runtime.tensor_io import TensorIOError, describe, load_tensors, random_inputs, save_tensors
 from .common import EXIT_USAGE, emit_json, fail, make_app, run
 
@@ -34,21 +34,6 @@ def _dims(specs: list[str]) -> dict[str, int]:
             fail(f"--dim takes NAME=SIZE with a positive size, got {spec!r}", EXIT_USAGE)
         out[name] = int(value)
     return out
-
-
-def flatten(value: Any, prefix: str = "out") -> dict[str, Any]:
-    """Name every output tensor: `out`, or `out_0`, `out_1` … for tuples, `out_ok`/`out_value` for results."""
-    if isinstance(value, tuple):
-        out: dict[str, Any] = {}
-        for i, item in enumerate(value):
-            out.update(flatten(item, f"{prefix}_{i}"))
-        return out
-    if isinstance(value, ResultValue):
-        out = {f"{prefix}_ok": value.ok}
-        if value.ok:
-            out.update(flatten(value.value, f"{prefix}_value"))
-        return out
-    return {prefix: value}
 
 
 @app.command()
@@ -83,7 +68,7 @@ def main_cmd(
         result = eng.run(values, device=device, check=check)
     except (XGError, TensorIOError) as exc:
         fail(str(exc))
-    outputs = flatten(result.value)
+    outputs = result.tensors
     if output is not None:
         try:
             save_tensors(output, outputs)
@@ -92,7 +77,7 @@ def main_cmd(
     summary = {
         "engine": str(engine), "digest": eng.digest, "target": eng.manifest["target"], "device": device,
         "check": check, "load_ms": load_ms, "run_ms": result.metadata["timings"]["total_ms"],
-        "outputs": {name: describe(torch.as_tensor(v)) for name, v in outputs.items()},
+        "outputs": {name: describe(v) for name, v in outputs.items()},
         "specialization": result.metadata["specialization"],
     }
     if json_out:

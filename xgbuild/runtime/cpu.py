@@ -92,7 +92,16 @@ class CpuExecutor:
         with torch.no_grad():
             for n in graph.nodes:
                 t0 = time.perf_counter()
-                vals[n.id] = self.eval(n, [vals[i] for i in n.inputs], inputs)
+                try:
+                    value = self.eval(n, [vals[i] for i in n.inputs], inputs)
+                except ExecutionError:
+                    raise
+                except (RuntimeError, IndexError, ValueError, OverflowError) as exc:
+                    where = f" at {src_text(n.src)}" if n.src else ""
+                    raise ExecutionError(f"`{n.op.value}` (node %{n.id}){where} failed: {exc}") from None
+                want = self.dtype(n.dtype)
+                # torch widens some results (an int8 sum is int64); the IR's dtype is the contract.
+                vals[n.id] = value if value.dtype == want else value.to(want)
                 if self.timings:
                     timings.append({"id": n.id, "op": n.op.value, "line": n.src[0] if n.src else None,
                                     "ms": (time.perf_counter() - t0) * 1e3})
@@ -159,31 +168,37 @@ class CpuExecutor:
         if op is Op.RESHAPE:
             return args[0].reshape(n.shape)
         if op is Op.INDEX:
-            return args[0][self.index(n, args)]
+            return self.gather(n, args[0], args)
         if op is Op.UNINDEX:
-            out = torch.zeros(n.shape, dtype=args[0].dtype)
-            out[self.index(n, [out] + args[1:])] = args[0]
-            return out
+            # Where INDEX would read each element, put the incoming values: index a tensor of
+            # flat positions the same way, then scatter.
+            positions = self.gather(n, torch.arange(math.prod(n.shape)).reshape(n.shape), args)
+            out = torch.zeros(math.prod(n.shape), dtype=args[0].dtype)
+            out[positions.reshape(-1)] = args[0].reshape(-1)
+            return out.reshape(n.shape)
         if op in (Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE):
             return args[0]          # one process holds every shard
         raise ExecutionError(f"the CPU executor has no implementation of `{op.value}`")
 
-    def index(self, n: Node, args: list[torch.Tensor]) -> tuple:
-        key = []
-        base_shape = args[0].shape
-        for axis, item in enumerate(n.attr("items")):
-            if item[0] == "i":
-                key.append(item[1])
-            elif item[0] == "s":
-                key.append(slice(item[1], item[2], item[3]))
-            else:
-                i = int(args[item[1]])
-                size = base_shape[axis]
-                if not -size <= i < size:
-                    line = f" at {src_text(n.src)}" if n.src else ""
-                    raise ExecutionError(f"index {i} is out of bounds for dimension {axis} of size {size}{line}")
-                key.append(i)
-        return tuple(key)
+    def gather(self, n: Node, x: torch.Tensor, args: list[torch.Tensor]) -> torch.Tensor:
+        """Apply an INDEX node's items to `x`, one axis at a time (negative steps included)."""
+        axis = 0
+        for pos, item in enumerate(n.attr("items")):
+            size = x.shape[axis]
+            if item[0] == "s":
+                picks = range(size)[slice(item[1], item[2], item[3])]
+                if picks.step == 1:
+                    x = x.narrow(axis, picks.start, len(picks))
+                else:
+                    x = x.index_select(axis, torch.tensor(list(picks), dtype=torch.int64))
+                axis += 1
+                continue
+            i = item[1] if item[0] == "i" else int(args[item[1]])
+            if not -size <= i < size:
+                line = f" at {src_text(n.src)}" if n.src else ""
+                raise ExecutionError(f"index {i} is out of bounds for dimension {pos} of size {size}{line}")
+            x = x.select(axis, i)
+        return x
 
     # --- check mode -----------------------------------------------------------------------------
     def guard(self, graph: Graph, vals: dict[int, torch.Tensor]) -> None:
@@ -192,7 +207,7 @@ class CpuExecutor:
             if v.dtype.is_floating_point and not bool(torch.isfinite(v).all()):
                 origin = self.origin(graph, vals, nid, torch.ones_like(v, dtype=torch.bool))
                 node = graph.node(origin)
-                kind = "NaN" if bool(torch.isnan(vals[origin]).any()) else "Inf"
+                kind = "NaN" if bool(torch.isnan(v).any()) else "Inf"
                 if node.op is Op.INPUT:
                     where = f"the input `{node.attr('name')}`"
                 else:

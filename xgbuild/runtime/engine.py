@@ -36,8 +36,10 @@ class ResultValue:
 
 @dataclass
 class RunResult:
-    value: Any
+    value: Any                  # what main returns: a tensor, a Python scalar, a tuple, a ResultValue
     metadata: dict
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)   # every output leaf, dtype kept:
+    # `out`, or `out_0`, `out_1`, … for tuples, `out_ok` / `out_value` for results
 
 
 @dataclass
@@ -145,7 +147,7 @@ class Engine:
                                           for n, t in inputs.items()}},
             "timings": {"total_ms": total_ms, "ops": out.timings},
         }
-        return RunResult(value, metadata)
+        return RunResult(value, metadata, _flat(graph.output, out.values))
 
 
 def _sig_text(sig: list[dict]) -> str:
@@ -173,6 +175,21 @@ def _as_tensor(name: str, value: Any) -> torch.Tensor:
 
 def _scalar(t: torch.Tensor) -> Any:
     return t.item() if t.dim() == 0 else t
+
+
+def _flat(tree: dict, values: dict[int, torch.Tensor], prefix: str = "out") -> dict[str, torch.Tensor]:
+    if "t" in tree:
+        return {prefix: values[tree["t"]]}
+    if "tuple" in tree:
+        out: dict[str, torch.Tensor] = {}
+        for i, item in enumerate(tree["tuple"]):
+            out.update(_flat(item, values, f"{prefix}_{i}"))
+        return out
+    tag = values[tree["result"]["tag"]]
+    out = {f"{prefix}_ok": tag == 0}
+    if int(tag) == 0:
+        out.update(_flat(tree["result"]["value"], values, f"{prefix}_value"))
+    return out
 
 
 def _build(tree: dict, values: dict[int, torch.Tensor]) -> Any:

@@ -126,6 +126,9 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
 
     def final(self, ty: Type) -> Type:
         ty = self.subst.resolve(ty)
+        if isinstance(ty, TensorType) and any(isinstance(d, DimVar) for d in ty.shape):
+            # Dims no call solved (slices of symbolic dims) keep their descriptive names.
+            ty = TensorType(ty.dtype, tuple(d.hint if isinstance(d, DimVar) else d for d in ty.shape))
         if isinstance(ty, ExternVar) and ty.name in self.externs:
             inner = self.externs[ty.name].type
             return ERROR if isinstance(inner, ExternVar) else self.subst.resolve(inner)

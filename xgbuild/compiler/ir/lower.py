@@ -16,6 +16,7 @@ from ..frontend import ast as A
 from ..frontend.checker import TypedProgram
 from ..frontend.types import NAMED_ERRORS, FloatLiteral, IntLiteral, ResultType, TensorType, TupleType, Type
 from .graph import Graph, GraphBuilder, Op, Program, attrs_of, tree_ids
+from .shapes import index_shape
 
 TAG_DTYPE = "int32"
 ERROR_CODES = {name: i + 1 for i, name in enumerate(NAMED_ERRORS)}
@@ -373,7 +374,9 @@ class FunctionLowering:
                 else:
                     items.append(("d", len(inputs)))
                     inputs.append(v)
-        return self.b.add(Op.INDEX, inputs, str(ty.dtype), ty.shape, attrs_of(items=items), self.src(e))
+        # The IR's own rule gives the shape (the checker's may hold unsolved slice dims).
+        shape = index_shape(self.b.node(base).shape, items)
+        return self.b.add(Op.INDEX, inputs, str(ty.dtype), shape, attrs_of(items=items), self.src(e))
 
     def e_MethodCall(self, e: A.MethodCall) -> LVal:
         r = self.expr(e.obj)

@@ -7,6 +7,7 @@ engine file) and raises `IRError` on anything malformed, never another exception
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from .graph import Graph, Node, Op, Program, tree_ids
@@ -50,9 +51,14 @@ def program_text(program: Program) -> str:
     return "\n".join(parts + [to_text(program.main)])
 
 
+_NON_FINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+
 def _jsonable(v: Any) -> Any:
     if isinstance(v, tuple):
         return [_jsonable(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return {"float": "nan" if v != v else ("inf" if v > 0 else "-inf")}   # strict JSON has no NaN
     return v
 
 
@@ -70,12 +76,14 @@ def to_json(graph: Graph) -> dict:
 
 
 def dumps(graph: Graph) -> bytes:
-    return (json.dumps(to_json(graph), sort_keys=True, separators=(",", ":")) + "\n").encode()
+    return (json.dumps(to_json(graph), sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 
 def _freeze(v: Any) -> Any:
     if isinstance(v, list):
         return tuple(_freeze(x) for x in v)
+    if isinstance(v, dict) and set(v) == {"float"} and v["float"] in _NON_FINITE:
+        return _NON_FINITE[v["float"]]
     return v
 
 

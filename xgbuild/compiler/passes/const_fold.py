@@ -56,6 +56,9 @@ def const_fold(program: Program) -> Program:
             else:
                 out = _FN[n.op](*args)
             out = out.to(_TORCH[n.dtype])
+            if out.dtype.is_floating_point and not bool(torch.isfinite(out)):
+                nodes.append(n)      # keep the op: check mode must be able to name what made a NaN/Inf
+                continue
             folded = replace(n, op=Op.CONST, inputs=(), attrs=attrs_of(value=_value(out)))
             consts[n.id] = out
             nodes.append(folded)

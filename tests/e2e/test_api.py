@@ -1,0 +1,228 @@
+"""The public Python API (`xg`): the seed's README snippet, exception types, specialisation cache.
+
+Every way to misuse `xg.run_engine` / `xg.load_engine` / `xg.compile_file` raises the matching
+`xg` exception (all subclasses of `xg.XGError`), never a bare Python or torch error.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import EXAMPLES, REPO_ROOT, Rand, compile_text, src_text, write_program
+
+import xg
+
+
+def readme_snippet() -> str:
+    """The Python block of the seed spec's `## Examples` section, exactly as written."""
+    candidates = sorted((REPO_ROOT.parent / "shared" / "seeds").glob("000_*.txt"))
+    if not candidates:
+        pytest.skip("the seed spec (../shared/seeds/000_*.txt) is not beside this checkout")
+    text = candidates[0].read_text()
+    section = text.split("\n## Examples", 1)[1].split("\n## ", 1)[0]
+    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert match, "no ```python block in the seed's ## Examples section"
+    return match.group(1)
+
+
+def test_readme_snippet_runs_as_written() -> None:
+    snippet = readme_snippet()
+    assert 'xg.compile_file(Path("examples/cluster_matmul.xg"))' in snippet
+    proc = subprocess.run([sys.executable, "-c", snippet], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("tensor([[") and lines[-2].endswith("]])"), proc.stdout   # a 2x2 result
+    meta = lines[-1]
+    assert meta.startswith("{") and "'num_gpu': 2" in meta and "'engine_digest'" in meta
+
+
+# ------------------------------------------------------------------------------ input errors
+
+@pytest.fixture
+def norms(example_engines) -> xg.Engine:
+    return example_engines["norms"]
+
+
+@pytest.fixture
+def good(rand: Rand) -> dict[str, torch.Tensor]:
+    return {"X": rand.tensor((3, 4))[0], "G": rand.tensor((4,))[0]}
+
+
+def test_missing_external(norms, good) -> None:
+    with pytest.raises(xg.InputError, match="missing input `G`"):
+        xg.run_engine(norms, external_values={"X": good["X"]})
+
+
+def test_no_externals_at_all(norms) -> None:
+    with pytest.raises(xg.InputError, match="missing inputs `X`, `G`"):
+        xg.run_engine(norms)
+
+
+def test_extra_external(norms, good) -> None:
+    with pytest.raises(xg.InputError, match="unknown input `Y`"):
+        xg.run_engine(norms, external_values={**good, "Y": torch.ones(1)})
+
+
+@pytest.mark.parametrize("value", [torch.ones(3, 4, dtype=torch.float64), torch.ones(3, 4, dtype=torch.bfloat16),
+                                   torch.ones(3, 4, dtype=torch.int64), np.ones((3, 4))])
+def test_wrong_dtype(value, norms, good) -> None:
+    with pytest.raises(xg.InputError, match="input `X` has dtype .*the engine expects float32"):
+        xg.run_engine(norms, external_values={**good, "X": value})
+
+
+def test_numpy_float32_is_accepted(norms, good) -> None:
+    y = xg.run_engine(norms, external_values={"X": good["X"].numpy(), "G": good["G"].numpy()}).value
+    assert torch.equal(y, xg.run_engine(norms, external_values=good).value)
+
+
+def test_not_a_tensor(norms, good) -> None:
+    with pytest.raises(xg.InputError, match="input `X` is a list"):
+        xg.run_engine(norms, external_values={**good, "X": [[1.0]]})
+
+
+@pytest.mark.parametrize("shape", [(12,), (1, 3, 4), ()])
+def test_wrong_rank(shape, norms, good) -> None:
+    with pytest.raises(xg.InputError, match="input `X` must have rank 2"):
+        xg.run_engine(norms, external_values={**good, "X": torch.ones(shape)})
+
+
+def test_wrong_fixed_dim(tmp_path) -> None:
+    engine = compile_text(tmp_path, src_text("""
+        extern Tensor[float32, 4, D] X
+        def main() {
+            return X * 2.0
+        }
+    """))
+    with pytest.raises(xg.InputError, match=r"input `X` must have shape \[4, 'D'\], got \[5, 3\]"):
+        engine.run({"X": torch.ones(5, 3)})
+
+
+def test_inconsistent_symbol(norms) -> None:
+    with pytest.raises(xg.InputError, match="`G` has D = 5 .* fixed D = 4"):
+        xg.run_engine(norms, external_values={"X": torch.ones(3, 4), "G": torch.ones(5)})
+
+
+def test_tensor_on_another_device(norms, good) -> None:
+    with pytest.raises(xg.InputError, match="input `X` is on meta"):
+        xg.run_engine(norms, external_values={**good, "X": torch.empty(3, 4, device=torch.device("meta"))})
+
+
+def test_cuda_device_without_gpu_kernels(norms, good) -> None:
+    with pytest.raises(xg.EngineError, match="no GPU kernels"):
+        xg.run_engine(norms, external_values=good, device="cuda")
+
+
+def test_unknown_device(norms, good) -> None:
+    with pytest.raises(xg.InputError, match="unknown device"):
+        xg.run_engine(norms, external_values=good, device="tpu")
+
+
+def test_run_engine_needs_an_engine() -> None:
+    with pytest.raises(xg.XGError, match="run_engine takes an Engine"):
+        xg.run_engine("examples/norms.xg")  # type: ignore[arg-type]
+
+
+def test_reduction_over_an_empty_dim_is_an_xg_error(norms) -> None:
+    """`max` over a dimension of size 0 has no value: an `xg` error, not a torch IndexError."""
+    with pytest.raises(xg.XGError):
+        xg.run_engine(norms, external_values={"X": torch.ones(3, 0), "G": torch.ones(0)})
+
+
+def test_every_exception_is_an_xg_error() -> None:
+    for cls in (xg.CompileError, xg.EngineError, xg.InputError, xg.ExecutionError):
+        assert issubclass(cls, xg.XGError)
+
+
+# ------------------------------------------------------------------------------ compile and load errors
+
+def test_compile_error_carries_rendered_diagnostics(tmp_path) -> None:
+    path = write_program(tmp_path, src_text("""
+        def main() {
+            x = 1 + 2.0
+            return x / 0
+        }
+    """), "bad.xg")
+    with pytest.raises(xg.CompileError) as info:
+        xg.compile_file(path)
+    assert info.value.diagnostics, "CompileError.diagnostics is empty"
+    assert "error[XG" in str(info.value) and "bad.xg:" in str(info.value)
+
+
+def test_compile_missing_file(tmp_path) -> None:
+    with pytest.raises(xg.CompileError, match="nope.xg"):
+        xg.compile_file(tmp_path / "nope.xg")
+
+
+def test_compile_bad_num_gpu() -> None:
+    with pytest.raises(xg.XGError, match="num_gpu"):
+        xg.compile_file(EXAMPLES / "norms.xg", num_gpu=0)
+
+
+def test_compile_unknown_target() -> None:
+    with pytest.raises(xg.CompileError):
+        xg.compile_file(EXAMPLES / "norms.xg", target="NOT_A_GPU")
+
+
+def test_load_missing_engine(tmp_path) -> None:
+    with pytest.raises(xg.EngineError, match="does not exist"):
+        xg.load_engine(tmp_path / "none.xge")
+
+
+def test_load_a_source_file_as_an_engine() -> None:
+    with pytest.raises(xg.EngineError, match="not an XG engine"):
+        xg.load_engine(EXAMPLES / "norms.xg")
+
+
+def test_target_and_num_gpu_overrides_reach_the_metadata(rand: Rand) -> None:
+    engine = xg.compile_file(EXAMPLES / "norms.xg", target="GB200", num_gpu=4)
+    meta = xg.run_engine(engine, external_values={"X": rand.tensor((2, 3))[0], "G": rand.tensor((3,))[0]}).metadata
+    assert (meta["target"], meta["num_gpu"]) == ("GB200", 4)
+    assert engine.manifest["target_profile"]["arch"] == "sm_100"
+
+
+# ------------------------------------------------------------------------------ specialisation cache
+
+def test_specialisation_is_cached_per_shape(rand: Rand) -> None:
+    engine = xg.compile_file(EXAMPLES / "norms.xg")        # a fresh engine: an empty cache
+
+    def run(t: int, d: int) -> dict:
+        inputs = {"X": rand.tensor((t, d))[0], "G": rand.tensor((d,))[0]}
+        return xg.run_engine(engine, external_values=inputs).metadata["specialization"]
+
+    first, second, other, back = run(3, 4), run(3, 4), run(5, 4), run(3, 4)
+    assert (first["cached"], second["cached"], other["cached"], back["cached"]) == (False, True, False, True)
+    assert first["symbols"] == {"T": 3, "D": 4} and other["symbols"] == {"T": 5, "D": 4}
+    assert first["inputs"] == {"X": {"dtype": "float32", "shape": [3, 4]}, "G": {"dtype": "float32", "shape": [4]}}
+
+
+def test_specialisation_cache_survives_float64_and_check_modes(rand: Rand) -> None:
+    engine = xg.compile_file(EXAMPLES / "cluster_matmul.xg")
+    inputs = {"A": rand.tensor((4, 3))[0], "B": rand.tensor((3, 2))[0]}
+    assert engine.run(inputs).metadata["specialization"]["cached"] is False
+    assert engine.run(inputs, float64=True).metadata["specialization"]["cached"] is True
+    assert engine.run(inputs, check=False).metadata["specialization"]["cached"] is True
+
+
+def test_a_loaded_engine_starts_with_an_empty_cache(tmp_path, rand: Rand) -> None:
+    engine = xg.compile_file(EXAMPLES / "norms.xg")
+    inputs = {"X": rand.tensor((2, 2))[0], "G": rand.tensor((2,))[0]}
+    engine.run(inputs)
+    engine.save(tmp_path / "n.xge")
+    loaded = xg.load_engine(tmp_path / "n.xge")
+    assert loaded.run(inputs).metadata["specialization"]["cached"] is False
+
+
+def test_metadata_timings_cover_every_node(rand: Rand, example_engines) -> None:
+    engine = example_engines["attention"]
+    inputs = {n: rand.tensor((4, 8), "bfloat16")[0] for n in "QKV"}
+    meta = engine.run(inputs).metadata
+    ops = meta["timings"]["ops"]
+    assert len(ops) == len(engine.graph.nodes) and meta["timings"]["total_ms"] > 0
+    assert {"matmul", "softmax", "cast", "transpose"} <= {o["op"] for o in ops}

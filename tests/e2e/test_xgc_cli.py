@@ -1,0 +1,130 @@
+"""`xgc` end to end on every example: each `--emit` stage, each `--dump-after` pass, `--out`.
+
+Runs `xgc`'s real entry point in this process (see `conftest.cli`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import EXAMPLE_NAMES, EXAMPLES, assert_clean_failure, cli, src_text, write_program
+
+import xg
+from xgbuild.compiler.driver import compile_file
+from xgbuild.compiler.passes import PASS_NAMES
+
+
+def strict_json(text: str):
+    """Parse as RFC 8259 JSON: no NaN or Infinity tokens."""
+    def refuse(token: str):
+        raise ValueError(f"{token} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def node_lines(ir_text: str) -> list[str]:
+    return [line for line in ir_text.splitlines() if line.lstrip().startswith("%")]
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_every_emit_stage(name: str, example_engines) -> None:
+    path = EXAMPLES / f"{name}.xg"
+    stages = {}
+    for stage in ("ast", "ir", "ir-opt", "ir-json", "dot"):
+        res = cli("xgc", path, "--emit", stage)
+        assert res.code == 0, f"--emit {stage}: {res.both}"
+        assert res.out.strip(), f"--emit {stage} printed nothing"
+        assert "error" not in res.err
+        stages[stage] = res.out
+    assert stages["ast"].startswith("Module") and "FuncDef name='main'" in stages["ast"]
+    assert "graph main(" in stages["ir"] and "graph main(" in stages["ir-opt"]
+    assert "call(" not in stages["ir-opt"], "the optimised IR still calls functions"
+    graph = strict_json(stages["ir-json"])
+    engine = example_engines[name]
+    assert graph["name"] == "main" and len(graph["nodes"]) == len(engine.graph.nodes)
+    assert [n for n, _ in graph["inputs"]] == [s["name"] for s in engine.signature]
+    assert len(node_lines(stages["ir-opt"])) == len(graph["nodes"])
+    assert stages["dot"].startswith("digraph") and stages["dot"].rstrip().endswith("}")
+    assert stages["dot"].count("->") >= len(graph["nodes"]) - len(graph["inputs"]) - sum(
+        1 for n in graph["nodes"] if not n["inputs"])
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_every_dump_after_pass(name: str) -> None:
+    path = EXAMPLES / f"{name}.xg"
+    assert {"inline", "const-fold", "cse", "dce"} <= set(PASS_NAMES)
+    inlined_from = PASS_NAMES.index("inline")
+    sizes = {}
+    for pass_name in PASS_NAMES:
+        res = cli("xgc", path, "--dump-after", pass_name)
+        assert res.code == 0, f"--dump-after {pass_name}: {res.both}"
+        assert res.out.startswith("graph main("), res.out[:200]
+        assert res.out.rstrip().endswith("}") and "  return " in res.out
+        if PASS_NAMES.index(pass_name) >= inlined_from:
+            assert "call(" not in res.out and "proj(" not in res.out, f"after {pass_name}, calls remain"
+            sizes[pass_name] = len(node_lines(res.out))
+    assert list(sizes.values()) == sorted(sizes.values(), reverse=True), f"a pass grew the graph: {sizes}"
+    final = cli("xgc", path, "--emit", "ir-opt").out
+    assert cli("xgc", path, "--dump-after", PASS_NAMES[-1]).out == final
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_the_verifier_passes_between_every_pass(name: str) -> None:
+    compile_file(EXAMPLES / f"{name}.xg", verify_each=True)
+
+
+def test_unknown_pass_is_a_usage_error() -> None:
+    res = cli("xgc", EXAMPLES / "norms.xg", "--dump-after", "fusion")
+    assert_clean_failure(res, "fusion", *PASS_NAMES, code=2)
+
+
+def test_unknown_stage_is_a_usage_error() -> None:
+    res = cli("xgc", EXAMPLES / "norms.xg", "--emit", "llvm")
+    assert res.code == 2 and "Traceback" not in res.both
+
+
+def test_out_needs_the_xge_suffix(tmp_path) -> None:
+    res = cli("xgc", EXAMPLES / "norms.xg", "--out", tmp_path / "engine.bin")
+    assert_clean_failure(res, "engine.bin", ".xge", code=2)
+    assert not (tmp_path / "engine.bin").exists()
+
+
+def test_out_writes_a_loadable_engine(tmp_path) -> None:
+    out = tmp_path / "deep" / "dir" / "norms.xge"
+    res = cli("xgc", EXAMPLES / "norms.xg", "--out", out, "--target", "h200", "--json")
+    assert res.code == 0, res.both
+    report = json.loads(res.out)
+    assert report["ok"] is True and report["engine"] == str(out)
+    engine = xg.load_engine(out)
+    assert engine.digest == report["digest"] and engine.manifest["target"] == "H200"
+
+
+def test_program_errors_are_exit_1_with_diagnostics(tmp_path) -> None:
+    path = write_program(tmp_path, src_text("""
+        extern Tensor[float32, N] X
+        extern Tensor[float32, N] Y
+        def main() {
+            return X / Y
+        }
+    """), "div.xg")
+    res = cli("xgc", path, "--out", tmp_path / "div.xge")
+    assert res.code == 1 and "error[XG0300]" in res.err and "div.xg:4" in res.err
+    assert "Traceback" not in res.both and not (tmp_path / "div.xge").exists()
+
+
+def test_unreadable_source_is_exit_2(tmp_path) -> None:
+    res = cli("xgc", tmp_path / "missing.xg", "--emit", "ir")
+    assert res.code == 2 and "missing.xg" in res.err and "Traceback" not in res.both
+
+
+def test_ir_json_is_strict_json_even_with_non_finite_constants(tmp_path) -> None:
+    """`--emit ir-json` (and the engine's program.json) must be JSON other tools can read: no `NaN`."""
+    path = write_program(tmp_path, src_text("""
+        extern Tensor[float32, N] X
+        def main() {
+            return X + log(cast(-1, float32)) + exp(cast(1000, float32))
+        }
+    """))
+    res = cli("xgc", path, "--emit", "ir-json")
+    assert res.code == 0, res.both
+    strict_json(res.out)
