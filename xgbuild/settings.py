@@ -8,6 +8,7 @@ Every other module takes a `Settings` (or the values it needs) as an argument; n
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -42,6 +43,23 @@ class SettingsError(ValueError):
     """An environment variable holds a value XG cannot use."""
 
 
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")   # an HTTP token (RFC 9110)
+
+
+def parse_header(raw: str) -> tuple[str, str]:
+    """Split an XG_REMOTE_CACHE_HEADER value, "Name: value", refusing anything malformed."""
+    name, sep, value = raw.partition(":")
+    name, value = name.strip(), value.strip()
+    if not sep or not _HEADER_NAME.fullmatch(name) or not value or any(c in value for c in "\r\n\0"):
+        # Never echo what may be a secret: keep at most the name, mask the rest.
+        shown = f"{name[:40]}: ***" if sep else "***"
+        raise SettingsError(
+            f"XG_REMOTE_CACHE_HEADER={shown!r} is not a header: expected 'Name: value', "
+            "e.g. 'Authorization: Bearer <token>'"
+        )
+    return name, value
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything configurable from the environment, with defaults."""
@@ -52,6 +70,17 @@ class Settings:
     remote_timeout_s: float = 10.0           # XG_REMOTE_TIMEOUT: seconds per remote request
     remote_upload: bool = True               # XG_NO_REMOTE_UPLOAD=1 makes this host a reader only
     hw_dir: Path = REPO_ROOT / "hw"          # XG_HW_DIR: where the GPU profiles live
+
+    def __post_init__(self) -> None:
+        if self.remote_header is not None:
+            parse_header(self.remote_header)     # fail at configuration time, not mid-build
+        if not self.remote_timeout_s > 0:
+            raise SettingsError(f"remote timeout must be positive, got {self.remote_timeout_s!r}")
+
+    @property
+    def remote_header_pair(self) -> tuple[str, str] | None:
+        """`remote_header` split into (name, value), or None."""
+        return None if self.remote_header is None else parse_header(self.remote_header)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":

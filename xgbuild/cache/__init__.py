@@ -1,1 +1,27 @@
-"""Content-addressed artifact cache: keys, local store, remote HTTP tier, gc, explain."""
+"""Content-addressed artifact cache: keys, local store, remote HTTP tier, gc, explain.
+
+The tuner builds a `CacheKey` from named parts, opens one `Cache` per process with
+`Cache.open(settings)`, and calls `store(key, value, blobs)` / `lookup(key)`. See docs/cache.md.
+"""
+
+from xgbuild.cache.canonical import thaw
+from xgbuild.cache.errors import (CacheError, CorruptEntryError, InvalidDigestError, KeyPartError,
+                                  MissingBlobsError, RejectedDownloadError, RemoteAuthError,
+                                  RemoteConfigError, RemoteUnavailableError, SchemaError,
+                                  StoreFullError)
+from xgbuild.cache.fingerprint import toolchain_fingerprint
+from xgbuild.cache.gc import GcReport, collect, parse_size
+from xgbuild.cache.keys import CacheKey, PartDiff, diff_keys, explain
+from xgbuild.cache.local import LocalStore, VerifyReport
+from xgbuild.cache.records import BlobRef, Record
+from xgbuild.cache.remote import RemoteStore
+from xgbuild.cache.store import Store
+from xgbuild.cache.tiered import Artifact, Cache
+
+__all__ = [
+    "Artifact", "BlobRef", "Cache", "CacheError", "CacheKey", "CorruptEntryError", "GcReport",
+    "InvalidDigestError", "KeyPartError", "LocalStore", "MissingBlobsError", "PartDiff", "Record",
+    "RejectedDownloadError", "RemoteAuthError", "RemoteConfigError", "RemoteStore",
+    "RemoteUnavailableError", "SchemaError", "Store", "StoreFullError", "VerifyReport", "collect",
+    "diff_keys", "explain", "parse_size", "thaw", "toolchain_fingerprint",
+]

@@ -1,4 +1,6 @@
-"""`xgbuild cache …`: thin typer commands over `xgbuild.cache` (put, get, ls, stats, verify, gc, explain, diff).
+"""`xgbuild cache …`: thin typer commands over `xgbuild.cache`.
+
+Commands: put, get, ls, stats, verify, gc, explain, diff; each takes `--cache-dir`.
 
 Exit codes: 0 success; 1 a data or program problem (missing entry, corruption found by `verify`,
 disk full, an upload refused for lack of a token); 2 a usage problem (bad flag, malformed digest,
@@ -82,16 +84,22 @@ def _errors() -> Iterator[None]:
         raise typer.Exit(1) from None
 
 
+class _StderrHandler(logging.Handler):
+    """`warning: message` on whatever sys.stderr is at the time (test runners swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(f"{record.levelname.lower()}: {record.getMessage()}\n")
+        except Exception:  # noqa: BLE001 - a warning must never break the command
+            self.handleError(record)
+
+
 def _setup_logging() -> None:
     logger = logging.getLogger("xgbuild.cache")
-    if not any(getattr(h, "_xg_cli", False) for h in logger.handlers):
-        handler = logging.StreamHandler()   # resolves sys.stderr per record (test runners swap it)
-        handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
-        handler._xg_cli = True  # type: ignore[attr-defined]
-        logger.addHandler(handler)
-    logging.addLevelName(logging.WARNING, "warning")
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        logger.addHandler(_StderrHandler())
     logger.setLevel(logging.WARNING)
-    logger.propagate = False
+    logger.propagate = False    # printed once here, not again by a root handler
 
 
 def _open(cache_dir: Path | None = None, remote: str | None = None, header: str | None = None,
