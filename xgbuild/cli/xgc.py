@@ -17,10 +17,7 @@ from typing import Optional
 
 import typer
 
-from ..compiler.driver import compile_file
 from ..compiler.frontend import CheckOptions, check_file
-from ..compiler.frontend.ast_dump import dump as dump_ast
-from ..compiler.ir.serialize import program_text, to_dot, to_json, to_text
 from ..compiler.passes import PASS_NAMES
 from ..errors import CompileError, XGError
 from .common import EXIT_OK, EXIT_PROGRAM, EXIT_USAGE, emit_json, fail, make_app, run
@@ -71,6 +68,10 @@ def compile(
         elif result.diagnostics:
             sys.stderr.write(result.render() + "\n")
         raise typer.Exit(_exit_code(result.diagnostics))
+    # Imported here, not at the top: `--check` stays free of the engine and torch imports.
+    from ..compiler.driver import compile_file
+    from ..compiler.frontend.ast_dump import dump as dump_ast
+    from ..compiler.ir.serialize import program_text, to_dot, to_json, to_text
     try:
         compiled = compile_file(file, options, stop_after=dump_after)
     except CompileError as exc:

@@ -1,68 +1,71 @@
 """Constant folding: element-wise ops on scalar constants become constants; `where` on a
 constant condition becomes the chosen side.
 
-Needs: CONST nodes are scalars. Leaves: no element-wise node whose inputs are all CONST. Values
+Needs: CONST nodes are scalars. Leaves: no element-wise node whose inputs are all CONST (except
+ones whose value would be NaN/Inf: they stay, so check mode can name the op that made it). Values
 are computed with torch in the node's own dtype, so rounding is exactly what the engine would do.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-
-import torch
+from functools import lru_cache
 
 from ..ir.graph import Node, Op, Program, attrs_of, tree_map
 
-_TORCH = {"bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
-          "int64": torch.int64, "uint8": torch.uint8, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "float32": torch.float32, "float64": torch.float64}
 
-_FN = {
-    Op.NEG: torch.neg, Op.NOT: torch.logical_not, Op.EXP: torch.exp, Op.LOG: torch.log, Op.SQRT: torch.sqrt,
-    Op.RSQRT: torch.rsqrt, Op.SIGMOID: torch.sigmoid, Op.TANH: torch.tanh, Op.RELU: torch.relu, Op.ABS: torch.abs,
-    Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul, Op.EQ: torch.eq, Op.NE: torch.ne, Op.LT: torch.lt,
-    Op.LE: torch.le, Op.GT: torch.gt, Op.GE: torch.ge, Op.AND: torch.logical_and, Op.OR: torch.logical_or,
-    Op.MAXIMUM: torch.maximum, Op.MINIMUM: torch.minimum,
-}
+@lru_cache(maxsize=1)
+def _torch():
+    # Imported on first use, not with the module: `xgc --check` never folds, and torch costs ~1 s.
+    import torch
 
-
-def _value(t: torch.Tensor):
-    v = t.item()
-    return bool(v) if t.dtype == torch.bool else v
+    dtypes = {"bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
+              "int64": torch.int64, "uint8": torch.uint8, "float16": torch.float16, "bfloat16": torch.bfloat16,
+              "float32": torch.float32, "float64": torch.float64}
+    fns = {
+        Op.NEG: torch.neg, Op.NOT: torch.logical_not, Op.EXP: torch.exp, Op.LOG: torch.log, Op.SQRT: torch.sqrt,
+        Op.RSQRT: torch.rsqrt, Op.SIGMOID: torch.sigmoid, Op.TANH: torch.tanh, Op.RELU: torch.relu,
+        Op.ABS: torch.abs, Op.ERF: torch.erf, Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul,
+        Op.EQ: torch.eq, Op.NE: torch.ne, Op.LT: torch.lt, Op.LE: torch.le, Op.GT: torch.gt, Op.GE: torch.ge,
+        Op.AND: torch.logical_and, Op.OR: torch.logical_or, Op.MAXIMUM: torch.maximum, Op.MINIMUM: torch.minimum,
+    }
+    return torch, dtypes, fns
 
 
 def const_fold(program: Program) -> Program:
+    torch, dtypes, fns = _torch()
     g = program.main
-    consts: dict[int, torch.Tensor] = {}
+    consts: dict[int, object] = {}
     alias: dict[int, int] = {}
     nodes: list[Node] = []
     for n in g.nodes:
         n = replace(n, inputs=tuple(alias.get(i, i) for i in n.inputs))
         if n.op is Op.CONST:
-            consts[n.id] = torch.tensor(n.attr("value"), dtype=_TORCH[n.dtype])
+            consts[n.id] = torch.tensor(n.attr("value"), dtype=dtypes[n.dtype])
         elif n.op is Op.WHERE and n.inputs[0] in consts:
             pick = n.inputs[1] if bool(consts[n.inputs[0]]) else n.inputs[2]
             chosen = next(m for m in nodes if m.id == pick)
             if tuple(chosen.shape) == tuple(n.shape) and chosen.dtype == n.dtype:
                 alias[n.id] = pick
                 continue
-        elif (n.op in _FN or n.op is Op.CAST or n.op is Op.DIV and n.dtype.startswith("float")) \
+        elif (n.op in fns or n.op is Op.CAST or n.op is Op.DIV and n.dtype.startswith("float")) \
                 and n.inputs and all(i in consts for i in n.inputs) and not n.shape:
             args = [consts[i] for i in n.inputs]
             if n.op is Op.CAST:
-                out = args[0].to(_TORCH[n.dtype])
+                out = args[0]
             elif n.op is Op.DIV:
                 out = torch.div(*args)
             else:
-                out = _FN[n.op](*args)
-            out = out.to(_TORCH[n.dtype])
+                out = fns[n.op](*args)
+            out = out.to(dtypes[n.dtype])
             if out.dtype.is_floating_point and not bool(torch.isfinite(out)):
                 nodes.append(n)      # keep the op: check mode must be able to name what made a NaN/Inf
                 continue
-            folded = replace(n, op=Op.CONST, inputs=(), attrs=attrs_of(value=_value(out)))
+            value = out.item()
+            folded = replace(n, op=Op.CONST, inputs=(), attrs=attrs_of(value=bool(value) if out.dtype == torch.bool
+                                                                        else value))
             consts[n.id] = out
             nodes.append(folded)
             continue
         nodes.append(n)
     return program.replace_main(g.with_nodes(nodes, tree_map(g.output, lambda i: alias.get(i, i))))
-
