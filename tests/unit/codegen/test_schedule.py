@@ -1,0 +1,59 @@
+"""The fusion pass: every computed node lands in exactly one kernel, kernels come in dependency
+order, and the patterns PERF.md cares about fuse into the expected kernels."""
+
+from pathlib import Path
+
+import pytest
+
+from xgbuild.compiler.codegen.schedule import ScheduleError, schedule
+from xgbuild.compiler.driver import compile_file, compile_source
+from xgbuild.compiler.ir.graph import Op
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLES = sorted((REPO / "examples").glob("*.xg"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_partition_is_complete_and_ordered(path: Path) -> None:
+    g = compile_file(path).optimized.main
+    s = schedule(g)
+    computed = [n.id for n in g.nodes if n.op not in (Op.INPUT, Op.CONST) and n.id not in s.views]
+    in_kernels = [nid for k in s.kernels for nid in k.nodes]
+    assert sorted(in_kernels) == sorted(computed)
+    written: set[int] = {n.id for n in g.nodes if n.op is Op.INPUT}
+    base = {}
+    for n in g.nodes:
+        if n.id in s.views:
+            base[n.id] = base.get(n.inputs[0], n.inputs[0])
+    for k in s.kernels:
+        for i in s.inputs(k):
+            assert base.get(i, i) in written, f"{k.name} reads %{i} before any kernel writes it"
+        written.update(s.outputs(k))
+
+
+def test_rmsnorm_and_softmax_fuse_into_one_row_kernel() -> None:
+    s = schedule(compile_file(REPO / "examples" / "norms.xg").optimized.main)
+    assert [k.kind for k in s.kernels] == ["rowwise"]
+
+
+def test_mlp_bias_and_gelu_are_a_matmul_epilogue() -> None:
+    g = compile_file(REPO / "examples" / "mlp.xg").optimized.main
+    s = schedule(g)
+    assert [k.kind for k in s.kernels] == ["matmul", "matmul"]
+    first = [g.node(i).op for i in s.kernels[0].nodes]
+    assert first == [Op.MATMUL, Op.ADD, Op.GELU]
+
+
+def test_product_written_anyway_is_not_given_an_epilogue() -> None:
+    # contract.xg: y = A @ B feeds rmsnorm twice (x * x and x * rsqrt(...)): the square belongs in
+    # the row kernel's prologue, not in the matmul's epilogue (which would write a second tensor).
+    g = compile_file(REPO / "examples" / "contract.xg").optimized.main
+    s = schedule(g)
+    assert [k.kind for k in s.kernels] == ["matmul", "rowwise"]
+    assert s.kernels[0].nodes == [s.kernels[0].anchor]
+
+
+def test_op_without_a_kernel_path_is_an_error_naming_its_line() -> None:
+    src = "extern Tensor[float32, 4, 6] X\ndef main() {\n    return sum(X, dim=0)\n}\n"
+    with pytest.raises(ScheduleError, match=r"`sum` over a dimension other than the last.*line 3"):
+        schedule(compile_source(src).optimized.main)

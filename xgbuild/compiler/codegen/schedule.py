@@ -1,0 +1,200 @@
+"""Fusion: partition a specialised or symbolic Graph IR into kernels.
+
+Three kernel kinds, chosen greedily in topological order:
+- `matmul`: one MATMUL plus an epilogue of element-wise consumers of its output shape (bias,
+  activation, residual, cast);
+- `rowwise`: one reduction over the last dimension (sum/mean/max/min, softmax, log_softmax) plus
+  an element-wise prologue on its input and an epilogue on its row shape (RMSNorm, softmax, …);
+- `elementwise`: a chain of element-wise ops over one output shape.
+Views (RESHAPE of a contiguous value, TRANSPOSE, constant INDEX) are not kernels: a kernel reads
+its inputs through their strides. CONST nodes are folded into the kernels that read them. Every
+other node must land in a kernel: an op with no kernel path is an error, never a CPU fallback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir.graph import BINARY, UNARY, Graph, Node, Op, tree_ids
+
+ELEMENTWISE = (UNARY | BINARY | {Op.WHERE, Op.FULL, Op.IOTA, Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE}) - {Op.MOD}
+ROW_ANCHORS = {Op.SUM, Op.MEAN, Op.MAX, Op.MIN, Op.SOFTMAX, Op.LOG_SOFTMAX}
+VIEWS = {Op.RESHAPE, Op.TRANSPOSE, Op.INDEX}
+
+
+class ScheduleError(ValueError):
+    """An op that has no GPU kernel path (yet): the build stops and says which, and where."""
+
+
+@dataclass
+class Kernel:
+    kind: str                          # "elementwise" | "rowwise" | "matmul"
+    anchor: int | None                 # the MATMUL or reduction node
+    nodes: list[int] = field(default_factory=list)      # computed in the kernel, topological
+    shape: tuple = ()                  # the iteration domain: output shape (rowwise: the anchor's input)
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}_{self.nodes[0]}"
+
+
+@dataclass
+class Schedule:
+    graph: Graph
+    kernels: list[Kernel]
+    owner: dict[int, int]              # node id -> index of the kernel that computes it
+    views: set[int]                    # nodes that are views of another node's memory
+
+    def inputs(self, k: Kernel) -> list[int]:
+        """Nodes a kernel reads from memory (INPUTs, other kernels' outputs, views of them)."""
+        inside = set(k.nodes)
+        seen: list[int] = []
+        for nid in k.nodes:
+            for i in self.graph.node(nid).inputs:
+                if i not in inside and i not in seen and self.graph.node(i).op is not Op.CONST:
+                    seen.append(i)
+        return seen
+
+    def outputs(self, k: Kernel) -> list[int]:
+        """Nodes a kernel writes: those read outside it, or graph outputs."""
+        inside = set(k.nodes)
+        users = self.graph.users()
+        graph_out = set(tree_ids(self.graph.output))
+        out = []
+        for nid in k.nodes:
+            if nid in graph_out or any(u not in inside for u in users[nid]):
+                out.append(nid)
+        return out
+
+
+def _is_last_dim_reduction(n: Node, x: Node) -> bool:
+    if n.op in (Op.SOFTMAX, Op.LOG_SOFTMAX):
+        return n.attr("dim") == len(x.shape) - 1
+    dim = n.attr("dim")
+    return len(x.shape) >= 1 and (dim == len(x.shape) - 1 or (dim is None and len(x.shape) == 1))
+
+
+def schedule(graph: Graph) -> Schedule:
+    kernels: list[Kernel] = []
+    owner: dict[int, int] = {}
+    views: set[int] = set()
+    base: dict[int, int] = {}          # view node -> the node whose memory it reads
+    deps: dict[int, set[int]] = {}     # kernel -> kernels it reads from
+    users = graph.users()
+
+    def source(i: int) -> int:
+        return base.get(i, i)
+
+    def reaches(a: int, b: int) -> bool:
+        """Does kernel a read (transitively) from kernel b?"""
+        stack, seen = [a], set()
+        while stack:
+            k = stack.pop()
+            if k == b:
+                return True
+            if k not in seen:
+                seen.add(k)
+                stack.extend(deps.get(k, ()))
+        return False
+
+    def producers(n: Node, exclude: int | None = None) -> set[int]:
+        out = set()
+        for i in n.inputs:
+            k = owner.get(source(i))
+            if k is not None and k != exclude:
+                out.add(k)
+        return out
+
+    def can_join(k: Kernel, n: Node) -> bool:
+        if n.op not in ELEMENTWISE or n.op in (Op.FULL, Op.IOTA):
+            return False
+        shape = tuple(n.shape)
+        if k.kind == "elementwise":
+            fits = shape == tuple(k.shape)
+        elif k.kind == "matmul":
+            # An epilogue pays when it replaces the product in memory; when the product is
+            # written anyway, a consumer is better fused downstream (no second tensor written).
+            fits = shape == tuple(graph.node(k.anchor).shape) and all(
+                len(users[i]) == 1 for i in n.inputs if owner.get(i) == owner_index(k))
+        else:
+            fits = shape in {tuple(k.shape), tuple(k.shape[:-1]) + (1,), tuple(graph.node(k.anchor).shape)}
+        # Joining must not make the kernel read a value that itself needs this kernel (a cycle).
+        return fits and not any(reaches(p, owner_index(k)) for p in producers(n, owner_index(k)))
+
+    def owner_index(k: Kernel) -> int:
+        return next(i for i, kk in enumerate(kernels) if kk is k)
+
+    def new_kernel(k: Kernel, n: Node) -> None:
+        kernels.append(k)
+        idx = len(kernels) - 1
+        owner[n.id] = idx
+        deps[idx] = producers(n, idx)
+
+    for n in graph.nodes:
+        if n.op in (Op.INPUT, Op.CONST):
+            continue
+        if n.op in VIEWS:
+            views.add(n.id)
+            base[n.id] = source(n.inputs[0])
+            continue
+        if n.op is Op.MATMUL:
+            new_kernel(Kernel("matmul", n.id, [n.id], tuple(n.shape)), n)
+            continue
+        if n.op in ROW_ANCHORS:
+            x = graph.node(n.inputs[0])
+            if not _is_last_dim_reduction(n, x):
+                raise ScheduleError(f"`{n.op.value}` over a dimension other than the last has no GPU kernel yet"
+                                    + (f" (line {n.src[0]})" if n.src else ""))
+            pidx = owner.get(x.id)
+            if pidx is not None and kernels[pidx].kind == "rowwise" and tuple(kernels[pidx].shape) == tuple(x.shape) \
+                    and not any(reaches(p, pidx) for p in producers(n, pidx)):
+                # Another reduction over the same rows: the row is already in registers.
+                kernels[pidx].nodes.append(n.id)
+                owner[n.id] = pidx
+                continue
+            if pidx is not None:
+                prod = kernels[pidx]
+                # Absorb the producer as a prologue when it is an element-wise kernel of the same
+                # shape whose output this reduction alone needs.
+                if prod.kind == "elementwise" and tuple(prod.shape) == tuple(x.shape) and \
+                        all(u == n.id or owner.get(u) == pidx for u in users[x.id]):
+                    kernels[pidx] = Kernel("rowwise", n.id, prod.nodes + [n.id], tuple(x.shape))
+                    owner[n.id] = pidx
+                    continue
+            new_kernel(Kernel("rowwise", n.id, [n.id], tuple(x.shape)), n)
+            continue
+        if n.op not in ELEMENTWISE:
+            raise ScheduleError(f"`{n.op.value}` has no GPU kernel yet" + (f" (line {n.src[0]})" if n.src else ""))
+        for i in n.inputs:
+            idx = owner.get(i)
+            if idx is not None and can_join(kernels[idx], n):
+                kernels[idx].nodes.append(n.id)
+                owner[n.id] = idx
+                deps[idx] |= producers(n, idx)
+                break
+        else:
+            new_kernel(Kernel("elementwise", None, [n.id], tuple(n.shape)), n)
+    order = _topological(len(kernels), deps)
+    remap = {old: new for new, old in enumerate(order)}
+    return Schedule(graph, [kernels[i] for i in order], {n: remap[k] for n, k in owner.items()}, views)
+
+
+def _topological(count: int, deps: dict[int, set[int]]) -> list[int]:
+    order: list[int] = []
+    state: dict[int, int] = {}
+
+    def visit(k: int) -> None:
+        if state.get(k) == 2:
+            return
+        if state.get(k) == 1:
+            raise ScheduleError("internal: kernel dependencies form a cycle")
+        state[k] = 1
+        for d in sorted(deps.get(k, ())):
+            if d != k:
+                visit(d)
+        state[k] = 2
+        order.append(k)
+
+    for k in range(count):
+        visit(k)
+    return order
