@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..compiler.ir.graph import Graph
-from ..compiler.ir.serialize import dumps, loads
+from ..compiler.ir.serialize import loads
 from ..compiler.ir.verify import IRError, verify
 from ..errors import EngineError
 from .archive import BundleError, bundle_digest_of, read_bundle, write_bundle
@@ -90,6 +90,3 @@ def read_engine(path: Path) -> EngineFile:
         raise EngineError(f"{where}: malformed manifest ({type(exc).__name__}: {exc})") from None
     return EngineFile(manifest, graph, sources, entries, bundle.digest)
 
-
-def build_engine_file(graph: Graph, manifest: dict, sources: dict[str, bytes]) -> EngineFile:
-    return make_engine_file(manifest, graph, dumps(graph), sources)

@@ -18,11 +18,8 @@ import torch.nn.functional as F
 from ..compiler.ir.graph import Graph, Node, Op, tree_ids
 from ..compiler.ir.serialize import where as src_text
 from ..errors import ExecutionError
+from .dtypes import FLOAT_DTYPES, TORCH_DTYPES  # noqa: F401 (TORCH_DTYPES re-exported for tests)
 
-TORCH_DTYPES = {"bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
-                "int64": torch.int64, "uint8": torch.uint8, "float16": torch.float16,
-                "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
-FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
 
 _UNARY = {Op.NEG: torch.neg, Op.NOT: torch.logical_not, Op.EXP: torch.exp, Op.LOG: torch.log,
           Op.SQRT: torch.sqrt, Op.RSQRT: torch.rsqrt, Op.SIGMOID: torch.sigmoid, Op.TANH: torch.tanh,

@@ -16,14 +16,15 @@ import numpy as np
 import torch
 
 from ..compiler.driver import Compiled
+from ..compiler.ir.lower import ERROR_CODES
+from ..compiler.ir.serialize import dumps
 from ..compiler.ir.graph import Graph
 from ..compiler.passes.specialize import SpecializationError, bind_symbols, specialize
 from ..errors import EngineError, ExecutionError, InputError
-from ..packager.engine_file import EngineFile, build_engine_file, read_engine, save_engine_file
+from ..packager.engine_file import EngineFile, make_engine_file, read_engine, save_engine_file
 from ..packager.manifest import build_manifest
-from .cpu import TORCH_DTYPES, CpuExecutor
-
-_XG_DTYPE = {v: k for k, v in TORCH_DTYPES.items()}
+from .cpu import CpuExecutor
+from .dtypes import XG_NAMES
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,10 @@ class Engine:
         sources = {compiled.name: compiled.source.encode()}
         shards = [{"function": s.function, "name": s.name, "dim": s.dim, "region": s.region}
                   for s in compiled.typed.shards]
-        from ..compiler.ir.serialize import dumps
         blob = dumps(graph)
         manifest = build_manifest(graph=graph, program_blob=blob, target=compiled.target, num_gpu=compiled.num_gpu,
                                   sources=sources, passes=list(compiled.passes), shards=shards)
-        return cls(build_engine_file(graph, manifest, sources))
+        return cls(make_engine_file(manifest, graph, blob, sources))
 
     @classmethod
     def load(cls, path: Path | str) -> "Engine":
@@ -99,7 +99,7 @@ class Engine:
         for spec in self.signature:
             name = spec["name"]
             t = _as_tensor(name, values[name])
-            got = _XG_DTYPE.get(t.dtype, str(t.dtype))
+            got = XG_NAMES.get(t.dtype, str(t.dtype))
             if got != spec["dtype"]:
                 raise InputError(f"input `{name}` has dtype {got}, the engine expects {spec['dtype']} "
                                  "(XG never converts implicitly)")
@@ -143,7 +143,7 @@ class Engine:
             "executor": executor.name + ("-float64" if float64 else ""),
             "check": check,
             "specialization": {"symbols": dict(sorted(env.items())), "cached": cached,
-                               "inputs": {n: {"dtype": _XG_DTYPE[t.dtype], "shape": list(t.shape)}
+                               "inputs": {n: {"dtype": XG_NAMES[t.dtype], "shape": list(t.shape)}
                                           for n, t in inputs.items()}},
             "timings": {"total_ms": total_ms, "ops": out.timings},
         }
@@ -197,7 +197,6 @@ def _build(tree: dict, values: dict[int, torch.Tensor]) -> Any:
         return _scalar(values[tree["t"]])
     if "tuple" in tree:
         return tuple(_build(t, values) for t in tree["tuple"])
-    from ..compiler.ir.lower import ERROR_CODES
     tag = int(values[tree["result"]["tag"]])
     if tag == 0:
         return ResultValue(True, _build(tree["result"]["value"], values), None)

@@ -30,18 +30,12 @@ import numpy as np
 import safetensors.torch
 import torch
 
+from .dtypes import TORCH_DTYPES, XG_NAMES as _XG_NAMES, xg_dtype  # noqa: F401 (re-exported)
+
 SUFFIXES = (".npz", ".safetensors", ".pt", ".pth")
 _FORMAT_NAMES = {".npz": ".npz archive", ".safetensors": "safetensors file",
                  ".pt": "PyTorch tensor file", ".pth": "PyTorch tensor file"}
 
-# XG spelling -> torch; must match `compiler/frontend/types.py:DTYPES` (a test checks). Kept here
-# rather than imported so that running an engine does not need the compiler.
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
-    "int64": torch.int64, "uint8": torch.uint8, "float16": torch.float16,
-    "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
-}
-_XG_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 
 # An XG external name: the lexer's NAME token that is not a keyword (`frontend/lexer.py`).
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -54,14 +48,6 @@ _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
 class TensorIOError(Exception):
     """A tensor file could not be read or written; the message is one line naming the file."""
-
-
-def xg_dtype(dtype: torch.dtype) -> str:
-    """The XG name of a torch dtype; `ValueError` for dtypes XG has no name for (complex64, ...)."""
-    try:
-        return _XG_NAMES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype {dtype} is not an XG dtype (XG dtypes: {', '.join(TORCH_DTYPES)})") from None
 
 
 # ---------------------------------------------------------------------------------------- reading

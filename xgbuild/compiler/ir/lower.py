@@ -186,7 +186,7 @@ class FunctionLowering:
     def if_stmt(self, s: A.If, rest: list[A.Stmt]):
         cond = self.scalar_bool(s.cond)
         then_stmts = list(s.then.stmts)
-        else_stmts = [s.orelse] if isinstance(s.orelse, A.If) else list(s.orelse.stmts) if s.orelse else []
+        else_stmts = _else_stmts(s)
         if not (_returns(then_stmts) or _returns(else_stmts)):
             before = dict(self.env)
             self.seq(then_stmts)
@@ -548,13 +548,19 @@ class FunctionLowering:
 _FALLTHROUGH = object()
 
 
+def _else_stmts(s: A.If) -> list[A.Stmt]:
+    """The `else` branch as statements: an `else if` is one If statement."""
+    if isinstance(s.orelse, A.If):
+        return [s.orelse]
+    return list(s.orelse.stmts) if s.orelse is not None else []
+
+
 def _terminates(stmts: list[A.Stmt]) -> bool:
     for s in stmts:
         if isinstance(s, A.Return):
             return True
         if isinstance(s, A.If) and s.orelse is not None:
-            else_stmts = [s.orelse] if isinstance(s.orelse, A.If) else list(s.orelse.stmts)
-            if _terminates(list(s.then.stmts)) and _terminates(else_stmts):
+            if _terminates(list(s.then.stmts)) and _terminates(_else_stmts(s)):
                 return True
         if isinstance(s, A.With) and _terminates(list(s.body.stmts)):
             return True
@@ -567,8 +573,7 @@ def _returns(stmts: list[A.Stmt]) -> bool:
         if isinstance(s, A.Return):
             return True
         if isinstance(s, A.If):
-            else_stmts = [s.orelse] if isinstance(s.orelse, A.If) else list(s.orelse.stmts) if s.orelse else []
-            if _returns(list(s.then.stmts)) or _returns(else_stmts):
+            if _returns(list(s.then.stmts)) or _returns(_else_stmts(s)):
                 return True
         if isinstance(s, A.With) and _returns(list(s.body.stmts)):
             return True
