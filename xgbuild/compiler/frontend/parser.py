@@ -125,6 +125,17 @@ class Parser:
                 return
             self.advance()
 
+    def recovering(self, parse, keep, sync) -> None:
+        """Parse one item and keep it; after a reported error, skip ahead with `sync` (always
+        moving at least one token, so a stuck parser cannot loop)."""
+        start = self.pos
+        try:
+            keep(parse())
+        except _Sync:
+            if self.pos == start:
+                self.advance()
+            sync()
+
     # --- file level -----------------------------------------------------------------------------
     def parse_module(self) -> A.Module:
         module = A.Module(self.nid(), Span(0, self.toks[-1].span.end), [])
@@ -133,13 +144,7 @@ class Parser:
                 self.skip_newlines()
                 if self.tok.kind is T.EOF:
                     break
-                start = self.pos
-                try:
-                    module.decls.append(self.parse_decl())
-                except _Sync:
-                    if self.pos == start:
-                        self.advance()
-                    self.sync_decl()
+                self.recovering(self.parse_decl, module.decls.append, self.sync_decl)
         except _Abort:
             pass
         return module
@@ -249,13 +254,7 @@ class Parser:
             if self.at_op(";"):
                 self.advance()
                 continue
-            start = self.pos
-            try:
-                stmts.append(self.parse_statement())
-            except _Sync:
-                if self.pos == start:
-                    self.advance()
-                self.sync_statement()
+            self.recovering(self.parse_statement, stmts.append, self.sync_statement)
         if self.tok.kind is T.EOF:
             self.diags.error(SYNTAX, open_tok.span, detail="this `{` is never closed",
                              label="unclosed block")
@@ -380,13 +379,7 @@ class Parser:
                     label=f"the block's statements start at column {block_col + 1}")
                 self.sync_statement()
                 continue
-            start = self.pos
-            try:
-                stmts.append(self.parse_statement())
-            except _Sync:
-                if self.pos == start:
-                    self.advance()
-                self.sync_statement()
+            self.recovering(self.parse_statement, stmts.append, self.sync_statement)
             self.skip_newlines()
         self.leave()
         end = stmts[-1].span if stmts else colon.span
