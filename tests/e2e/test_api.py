@@ -114,8 +114,18 @@ def test_tensor_on_another_device(norms, good) -> None:
         xg.run_engine(norms, external_values={**good, "X": torch.empty(3, 4, device=torch.device("meta"))})
 
 
-def test_cuda_device_without_gpu_kernels(norms, good) -> None:
-    with pytest.raises(xg.EngineError, match="no GPU kernels"):
+def test_cuda_device_without_gpu_kernels(good) -> None:
+    cpu_only = xg.compile_file(EXAMPLES / "norms.xg", kernels=False)
+    assert cpu_only.manifest["kernels"] == []
+    with pytest.raises(xg.EngineError, match="no GPU kernels.*--no-kernels"):
+        xg.run_engine(cpu_only, external_values=good, device="cuda")
+
+
+def test_cuda_device_on_a_host_without_a_gpu(norms, good) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU")
+    assert norms.manifest["kernels"]
+    with pytest.raises(xg.EngineError, match="needs an NVIDIA GPU"):
         xg.run_engine(norms, external_values=good, device="cuda")
 
 

@@ -60,3 +60,14 @@ def run(app: typer.Typer | Callable[[], object], prog_name: str) -> NoReturn:
         sys.stderr.write(f"error: internal error in {prog_name} (a bug in XG); traceback written to {f.name}\n")
         sys.exit(EXIT_USAGE)
     sys.exit(EXIT_OK)
+
+
+def parse_dims(specs: list[str]) -> dict[str, int]:
+    """`--dim NAME=SIZE` options as a dict; a malformed one is a usage error."""
+    out = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        if not sep or not name.isidentifier() or not value.isdigit() or int(value) < 1:
+            fail(f"--dim takes NAME=SIZE with a positive size, got {spec!r}", EXIT_USAGE)
+        out[name] = int(value)
+    return out

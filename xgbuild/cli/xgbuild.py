@@ -51,9 +51,14 @@ def inspect(
         out.write(f"  {spec['name']:<12} {spec['dtype']:<9} {spec['shape']}\n")
     out.write(f"output      {m['entry']['output']}\n")
     out.write(f"program     {len(eng.graph.nodes)} nodes after {', '.join(m['program']['passes'])}\n")
-    out.write(f"kernels     {len(m['kernels'])}\n")
+    out.write(f"kernels     {len(m['kernels'])} ({len(m.get('launches', []))} launches)\n")
     for k in m["kernels"]:
-        out.write(f"  {k['name']:<24} {k['arch']:<7} {k['tuning']}\n")
+        t = k["tuning"]
+        archs = ",".join(sorted({f"sm_{v['arch']}" for v in k["variants"]}))
+        how = t["source"] + (f" on {t['measured_on']}" if t.get("measured_on") else "")
+        cfg = " ".join(f"{a}={b}" for a, b in sorted(t["config"].items()))
+        shape = " ".join(f"{a}={b}" for a, b in sorted(t.get("shape", {}).items()) if not a.startswith("d"))
+        out.write(f"  {k['name']:<32} {archs:<7} {how:<10} {t['ms']:.4f} ms  {cfg}  [{shape}] key {t['key'][:12]}\n")
     for shard in m["sharding"]:
         out.write(f"shard       {shard['name']} dim={shard['dim']}\n")
     for src in m["sources"]:

@@ -52,6 +52,13 @@ def compile(
     target: Optional[str] = typer.Option(None, "--target", help="GPU profile from hw/ (overrides TARGET_GPU)"),
     num_gpu: Optional[int] = typer.Option(None, "--num-gpu", min=1, help="GPUs to plan for (overrides NUM_GPU)"),
     lib: bool = typer.Option(False, "--lib", help="a library file: no `main` required (with --check)"),
+    tune: str = typer.Option("cache", "--tune", help="kernel tuning: measure | cache | predict | strict"),
+    kernels: bool = typer.Option(True, "--kernels/--no-kernels", help="build GPU kernels for the target "
+                                 "(--no-kernels: a CPU-only engine)"),
+    dim: list[str] = typer.Option([], "--dim", help="NAME=SIZE: tune kernels for this size of a symbolic dim "
+                                  "(default 1024); the engine runs at any size"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes compiling kernels (default: CPUs, at most 8)"),
+    quiet: bool = typer.Option(False, "--quiet", help="no progress bar or tuning summary"),
 ) -> None:
     """Check FILE, print one of its stages, or build its engine."""
     if dump_after is not None and dump_after not in PASS_NAMES:
@@ -97,15 +104,30 @@ def compile(
         sys.stdout.write(to_dot(compiled.optimized.main))
     if out is not None:
         from ..runtime.engine import Engine
+        from .common import parse_dims
+        dims = parse_dims(dim)
+        if tune not in ("measure", "cache", "predict", "strict"):
+            fail(f"--tune takes measure, cache, predict or strict, got {tune!r}", EXIT_USAGE)
+        stats = None
         try:
-            engine = Engine.from_compiled(compiled)
+            table = None
+            if kernels:
+                from ..tuner.link import kernels_for
+                table = kernels_for(compiled, tune, dims, jobs, progress=not quiet and not json_out)
+                stats = table.stats
+            engine = Engine.from_compiled(compiled, table)
             digest = engine.save(out)
         except XGError as exc:
             fail(str(exc))
         if json_out:
-            emit_json({"ok": True, "engine": str(out), "digest": digest,
+            emit_json({"ok": True, "engine": str(out), "digest": digest, "kernels": stats,
                        "diagnostics": [d.to_json() for d in warnings]})
         else:
+            if stats and not quiet:
+                sys.stderr.write(f"kernels: {stats['jobs']} tuning jobs ({stats['measured']} measured, "
+                                 f"{stats['cache']} from cache, {stats['predicted']} predicted), "
+                                 f"{stats['launches']} launches; {stats['compiled']} compiled, "
+                                 f"{stats['compile_cache_hits']} cubins from cache; {stats['seconds']:.2f} s\n")
             sys.stderr.write(f"wrote {out} ({digest[:12]}, target {compiled.target}, num_gpu {compiled.num_gpu})\n")
 
 

@@ -14,26 +14,18 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-import torch
 import typer
 
 from ..errors import XGError
 from ..runtime.engine import Engine
 from ..runtime.tensor_io import TensorIOError, describe, load_tensors, random_inputs, save_tensors
-from .common import EXIT_USAGE, emit_json, fail, make_app, run
+from .common import EXIT_USAGE, emit_json, fail, make_app, parse_dims, run
 
 app = make_app("Run an XG engine (.xge) with correctness checks.")
 DEFAULT_DIM = 16
 
 
-def _dims(specs: list[str]) -> dict[str, int]:
-    out = {}
-    for spec in specs:
-        name, sep, value = spec.partition("=")
-        if not sep or not name.isidentifier() or not value.isdigit() or int(value) < 1:
-            fail(f"--dim takes NAME=SIZE with a positive size, got {spec!r}", EXIT_USAGE)
-        out[name] = int(value)
-    return out
+_dims = parse_dims
 
 
 @app.command()
@@ -64,8 +56,13 @@ def main_cmd(
                 sig[spec["name"]] = (spec["dtype"], shape)
             values = random_inputs(sig, seed)
         if device == "cuda":
-            values = {k: v.to("cuda") if torch.cuda.is_available() else v for k, v in values.items()}
+            eng.cuda_executor(check=check)       # a clear refusal before any tensor moves
+            values = {k: v.to("cuda") for k, v in values.items()}
         result = eng.run(values, device=device, check=check)
+        if device == "cuda":
+            outputs_cpu = {k: v.cpu() for k, v in result.tensors.items()}
+            result.tensors.clear()
+            result.tensors.update(outputs_cpu)
     except (XGError, TensorIOError) as exc:
         fail(str(exc))
     outputs = result.tensors

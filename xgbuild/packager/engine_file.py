@@ -28,15 +28,18 @@ class EngineFile:
     digest: str
 
 
-def engine_entries(manifest: dict, program_blob: bytes, sources: dict[str, bytes]) -> dict[str, bytes]:
+def engine_entries(manifest: dict, program_blob: bytes, sources: dict[str, bytes],
+                   files: dict[str, bytes] | None = None) -> dict[str, bytes]:
     entries = {"manifest.json": canonical_json(manifest), "program.json": program_blob}
     for name, data in sources.items():
         entries[f"sources/{name}"] = data
+    entries.update(files or {})          # kernels/…: cubins and PTX named by the manifest
     return entries
 
 
-def make_engine_file(manifest: dict, graph: Graph, program_blob: bytes, sources: dict[str, bytes]) -> EngineFile:
-    entries = engine_entries(manifest, program_blob, sources)
+def make_engine_file(manifest: dict, graph: Graph, program_blob: bytes, sources: dict[str, bytes],
+                     files: dict[str, bytes] | None = None) -> EngineFile:
+    entries = engine_entries(manifest, program_blob, sources, files)
     return EngineFile(manifest, graph, sources, entries, bundle_digest_of(entries))
 
 
@@ -79,6 +82,11 @@ def read_engine(path: Path) -> EngineFile:
         for src in manifest["sources"]:
             if sha256(entries[src["path"]]) != src["sha256"]:
                 raise EngineError(f"{where}: source {src['path']} does not match the digest in the manifest")
+        for k in manifest.get("kernels", []):
+            for v in k["variants"]:
+                for what in ("cubin", "ptx"):
+                    if sha256(entries[v[what]]) != v[f"{what}_sha256"]:
+                        raise EngineError(f"{where}: {v[what]} does not match the digest in the manifest")
         graph = loads(blob)
         verify(graph)
         sources = {s["path"].split("/", 1)[1]: entries[s["path"]] for s in manifest["sources"]}

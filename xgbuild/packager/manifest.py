@@ -41,7 +41,8 @@ def _output_sig(graph: Graph, tree: dict) -> dict:
 
 
 def build_manifest(*, graph: Graph, program_blob: bytes, target: str, num_gpu: int, sources: dict[str, bytes],
-                   passes: list[str], shards: list[dict], kernels: list[dict] | None = None) -> dict:
+                   passes: list[str], shards: list[dict], kernels: list[dict] | None = None,
+                   launches: list[dict] | None = None) -> dict:
     profile = load_profile(target)
     return {
         "format_version": FORMAT_VERSION,
@@ -55,6 +56,7 @@ def build_manifest(*, graph: Graph, program_blob: bytes, target: str, num_gpu: i
         },
         "sharding": shards,
         "kernels": kernels or [],
+        "launches": launches or [],
         "program": {"path": "program.json", "sha256": sha256(program_blob), "passes": passes},
         "sources": [{"path": f"sources/{name}", "sha256": sha256(data)} for name, data in sorted(sources.items())],
     }

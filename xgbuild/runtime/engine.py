@@ -50,15 +50,18 @@ class Engine:
 
     # --- making and storing ---------------------------------------------------------------------
     @classmethod
-    def from_compiled(cls, compiled: Compiled) -> "Engine":
+    def from_compiled(cls, compiled: Compiled, kernels: Any = None) -> "Engine":
+        """An engine of `compiled`; `kernels` (a tuner `KernelTable`) adds GPU kernels for the target."""
         graph = compiled.optimized.main
         sources = {compiled.name: compiled.source.encode()}
         shards = [{"function": s.function, "name": s.name, "dim": s.dim, "region": s.region}
                   for s in compiled.typed.shards]
         blob = dumps(graph)
         manifest = build_manifest(graph=graph, program_blob=blob, target=compiled.target, num_gpu=compiled.num_gpu,
-                                  sources=sources, passes=list(compiled.passes), shards=shards)
-        return cls(make_engine_file(manifest, graph, blob, sources))
+                                  sources=sources, passes=list(compiled.passes), shards=shards,
+                                  kernels=kernels.kernels if kernels else None,
+                                  launches=kernels.launches if kernels else None)
+        return cls(make_engine_file(manifest, graph, blob, sources, kernels.files if kernels else None))
 
     @classmethod
     def load(cls, path: Path | str) -> "Engine":
@@ -126,12 +129,14 @@ class Engine:
         if device not in ("cpu", "cuda"):
             raise InputError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
         if device == "cuda":
-            raise EngineError(f"engine {self.digest[:12]} carries no GPU kernels for this device: this XG runs "
-                              "engines on the CPU (device='cpu'); GPU kernels come with the code-generation stage")
+            if float64:
+                raise InputError("float64 mode is the CPU reference: run it with device='cpu'")
+            executor = self.cuda_executor(check=check)     # refuses missing kernels or GPU first
+        else:
+            executor = CpuExecutor(float64=float64, check=check)
         inputs = self.prepare_inputs(external_values, device)
         t0 = time.perf_counter()
         graph, env, cached = self.specialised(inputs)
-        executor = CpuExecutor(float64=float64, check=check)
         out = executor.run(graph, inputs)
         total_ms = (time.perf_counter() - t0) * 1e3
         value = _build(graph.output, out.values)
@@ -148,6 +153,40 @@ class Engine:
             "timings": {"total_ms": total_ms, "ops": out.timings},
         }
         return RunResult(value, metadata, _flat(graph.output, out.values))
+
+
+    def cuda_executor(self, check: bool = True):
+        """The GPU executor for this engine on torch's current CUDA device (kept between runs)."""
+        from .cuda import CudaRuntimeError, device_arch
+        from .gpu import CudaExecutor
+        kernels = self.manifest.get("kernels", [])
+        if not kernels and _needs_kernels(self.graph):
+            raise EngineError(f"engine {self.digest[:12]} carries no GPU kernels (built with --no-kernels); "
+                              "rebuild it with xgc --target=... or run it with --device cpu")
+        if not torch.cuda.is_available():
+            raise EngineError("--device cuda needs an NVIDIA GPU, and this host has none "
+                              "(torch.cuda.is_available() is False); run with --device cpu")
+        try:
+            arch = device_arch(torch.cuda.current_device())
+        except CudaRuntimeError as exc:
+            raise EngineError(f"cannot run on cuda: {exc}") from None
+        archs = sorted({v["arch"] for k in kernels for v in k["variants"]})
+        if archs and arch not in archs:
+            raise EngineError(f"engine {self.digest[:12]} carries kernels for "
+                              f"{', '.join(f'sm_{a}' for a in archs)} (target {self.manifest['target']}), but this "
+                              f"GPU is sm_{arch}: rebuild with xgc --target=<this GPU> or run with --device cpu")
+        key = ("cuda", arch)
+        if key not in self._specialised:
+            from ..tuner.link import plans_from_manifest
+            self._specialised[key] = CudaExecutor(plans_from_manifest(self.manifest, self.file.entries))
+        ex = self._specialised[key]
+        ex.check = check
+        return ex
+
+
+def _needs_kernels(graph: Graph) -> bool:
+    from ..compiler.ir.graph import Op
+    return any(n.op not in (Op.INPUT, Op.CONST) for n in graph.nodes)
 
 
 def _sig_text(sig: list[dict]) -> str:

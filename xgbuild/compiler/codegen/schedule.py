@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 
 from ..ir.graph import BINARY, UNARY, Graph, Node, Op, tree_ids
 
-ELEMENTWISE = (UNARY | BINARY | {Op.WHERE, Op.FULL, Op.IOTA, Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE}) - {Op.MOD}
+ELEMENTWISE = UNARY | BINARY | {Op.WHERE, Op.FULL, Op.IOTA, Op.RANDN, Op.RAND}
+SOURCES = {Op.FULL, Op.IOTA, Op.RANDN, Op.RAND}     # element-wise ops that read no tensor
 ROW_ANCHORS = {Op.SUM, Op.MEAN, Op.MAX, Op.MIN, Op.SOFTMAX, Op.LOG_SOFTMAX}
-VIEWS = {Op.RESHAPE, Op.TRANSPOSE, Op.INDEX}
+# Collectives are the identity within one process (the many-GPU plan replaces them).
+VIEWS = {Op.RESHAPE, Op.TRANSPOSE, Op.INDEX, Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE}
 
 
 class ScheduleError(ValueError):
@@ -32,6 +34,7 @@ class Kernel:
     anchor: int | None                 # the MATMUL or reduction node
     nodes: list[int] = field(default_factory=list)      # computed in the kernel, topological
     shape: tuple = ()                  # the iteration domain: output shape (rowwise: the anchor's input)
+    reduce_dims: tuple[int, ...] = ()  # rowwise: the dims of `shape` reduced (the last one when fused)
 
     @property
     def name(self) -> str:
@@ -74,6 +77,16 @@ def _is_last_dim_reduction(n: Node, x: Node) -> bool:
     return len(x.shape) >= 1 and (dim == len(x.shape) - 1 or (dim is None and len(x.shape) == 1))
 
 
+def _reduced_dims(n: Node, x: Node) -> tuple[int, ...] | None:
+    """The dims of `x` a reduction `n` reduces; None for softmax over a dim other than the last."""
+    dim = n.attr("dim")
+    if n.op in (Op.SOFTMAX, Op.LOG_SOFTMAX):
+        return (dim % len(x.shape),) if x.shape else None
+    if dim is None:
+        return tuple(range(len(x.shape)))
+    return (dim % len(x.shape),) if x.shape else ()
+
+
 def schedule(graph: Graph) -> Schedule:
     kernels: list[Kernel] = []
     owner: dict[int, int] = {}
@@ -106,8 +119,10 @@ def schedule(graph: Graph) -> Schedule:
         return out
 
     def can_join(k: Kernel, n: Node) -> bool:
-        if n.op not in ELEMENTWISE or n.op in (Op.FULL, Op.IOTA):
+        if n.op not in ELEMENTWISE or n.op in SOURCES:
             return False
+        if k.kind == "rowwise" and k.reduce_dims != (len(k.shape) - 1,):
+            return False                # a reduction over other dims stands alone
         shape = tuple(n.shape)
         if k.kind == "elementwise":
             fits = shape == tuple(k.shape)
@@ -117,7 +132,15 @@ def schedule(graph: Graph) -> Schedule:
             fits = shape == tuple(graph.node(k.anchor).shape) and all(
                 len(users[i]) == 1 for i in n.inputs if owner.get(i) == owner_index(k))
         else:
-            fits = shape in {tuple(k.shape), tuple(k.shape[:-1]) + (1,), tuple(graph.node(k.anchor).shape)}
+            full, keep, row = tuple(k.shape), tuple(k.shape[:-1]) + (1,), tuple(k.shape[:-1])
+            fits = shape in {full, keep, row}
+            # Row values are one scalar per program: a node of the full shape may mix them only in
+            # their kept form ([T, 1]); a [T] value would broadcast along the row instead.
+            inner = [tuple(graph.node(i).shape) for i in n.inputs if owner.get(i) == owner_index(k)]
+            if shape == full:
+                fits = fits and all(s in (full, keep, ()) for s in inner)
+            else:
+                fits = fits and all(s in (keep, row, ()) and (s == () or len(s) == len(shape)) for s in inner)
         # Joining must not make the kernel read a value that itself needs this kernel (a cycle).
         return fits and not any(reaches(p, owner_index(k)) for p in producers(n, owner_index(k)))
 
@@ -142,11 +165,18 @@ def schedule(graph: Graph) -> Schedule:
             continue
         if n.op in ROW_ANCHORS:
             x = graph.node(n.inputs[0])
-            if not _is_last_dim_reduction(n, x):
+            dims = _reduced_dims(n, x)
+            if dims is None:
                 raise ScheduleError(f"`{n.op.value}` over a dimension other than the last has no GPU kernel yet"
                                     + (f" (line {n.src[0]})" if n.src else ""))
+            if not _is_last_dim_reduction(n, x) or len(x.shape) == 0:
+                # A reduction over other dims (or all of them): its own kernel, reading through strides.
+                new_kernel(Kernel("rowwise", n.id, [n.id], tuple(x.shape), dims), n)
+                continue
             pidx = owner.get(x.id)
+            last = (len(x.shape) - 1,)
             if pidx is not None and kernels[pidx].kind == "rowwise" and tuple(kernels[pidx].shape) == tuple(x.shape) \
+                    and kernels[pidx].reduce_dims == last \
                     and not any(reaches(p, pidx) for p in producers(n, pidx)):
                 # Another reduction over the same rows: the row is already in registers.
                 kernels[pidx].nodes.append(n.id)
@@ -158,10 +188,10 @@ def schedule(graph: Graph) -> Schedule:
                 # shape whose output this reduction alone needs.
                 if prod.kind == "elementwise" and tuple(prod.shape) == tuple(x.shape) and \
                         all(u == n.id or owner.get(u) == pidx for u in users[x.id]):
-                    kernels[pidx] = Kernel("rowwise", n.id, prod.nodes + [n.id], tuple(x.shape))
+                    kernels[pidx] = Kernel("rowwise", n.id, prod.nodes + [n.id], tuple(x.shape), last)
                     owner[n.id] = pidx
                     continue
-            new_kernel(Kernel("rowwise", n.id, [n.id], tuple(x.shape)), n)
+            new_kernel(Kernel("rowwise", n.id, [n.id], tuple(x.shape), last), n)
             continue
         if n.op not in ELEMENTWISE:
             raise ScheduleError(f"`{n.op.value}` has no GPU kernel yet" + (f" (line {n.src[0]})" if n.src else ""))

@@ -1,0 +1,130 @@
+"""Engines on a real GPU: every example and model program, built for this GPU's profile, run through
+cubins launched by cuda-python and compared with the float64 CPU reference; check mode on the GPU;
+a measured tuning build then a warm build from the cache."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from xgbuild.cache import Cache
+from xgbuild.compiler.driver import compile_file, compile_source
+from xgbuild.errors import EngineError, ExecutionError
+from xgbuild.hw import load_profile
+from xgbuild.runtime.engine import Engine
+from xgbuild.runtime.tensor_io import random_inputs
+from xgbuild.settings import Settings
+from xgbuild.tuner.cuda_measure import local_measurers
+from xgbuild.tuner.link import build_kernels
+
+pytestmark = pytest.mark.gpu
+REPO = Path(__file__).resolve().parents[2]
+PROGRAMS = sorted((REPO / "examples").glob("*.xg")) + sorted((REPO / "models").glob("*.xg"))
+TOL = {"float32": 1e-4, "float64": 1e-9, "bfloat16": 3e-2, "float16": 5e-3}
+
+
+def local_target() -> str:
+    name = torch.cuda.get_device_name(0)
+    for target in ("H200", "H100", "B200", "A100", "L40S"):
+        if target in name:
+            return target
+    pytest.skip(f"no hw/ profile for {name}")
+
+
+def build(compiled, policy: str = "predict", cache=None, dims=None, measurers=None) -> Engine:
+    table = build_kernels(compiled.optimized.main, load_profile(local_target()), policy=policy, cache=cache,
+                          dims=dims, measurers=measurers)
+    return Engine.from_compiled(compiled, table)
+
+
+def compare(engine: Engine, dims: dict[str, int], seed: int) -> None:
+    sig = {s["name"]: (s["dtype"], tuple(dims.get(d, d) if isinstance(d, str) else d for d in s["shape"]))
+           for s in engine.signature}
+    if any(s["name"] in ("TOKENS", "STEP") for s in engine.signature):
+        import sys
+        sys.path.insert(0, str(REPO / "tools"))
+        from model_inputs import first_step_inputs      # a model's valid first step (sqrt of moments >= 0)
+        inputs = first_step_inputs(engine, seed)
+    else:
+        inputs = random_inputs(sig, seed=seed)
+    ref = engine.run(inputs, device="cpu", float64=True)
+    got = engine.run({k: v.cuda() for k, v in inputs.items()}, device="cuda")
+    assert got.metadata["executor"] == "cuda"
+    for name, r in ref.tensors.items():
+        g = got.tensors[name].cpu()
+        assert g.dtype == engine_dtype(r, g), name
+        if g.dtype.is_floating_point:
+            err = ((g.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
+            tol = TOL[str(g.dtype).replace("torch.", "")]
+            assert err < tol, f"{name}: relative error {err:.3g} >= {tol}"
+        else:
+            assert torch.equal(g, r.to(g.dtype)), name
+
+
+def engine_dtype(ref: torch.Tensor, got: torch.Tensor) -> torch.dtype:
+    return got.dtype
+
+
+@pytest.mark.parametrize("path", PROGRAMS, ids=[p.stem for p in PROGRAMS])
+def test_program_on_cuda_matches_cpu_reference(path: Path) -> None:
+    compiled = compile_file(path)
+    engine = build(compiled, dims={"T": 64, "D": 96, "F": 128, "S": 64, "N": 64, "M": 64, "K": 64})
+    # At the tuning sizes (the tuned variants) and at odd ones (masks, the generic variants).
+    compare(engine, {"T": 64, "D": 96, "F": 128, "S": 64, "N": 64, "M": 64, "K": 64, "B": 4}, seed=1)
+    compare(engine, {"T": 37, "D": 50, "F": 29, "S": 23, "N": 45, "M": 31, "K": 19, "B": 3}, seed=2)
+
+
+def test_saved_engine_runs_on_cuda(tmp_path: Path) -> None:
+    compiled = compile_file(REPO / "examples" / "mlp.xg")
+    build(compiled).save(tmp_path / "mlp.xge")
+    engine = Engine.load(tmp_path / "mlp.xge")
+    compare(engine, {"T": 128, "D": 64, "F": 256}, seed=3)
+
+
+def test_check_mode_on_cuda_names_the_origin() -> None:
+    src = "extern Tensor[float32, N] X\ndef main() {\n    y = exp(X * 100.0)\n    return y + 1.0\n}\n"
+    engine = build(compile_source(src))
+    x = torch.full((64,), 10.0, device="cuda")
+    with pytest.raises(ExecutionError, match=r"Inf.*`exp`.*line 3"):
+        engine.run({"X": x}, device="cuda")
+    assert engine.run({"X": x}, device="cuda", check=False).tensors["out"].isinf().all()
+
+
+def test_engine_for_another_arch_is_refused() -> None:
+    compiled = compile_file(REPO / "examples" / "mlp.xg")
+    other = "B200" if local_target() != "B200" else "H100"
+    engine = Engine.from_compiled(compiled, build_kernels(compiled.optimized.main, load_profile(other)))
+    x = {s["name"]: torch.randn(8, 8).bfloat16().cuda() if len(s["shape"]) == 2 else torch.randn(8).bfloat16().cuda()
+         for s in engine.signature}
+    with pytest.raises(EngineError, match=r"sm_100.*sm_90|sm_90.*sm_100"):
+        engine.run(x, device="cuda")
+
+
+def test_measured_build_then_warm_build_from_cache(tmp_path: Path, capsys) -> None:
+    cache = Cache.open(Settings(cache_dir=tmp_path / "cache"))
+    compiled = compile_file(REPO / "examples" / "mlp.xg")
+    profile = load_profile(local_target())
+    measurers = local_measurers(profile)
+    assert measurers, "no local GPU matches the target profile"
+    t0 = time.perf_counter()
+    cold = build_kernels(compiled.optimized.main, profile, policy="measure", cache=cache,
+                         dims={"T": 256, "D": 256, "F": 512}, measurers=measurers, budget_s=30)
+    cold_s = time.perf_counter() - t0
+    assert cold.stats["measured"] == cold.stats["jobs"] == 2
+    for k in cold.kernels:
+        assert k["tuning"]["source"] == "measured" and k["tuning"]["measured_on"]
+    t0 = time.perf_counter()
+    warm = build_kernels(compiled.optimized.main, profile, policy="strict", cache=cache,
+                         dims={"T": 256, "D": 256, "F": 512})
+    warm_s = time.perf_counter() - t0
+    assert warm.stats["cache"] == warm.stats["jobs"] and warm.stats["compiled"] == 0
+    assert [k["tuning"]["config"] for k in warm.kernels] == [k["tuning"]["config"] for k in cold.kernels]
+    with capsys.disabled():
+        print(f"\n[tuning] mlp: measured build {cold_s:.2f} s, warm build {warm_s:.3f} s "
+              f"({warm.stats['compile_cache_hits']} cubins and {warm.stats['cache']} winners from the cache)")
+    engine = Engine.from_compiled(compiled, warm)
+    compare(engine, {"T": 256, "D": 256, "F": 512}, seed=4)
+    cache.close()

@@ -1,0 +1,120 @@
+"""Tests for `xgbuild.tuner.predict`: the roofline cost model and the ranking built on it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from xgbuild.hw import Measured
+from xgbuild.tuner import predict, space
+from xgbuild.tuner.predict import floor_ms, predict_ms, rank
+from xgbuild.tuner.space import candidates, config_key
+
+from .test_space import CHECKED, IDS, PROBLEMS, elementwise, matmul, profile, rowwise
+
+GEMM = matmul(4096, 4096, 4096)
+
+
+def gemm_config(bm: int, bn: int, bk: int = 64, warps: int = 8, stages: int = 3) -> dict:
+    return space.make_config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps,
+                             num_stages=stages)
+
+
+@pytest.mark.parametrize("gpu", CHECKED)
+def test_small_tiles_rank_behind_large_ones(gpu):
+    target = profile(gpu)
+    bad = gemm_config(16, 32, warps=4)
+    good = gemm_config(128, 128, warps=4)
+    assert space.prune(GEMM, [bad, good], target)[0] == [bad, good]
+    ranked = [config_key(c) for _, c in rank(GEMM, [bad, good], target)]
+    assert ranked == [config_key(good), config_key(bad)]
+    assert predict_ms(GEMM, bad, target) > 2 * predict_ms(GEMM, good, target)
+
+
+def test_best_candidate_for_a_large_gemm_is_a_large_tile():
+    ms, best = rank(GEMM, candidates(GEMM, profile("H100")), profile("H100"))[0]
+    assert best["BLOCK_M"] * best["BLOCK_N"] >= 128 * 128
+    assert ms < 1.1 * floor_ms(GEMM, profile("H100")) + predict.LAUNCH_MS
+
+
+@pytest.mark.parametrize("gpu", CHECKED)
+@pytest.mark.parametrize("problem", PROBLEMS, ids=IDS)
+def test_prediction_never_beats_the_roofline(gpu, problem):
+    target = profile(gpu)
+    top = predict.ceilings(problem, target)
+    floor = 1e3 * max(problem.flops / top.flops, problem.bytes / top.bandwidth)
+    # Datasheet ceilings are at least the measured ones, so their floor is lower still.
+    datasheet = 1e3 * problem.bytes / target.hbm_bandwidth_bytes_per_s
+    for config in space.full_space(problem):
+        if space.prune(problem, [config], target)[0]:
+            ms = predict_ms(problem, config, target)
+            assert ms >= floor >= datasheet * (1 - 1e-12)
+            assert ms >= floor_ms(problem, target)
+
+
+def test_measured_ceilings_are_used_when_present():
+    h100 = profile("H100")
+    assert predict.ceilings(GEMM, h100).flops == 742e12
+    assert predict.ceilings(GEMM, h100).bandwidth == 3.00e12
+    bare = dataclasses.replace(h100, measured=Measured())
+    assert predict.ceilings(GEMM, bare).flops == h100.peak_flops.bf16
+    assert predict.ceilings(GEMM, bare).bandwidth == h100.hbm_bandwidth_bytes_per_s
+    # fp16 runs at bf16's rate on these parts, so the measured efficiency carries over.
+    fp16 = dataclasses.replace(GEMM, dtype="float16")
+    assert predict.ceilings(fp16, h100).flops == pytest.approx(742e12)
+    # fp32 without TF32 is CUDA-core FMA.
+    fp32 = matmul(4096, 4096, 4096, "float32", 4)
+    assert predict.ceilings(fp32, h100).flops == h100.peak_flops.fp32
+
+
+def test_launch_overhead_dominates_tiny_problems():
+    tiny = matmul(16, 32, 32)
+    config = space.default_config(tiny)
+    assert predict.LAUNCH_MS <= predict_ms(tiny, config, profile("H100")) < 0.01
+
+
+def test_looped_rows_reread_costs_more_than_one_tile():
+    # 32 Ki-column fp32 rows do not stay in L1 or L2 while in progress: the looped form pays for
+    # its second read, the single-tile form does not.
+    problem = rowwise(4096, 32768, passes=2, dtype="float32", elem_bytes=4)
+    single = space.make_config(BLOCK_N=32768, SINGLE=1, num_warps=16, num_stages=1)
+    looped = space.make_config(BLOCK_N=4096, SINGLE=0, num_warps=8, num_stages=1)
+    h100 = profile("H100")
+    assert predict_ms(problem, looped, h100) > 1.5 * predict_ms(problem, single, h100)
+
+
+def test_small_blocks_are_slower_for_streaming():
+    problem = elementwise(1 << 28)
+    small = space.make_config(BLOCK=256, num_warps=8, num_stages=1)
+    large = space.make_config(BLOCK=4096, num_warps=4, num_stages=1)
+    assert predict_ms(problem, small, profile("H100")) > predict_ms(problem, large, profile("H100"))
+
+
+def test_wave_quantization():
+    # Five stages of 128x128x64 take 162 KiB: one block per SM, so 132 tiles are one full wave on
+    # an H100 and a 133rd runs alone in a second one while the other SMs sit idle.
+    config = gemm_config(128, 128, bk=64, warps=8, stages=5)
+    full = matmul(128 * 12, 128 * 11, 8192)
+    over = matmul(128 * 12 + 1, 128 * 11, 8192)
+    h100 = profile("H100")
+    assert predict_ms(over, config, h100) > 1.8 * predict_ms(full, config, h100)
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=IDS)
+def test_rank_is_deterministic_and_sorted(problem):
+    target = profile("H100")
+    configs = space.full_space(problem)
+    configs = space.prune(problem, configs, target)[0]
+    first = rank(problem, configs, target)
+    again = rank(problem, list(reversed(configs)), target)
+    assert first == again
+    keys = [(ms, config_key(c)) for ms, c in first]
+    assert keys == sorted(keys)
+    assert [predict_ms(problem, c, target) for _, c in first] == [ms for ms, _ in first]
+
+
+def test_candidates_come_best_first():
+    target = profile("H100")
+    configs = candidates(GEMM, target)
+    assert configs == [c for _, c in rank(GEMM, configs, target)]

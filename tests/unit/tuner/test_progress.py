@@ -1,0 +1,179 @@
+"""Tests for `xgbuild.tuner.progress` (the progress display) and `xgbuild.tuner.measure`."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import types
+
+import pytest
+from rich.console import Console
+
+from xgbuild.tuner import measure
+from xgbuild.tuner.progress import TuneProgress
+
+from .test_space import profile
+
+
+def console(terminal: bool) -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, force_terminal=terminal, width=120), out
+
+
+# --- progress ------------------------------------------------------------------------------------
+
+
+def run_jobs(bar: TuneProgress) -> None:
+    with bar:
+        bar.advance("matmul_3", "measured", 0.19)
+        bar.advance("rowwise_7", "cache", 0.09)
+        bar.advance("elementwise_9", "cache", None)
+        bar.advance("matmul_12", "predicted", 1.5)
+
+
+@pytest.mark.parametrize("enabled, terminal", [(True, True), (True, False), (False, True)])
+def test_progress_counts_whether_or_not_it_draws(enabled, terminal):
+    con, _ = console(terminal)
+    bar = TuneProgress(total=4, enabled=enabled, console=con)
+    run_jobs(bar)
+    assert (bar.done, bar.hits, bar.measured, bar.predicted) == (4, 2, 1, 1)
+
+
+@pytest.mark.parametrize("enabled, terminal", [(True, False), (False, True)])
+def test_progress_is_silent_when_disabled_or_not_a_terminal(enabled, terminal):
+    con, out = console(terminal)
+    run_jobs(TuneProgress(total=4, enabled=enabled, console=con))
+    assert out.getvalue() == ""
+
+
+def test_progress_draws_on_a_terminal():
+    con, out = console(True)
+    run_jobs(TuneProgress(total=4, enabled=True, console=con))
+    text = out.getvalue()
+    assert "4/4" in text
+    assert "2 cached" in text
+    assert "matmul_12: 1.5000 ms (predicted)" in text
+
+
+def test_progress_shows_names_verbatim():
+    con, out = console(True)
+    with TuneProgress(total=1, console=con) as bar:
+        bar.advance("matmul[128x128]", "measured", 0.5)
+    assert "matmul[128x128]" in out.getvalue()
+
+
+def test_progress_rejects_unknown_sources():
+    con, _ = console(False)
+    with TuneProgress(total=1, console=con) as bar:
+        with pytest.raises(ValueError, match="unknown result source 'guessed'"):
+            bar.advance("job", "guessed", 1.0)
+    assert bar.done == 0
+
+
+# --- measure: importable without CUDA, device-name matching, timing ------------------------------
+
+
+def test_measure_imports_without_torch():
+    # torch stays unimported until something is timed: a CPU-only host (or one without torch)
+    # can import the tuner.
+    code = ("import sys; sys.modules['torch'] = None; import xgbuild.tuner.measure as m; "
+            "assert m.cuda_gpu_model(0) is None; print('ok')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("device, target, expected", [
+    ("NVIDIA H100 80GB HBM3", "H100", True),
+    ("nvidia h100 80gb hbm3", "H100", True),
+    ("H100", "H100", True),
+    ("NVIDIA H100", "H100", True),
+    ("NVIDIA H200", "H100", False),
+    ("NVIDIA H100 80GB HBM3", "H200", False),
+    ("NVIDIA H200", "H200", True),
+    ("NVIDIA H100 PCIe", "H100", False),
+    ("NVIDIA A100-SXM4-80GB", "A100", True),
+    ("NVIDIA A100-SXM4-40GB", "A100", False),
+    ("NVIDIA GeForce RTX 4090", "RTX4090", True),
+    ("NVIDIA GeForce RTX 4090", "L40S", False),
+    ("", "H100", False),
+])
+def test_matches_target(device, target, expected):
+    assert measure.matches_target(device, profile(target)) is expected
+
+
+def test_summarize_quantiles():
+    timing = measure.summarize([float(x) for x in range(10, 0, -1)])
+    assert timing == measure.Timing(median_ms=5.5, p10_ms=1.9, p90_ms=9.1, reps=10)
+    with pytest.raises(ValueError):
+        measure.summarize([])
+
+
+class FakeEvent:
+    """A CUDA event whose elapsed time to the next recorded event is the clock's step."""
+
+    clock = 0.0
+
+    def __init__(self, enable_timing: bool) -> None:
+        self.at = 0.0
+
+    def record(self) -> None:
+        FakeEvent.clock += 1.0
+        self.at = FakeEvent.clock
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        return end.at - self.at
+
+
+def fake_torch(log: list[str]) -> types.SimpleNamespace:
+    class Buffer:
+        def zero_(self) -> None:
+            log.append("flush")
+
+    class DeviceScope:
+        def __init__(self, device: int) -> None:
+            log.append(f"device {device}")
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    cuda = types.SimpleNamespace(is_available=lambda: True, device=DeviceScope, Event=FakeEvent,
+                                 synchronize=lambda: None)
+    def empty(n: int, dtype: str, device: str) -> Buffer:
+        log.append(f"alloc {n}")
+        return Buffer()
+
+    return types.SimpleNamespace(cuda=cuda, uint8="uint8", empty=empty)
+
+
+def test_time_gpu_flushes_and_rotates(monkeypatch):
+    log: list[str] = []
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(log))
+    timing = measure.time_gpu(lambda s: log.append(f"run {s}"), rotations=3, warmup=2, reps=4,
+                              l2_bytes=1000, device=1)
+    assert log == ["device 1", "alloc 2000", "run 0", "run 1",
+                   "flush", "run 2", "flush", "run 0", "flush", "run 1", "flush", "run 2"]
+    assert timing.reps == 4 and timing.median_ms == 1.0
+
+
+def test_time_gpu_rejects_bad_counts():
+    with pytest.raises(ValueError, match="rotations >= 1"):
+        measure.time_gpu(lambda s: None, rotations=0)
+
+
+@pytest.mark.gpu
+def test_time_gpu_on_a_real_device():
+    import torch
+
+    x = [torch.randn(1 << 22, device="cuda") for _ in range(2)]
+    y = torch.empty_like(x[0])
+    timing = measure.time_gpu(lambda s: torch.mul(x[s], 2.0, out=y), rotations=2, reps=20)
+    assert timing.reps == 20
+    assert 0 < timing.p10_ms <= timing.median_ms <= timing.p90_ms
+    name = measure.cuda_gpu_model(0)
+    assert isinstance(name, str) and name
+    assert measure.cuda_gpu_model(torch.cuda.device_count()) is None

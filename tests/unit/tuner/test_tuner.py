@@ -1,0 +1,184 @@
+"""The tuner on a CPU host: a fake measurer stands in for the GPU (timings and outputs chosen by the
+test), Triton really compiles the candidates. Wrong or failing candidates never win; `predict` is
+deterministic; `strict` fails naming the jobs; `measure` refuses without a GPU of the target model;
+measured winners land in the cache and a second build takes them from there."""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+from pathlib import Path
+
+import pytest
+import torch
+
+from xgbuild.cache import Cache
+from xgbuild.compiler.driver import compile_source
+from xgbuild.errors import CompileError
+from xgbuild.hw import load_profile
+from xgbuild.runtime.cuda import cubin_arch
+from xgbuild.settings import Settings
+from xgbuild.tuner.jobs import plan, tuning_env
+from xgbuild.tuner.link import build_kernels
+from xgbuild.tuner.space import config_key
+from xgbuild.tuner.tuner import Compiler, JobData, Tuner, TuneError
+
+SRC = """extern Tensor[float32, T, D] X
+extern Tensor[float32, D] G
+def main() {
+    return X * rsqrt(mean(X * X, dim=1, keepdim=true) + 1e-6) * G
+}
+"""
+DIMS = {"T": 64, "D": 256}
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return compile_source(SRC).optimized.main
+
+
+@pytest.fixture(scope="module")
+def job(graph):
+    jobs, launches = plan(graph, tuning_env(graph, DIMS))
+    assert len(jobs) == 1 and len(launches) == 1
+    return jobs[0]
+
+
+class FakeMeasurer:
+    """Times from a table (by config); some configs return wrong numbers, some raise."""
+    gpu_name = "NVIDIA H100 80GB HBM3 (fake)"
+    device = "cpu"
+
+    def __init__(self, times: dict[str, float], wrong: set[str] = frozenset(), crash: set[str] = frozenset()):
+        self.times, self.wrong, self.crash = times, wrong, crash
+        self.seen: list[str] = []
+
+    def measure(self, job, variant, config, emitted, binary, data):
+        key = config_key(config)
+        self.seen.append(key)
+        assert cubin_arch(binary.cubin) == 90
+        if key in self.crash:
+            raise RuntimeError("an illegal memory access was encountered")
+        outs = data.reference()
+        if key in self.wrong:
+            outs = [o.float() * 1.01 + 0.5 for o in outs]       # close, but not within tolerance
+        else:
+            outs = [o.float() for o in outs]
+        return self.times.get(key, 10.0), outs
+
+
+class FailingCompiler(Compiler):
+    def __init__(self, fail: set[str], arch: int = 90) -> None:
+        super().__init__(arch)
+        self.fail = fail
+
+    def submit(self, em, num_warps, num_stages):
+        if any(f in em.source for f in self.fail):
+            f: futures.Future = futures.Future()
+            f.set_exception(RuntimeError("out of resource: shared memory"))
+            return f
+        return super().submit(em, num_warps, num_stages)
+
+
+def _configs(tuner, job):
+    return tuner.candidates(job)
+
+
+def test_fastest_correct_candidate_wins_and_wrong_ones_never_do(job) -> None:
+    profile = load_profile("H100")
+    probe = Tuner(profile)
+    cands = _configs(probe, job)[:4]
+    assert len(cands) >= 3
+    keys = [config_key(c) for c in cands]
+    # The fastest is wrong, the second crashes, the third is right.
+    times = {keys[0]: 0.001, keys[1]: 0.002, keys[2]: 0.003}
+    fake = FakeMeasurer(times, wrong={keys[0]}, crash={keys[1]})
+    compiler = Compiler(90)
+    tuner = Tuner(profile, policy="measure", measurer=fake, compiler=compiler)
+    tuner.candidates = lambda j: cands          # a small space: the test compiles each for real
+    w = tuner.tune(job)
+    compiler.close()
+    assert w.source == "measured" and config_key(w.config) == keys[2]
+    assert "wrong result" in w.rejected[keys[0]] and "run failed" in w.rejected[keys[1]]
+    assert w.measured_on == fake.gpu_name
+
+
+def test_candidate_that_fails_to_compile_scores_inf(job) -> None:
+    profile = load_profile("H100")
+    cands = _configs(Tuner(profile), job)[:2]
+    keys = [config_key(c) for c in cands]
+    fake = FakeMeasurer({keys[0]: 0.001, keys[1]: 0.5})
+    compiler = FailingCompiler({"BLOCK_N"})          # every candidate fails to compile
+    tuner = Tuner(profile, policy="measure", measurer=fake, compiler=compiler)
+    tuner.candidates = lambda j: cands
+    with pytest.raises(TuneError, match="every candidate failed.*compile failed"):
+        tuner.tune(job)
+    assert fake.seen == []
+
+
+def test_predicted_mode_is_deterministic(graph) -> None:
+    profile = load_profile("H100")
+    a = build_kernels(graph, profile, policy="predict", dims=DIMS, workers=1)
+    b = build_kernels(graph, profile, policy="predict", dims=DIMS, workers=1)
+    assert a.kernels == b.kernels and a.launches == b.launches and a.files == b.files
+    assert all(k["tuning"]["source"] == "predicted" for k in a.kernels)
+
+
+def test_strict_fails_cleanly_naming_the_jobs(graph, tmp_path: Path) -> None:
+    cache = Cache.open(Settings(cache_dir=tmp_path / "c"))
+    with pytest.raises(TuneError, match=r"--tune=strict: 1 of 1 jobs have no cached winner for H100:\n  xg_rowwise_"):
+        build_kernels(graph, load_profile("H100"), policy="strict", dims=DIMS, cache=cache)
+    cache.close()
+
+
+def test_measure_without_a_gpu_of_the_target_model_refuses(graph) -> None:
+    with pytest.raises(TuneError, match="needs a local H100 GPU to measure on"):
+        build_kernels(graph, load_profile("H100"), policy="measure", dims=DIMS)
+
+
+def test_measured_winner_is_cached_then_reused(job, tmp_path: Path) -> None:
+    profile = load_profile("H100")
+    cache = Cache.open(Settings(cache_dir=tmp_path / "c"))
+    cands = _configs(Tuner(profile), job)[:2]
+    keys = [config_key(c) for c in cands]
+    fake = FakeMeasurer({keys[0]: 0.9, keys[1]: 0.1})
+    compiler = Compiler(90, cache)
+    tuner = Tuner(profile, policy="measure", measurer=fake, compiler=compiler, cache=cache)
+    tuner.candidates = lambda j: cands
+    first = tuner.tune(job)
+    assert first.source == "measured" and config_key(first.config) == keys[1]
+    again = Tuner(profile, policy="strict", cache=cache)
+    again.candidates = lambda j: cands
+    second = again.tune(job)
+    assert second.source == "cache" and second.config == first.config and second.measured_on == fake.gpu_name
+    # Another GPU profile is another key: nothing measured on an H100 is claimed for an H200.
+    other = Tuner(load_profile("H200"), policy="strict", cache=cache)
+    other.candidates = lambda j: cands
+    with pytest.raises(TuneError, match="no cached winner"):
+        other.tune(job)
+    compiler.close()
+    cache.close()
+
+
+def test_reference_is_float64_and_matches_torch(job) -> None:
+    data = JobData(job, seed=3)
+    (ref,) = data.reference()
+    x = data.value_fn("cpu")(job.sites[0][0].operands[0]).double()
+    g = data.value_fn("cpu")(job.sites[0][0].operands[1]).double()
+    want = x * torch.rsqrt((x * x).mean(dim=1, keepdim=True) + 1e-6) * g
+    assert ref.dtype == torch.float64 and torch.allclose(ref, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("target,arch", [("H100", 90), ("GB200", 100), ("A100", 80), ("L40S", 89)])
+def test_cubins_are_built_for_the_target_arch(graph, target: str, arch: int) -> None:
+    table = build_kernels(graph, load_profile(target), policy="predict", dims=DIMS)
+    cubins = [data for path, data in table.files.items() if path.endswith(".cubin")]
+    assert cubins and all(cubin_arch(c) == arch for c in cubins)
+    assert all(v["arch"] == arch for k in table.kernels for v in k["variants"])
+
+
+def test_unsupported_program_is_a_compile_error() -> None:
+    src = ("extern Tensor[float32, 4, 6] X\ndef f(Tensor[float32, 4, 6] x) -> Tensor[float32] {\n"
+           "    return sum(x[1] * x[1])\n}\ndef main() {\n    return grad(f, wrt=x)(X)\n}\n")
+    g = compile_source(src).optimized.main
+    with pytest.raises(CompileError, match="no GPU code.*`unindex`"):
+        build_kernels(g, load_profile("H100"), policy="predict")

@@ -1,0 +1,201 @@
+"""PERF.md's workloads written in XG, beside PyTorch eager and torch.compile, on one GPU.
+
+Each workload is compiled by xgc's library path for the local GPU's profile with the tuner
+measuring on this GPU (`--tune measure`, winners cached), run through the engine's cubins, checked
+against a float64 reference (computed by torch on the GPU from the same inputs, outputs poisoned
+before the XG run), then timed with `triton.testing.do_bench` (CUDA events, median) like the peers.
+Prints a table (ms, ratio to the best peer, % of floor) and writes JSON.
+
+    python tools/bench/bench_kernels.py [--only NAME ...] [--json out.json] [--budget 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from xgbuild.cache import Cache  # noqa: E402
+from xgbuild.compiler.driver import compile_source  # noqa: E402
+from xgbuild.compiler.passes.specialize import bind_symbols, specialize  # noqa: E402
+from xgbuild.hw import load_profile  # noqa: E402
+from xgbuild.runtime.engine import Engine  # noqa: E402
+from xgbuild.settings import Settings  # noqa: E402
+from xgbuild.tuner.cuda_measure import local_measurers  # noqa: E402
+from xgbuild.tuner.link import build_kernels  # noqa: E402
+
+GEMM = """extern Tensor[{dt}, M, K] A
+extern Tensor[{dt}, K, N] B
+def main() {{
+    return A @ B
+}}
+"""
+MLP = """extern Tensor[bfloat16, T, D] X
+extern Tensor[bfloat16, D, F] W1
+extern Tensor[bfloat16, F] B1
+extern Tensor[bfloat16, F, D] W2
+def main() {
+    return gelu(X @ W1 + B1) @ W2
+}
+"""
+RMSNORM = """extern Tensor[bfloat16, T, D] X
+extern Tensor[bfloat16, D] G
+def main() {
+    return X * rsqrt(mean(X * X, dim=1, keepdim=true) + 1e-6) * G
+}
+"""
+SOFTMAX = """extern Tensor[bfloat16, T, D] X
+def main() {
+    return softmax(X, dim=1)
+}
+"""
+ATTENTION = """extern Tensor[bfloat16, B, H, S, E] Q
+extern Tensor[bfloat16, B, H, S, E] K
+extern Tensor[bfloat16, B, H, S, E] V
+def main() {
+    causal = reshape(arange(S), [S, 1]) >= reshape(arange(S), [1, S])
+    scores = where(causal, cast(Q @ transpose(K, 2, 3), float32) * 0.08838834764831845, -1e9)
+    return cast(softmax(scores, dim=3), bfloat16) @ V
+}
+"""
+
+
+def _gemm(a, b):
+    return a @ b
+
+
+def _mlp(x, w1, b1, w2):
+    return torch.nn.functional.gelu(x @ w1 + b1) @ w2
+
+
+def _rmsnorm(x, g):
+    return x * torch.rsqrt((x * x).mean(dim=1, keepdim=True) + 1e-6) * g
+
+
+def _softmax(x):
+    return torch.softmax(x, dim=1)
+
+
+def _attention(q, k, v):
+    s = q.shape[2]
+    causal = torch.arange(s, device=q.device)[:, None] >= torch.arange(s, device=q.device)[None, :]
+    scores = torch.where(causal, (q @ k.transpose(2, 3)).float() * 0.08838834764831845, -1e9)
+    return torch.softmax(scores, dim=3).to(q.dtype) @ v
+
+
+# name, source, dims, inputs (name -> shape), torch fn, flops, min bytes, dtype
+def workloads():
+    b2 = 2
+    return [
+        ("gemm 4096^3 bf16", GEMM.format(dt="bfloat16"), {"M": 4096, "K": 4096, "N": 4096},
+         {"A": (4096, 4096), "B": (4096, 4096)}, _gemm, 2 * 4096**3, 3 * 4096 * 4096 * b2, torch.bfloat16),
+        ("gemm decode 16x8192x8192", GEMM.format(dt="bfloat16"), {"M": 16, "K": 8192, "N": 8192},
+         {"A": (16, 8192), "B": (8192, 8192)}, _gemm, 2 * 16 * 8192 * 8192,
+         (16 * 8192 * 2 + 8192 * 8192) * b2, torch.bfloat16),
+        ("MLP 8192x4096x11008", MLP, {"T": 8192, "D": 4096, "F": 11008},
+         {"X": (8192, 4096), "W1": (4096, 11008), "B1": (11008,), "W2": (11008, 4096)}, _mlp,
+         2 * 2 * 8192 * 4096 * 11008, (2 * 8192 * 4096 + 2 * 4096 * 11008 + 11008) * b2, torch.bfloat16),
+        ("RMSNorm 16384x4096", RMSNORM, {"T": 16384, "D": 4096}, {"X": (16384, 4096), "G": (4096,)}, _rmsnorm,
+         4 * 16384 * 4096, (2 * 16384 * 4096 + 4096) * b2, torch.bfloat16),
+        ("softmax 8192x8192", SOFTMAX, {"T": 8192, "D": 8192}, {"X": (8192, 8192)}, _softmax,
+         5 * 8192 * 8192, 2 * 8192 * 8192 * b2, torch.bfloat16),
+        ("naive causal attention B4 H32 S2048 D128", ATTENTION, {"B": 4, "H": 32, "S": 2048, "E": 128},
+         {"Q": (4, 32, 2048, 128), "K": (4, 32, 2048, 128), "V": (4, 32, 2048, 128)}, _attention,
+         4 * 4 * 32 * 2048 * 2048 * 128 / 2, 4 * 4 * 32 * 2048 * 128 * b2, torch.bfloat16),
+        ("gemm 4096^3 fp32 (no TF32)", GEMM.format(dt="float32"), {"M": 4096, "K": 4096, "N": 4096},
+         {"A": (4096, 4096), "B": (4096, 4096)}, _gemm, 2 * 4096**3, 3 * 4096 * 4096 * 4, torch.float32),
+    ]
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    if torch.isnan(out).any():
+        return math.inf
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--json", default="bench_kernels.json")
+    ap.add_argument("--budget", type=float, default=20.0, help="seconds of measuring per tuning job")
+    ap.add_argument("--policy", default="measure")
+    ap.add_argument("--cache-dir", default=None)
+    args = ap.parse_args()
+    from triton.testing import do_bench
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    name = torch.cuda.get_device_name(0)
+    target = next((t for t in ("H200", "H100", "B200", "A100") if t in name), None)
+    profile = load_profile(target)
+    copy_bw = profile.measured.copy_bandwidth_bytes_per_s or profile.hbm_bandwidth_bytes_per_s
+    peak = profile.measured.bf16_matmul_flops_per_s or profile.peak_flops_for("bfloat16")
+    settings = Settings.from_env() if args.cache_dir is None else Settings(cache_dir=Path(args.cache_dir))
+    cache = Cache.open(settings)
+    measurers = local_measurers(profile) if args.policy == "measure" else []
+    rows = []
+    def run_one(wname, src, dims, shapes, fn, flops, nbytes, dtype):
+        torch.manual_seed(0)
+        inputs = {k: (torch.randn(s, device="cuda", dtype=torch.float32) * (0.5 if len(s) > 1 else 1.0)).to(dtype)
+                  for k, s in shapes.items()}
+        compiled = compile_source(src, "bench.xg")
+        t0 = time.perf_counter()
+        table = build_kernels(compiled.optimized.main, profile, policy=args.policy, cache=cache, dims=dims,
+                              measurers=measurers, budget_s=args.budget, workers=16)
+        build_s = time.perf_counter() - t0
+        engine = Engine.from_compiled(compiled, table)
+        graph = compiled.optimized.main
+        sg = specialize(graph, bind_symbols(graph, {k: tuple(v.shape) for k, v in inputs.items()}))
+        ex = engine.cuda_executor(check=False)
+        ordered = [inputs[n] for n, _ in graph.inputs]
+        ref = fn(*[t.double() for t in ordered]) if wname.startswith(("gemm", "MLP")) else \
+            fn(*[t.float() for t in ordered]).double()
+        out = engine.run(inputs, device="cuda", check=False).tensors["out"]
+        err = rel_err(out, ref)
+        eager_err = rel_err(fn(*ordered), ref)
+        xg_ms = do_bench(lambda: ex.kernels.run(sg, inputs), return_mode="median")
+        eager_ms = do_bench(lambda: fn(*ordered), return_mode="median")
+        compiled_fn = torch.compile(fn)
+        compiled_fn(*ordered)
+        compile_ms = do_bench(lambda: compiled_fn(*ordered), return_mode="median")
+        floor_ms = max(flops / (peak if dtype != torch.float32 else profile.peak_flops_for("float32")),
+                       nbytes / copy_bw) * 1e3
+        best_peer = min(eager_ms, compile_ms)
+        return {"workload": wname, "xg_ms": xg_ms, "eager_ms": eager_ms, "compile_ms": compile_ms,
+                     "floor_ms": floor_ms, "ratio_to_best_peer": xg_ms / best_peer,
+                     "pct_of_floor": 100 * floor_ms / xg_ms, "rel_err": err, "eager_rel_err": eager_err,
+                     "build_s": build_s, "kernels": table.stats,
+                     "tuning": [k["tuning"] for k in table.kernels]}
+
+    for w in workloads():
+        if args.only and not any(o in w[0] for o in args.only):
+            continue
+        row = run_one(*w)
+        rows.append(row)
+        r = row
+        print(f"{r['workload']}: xg {r['xg_ms']:.3f} ms eager {r['eager_ms']:.3f} compile {r['compile_ms']:.3f} "
+              f"floor {r['floor_ms']:.3f} err {r['rel_err']:.2e} (eager {r['eager_rel_err']:.2e}); "
+              f"build {r['build_s']:.1f} s {r['kernels']}", flush=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+    cache.close()
+    print(f"\n{name}, torch {torch.__version__}")
+    print("| workload | XG | eager | compile | floor | XG / best peer | % of floor | rel err |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['workload']} | {r['xg_ms']:.3f} | {r['eager_ms']:.3f} | {r['compile_ms']:.3f} | "
+              f"{r['floor_ms']:.3f} | {r['ratio_to_best_peer']:.2f}x | {r['pct_of_floor']:.0f}% | {r['rel_err']:.1e} |")
+    Path(args.json).write_text(json.dumps({"gpu": name, "torch": torch.__version__, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""Compiles emitted Triton source for a target arch, on any host: no GPU needed.
+
+The source goes to a file named by its own digest (Triton reads kernels back with `inspect`), and
+line info is turned off, so the cubin holds no path and two builds give the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .triton_src import Emitted
+
+
+def source_dir() -> Path:
+    d = Path(tempfile.gettempdir()) / f"xg-triton-src-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def load_function(emitted: Emitted) -> Any:
+    """The `@triton.jit` function of `emitted` (an interpreted one under TRITON_INTERPRET=1)."""
+    digest = hashlib.sha256(emitted.source.encode()).hexdigest()[:24]
+    module_name = f"xg_kernel_{digest}"
+    mod = sys.modules.get(module_name)
+    if mod is None:
+        path = source_dir() / f"{module_name}.py"
+        if not path.exists() or path.read_text() != emitted.source:
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(emitted.source)
+            os.replace(tmp, path)
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = mod
+        spec.loader.exec_module(mod)
+    return getattr(mod, emitted.name)
+
+
+def compile_emitted(emitted: Emitted, arch: int, num_warps: int, num_stages: int):
+    """`triton.compile` for sm_`arch`; returns Triton's CompiledKernel."""
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = load_function(emitted)
+    index = {name: i for i, name in enumerate(fn.arg_names)}
+    attrs = {(index[name],): [["tt.divisibility", 16]] for name in emitted.div16}
+    for name, ty in emitted.params:
+        if ty.startswith("*") and emitted.aligned:     # aligned variants: every pointer 16-byte aligned
+            attrs[(index[name],)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn, emitted.signature, emitted.constexprs, attrs)
+    old = knobs.compilation.disable_line_info
+    knobs.compilation.disable_line_info = True
+    try:
+        return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                              options={"num_warps": num_warps, "num_stages": num_stages})
+    finally:
+        knobs.compilation.disable_line_info = old

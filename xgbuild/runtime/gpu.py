@@ -1,0 +1,299 @@
+"""Runs an engine's kernels: views in torch (no copies), every computed value by a compiled kernel.
+
+The same binding code serves three launchers: the CUDA driver (`KernelLauncher`, the deploy path),
+Triton's interpreter on CPU tensors (tests on hosts without a GPU) and meta tensors (the build
+computes each kernel's layouts at the tuning shape with it, so build and run agree by construction).
+
+For each kernel the executor lines every operand up with the kernel's domain (`expand`, then the
+kernel's dim order), reads the strides, picks the first compiled variant whose assumptions hold
+(`Variant` in codegen/triton_src.py) and launches it with the sizes of this run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..compiler.codegen.spec import Binding, KernelSpec
+from ..compiler.codegen.triton_src import Variant
+from ..compiler.ir.graph import Graph, Op, tree_ids
+from ..compiler.ir.serialize import where as src_text
+from ..errors import ExecutionError
+from .dtypes import TORCH_DTYPES
+
+INT32_MAX = 2**31 - 1
+
+
+@dataclass
+class Compiled:
+    """One compiled variant of a kernel: what to assume, its config, and how to launch it."""
+    variant: Variant
+    config: dict[str, int]
+    params: list[tuple[str, str]]
+    div16: list[str]
+    handle: Any                     # a KernelBinary (CUDA) or a Triton JITFunction (interpreter)
+
+
+@dataclass
+class KernelPlan:
+    spec: KernelSpec
+    binding: Binding
+    variants: list[Compiled]        # fastest first; the last is the generic one
+
+
+@dataclass
+class Launch:
+    """What one kernel launch needs, computed from the tensors of this run."""
+    tensors: dict[str, torch.Tensor]
+    ints: dict[str, int]
+    layouts: list            # per operand: ("dense"|strides tuple, shape tuple) as seen in this run
+    grid: tuple[int, int, int]
+
+
+def view(n, x: torch.Tensor, extra: list[torch.Tensor], meta: bool = False) -> torch.Tensor:
+    """A view node applied to `x` (zero-copy where torch can; run-time indices read back to the host,
+    or taken as 0 on `meta` tensors, where only layouts matter)."""
+    if n.op is Op.RESHAPE:
+        return x.reshape(tuple(n.shape))
+    if n.op is Op.TRANSPOSE:
+        return x.transpose(n.attr("dim0"), n.attr("dim1"))
+    if n.op in (Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE):
+        return x                        # one process holds every shard
+    if n.op is Op.INDEX:
+        axis = 0
+        for pos, item in enumerate(n.attr("items")):
+            size = x.shape[axis]
+            if item[0] == "s":
+                picks = range(size)[slice(item[1], item[2], item[3])]
+                if picks.step > 0:
+                    x = x[(slice(None),) * axis + (slice(picks.start, picks.stop, picks.step),)]
+                else:      # torch views have no negative strides: this one is a copy
+                    x = x.index_select(axis, torch.tensor(list(picks), dtype=torch.int64, device=x.device))
+                axis += 1
+                continue
+            i = item[1] if item[0] == "i" else 0 if meta else int(extra[item[1]].item())
+            if not -size <= i < size:
+                line = f" at {src_text(n.src)}" if n.src else ""
+                raise ExecutionError(f"index {i} is out of bounds for dimension {pos} of size {size}{line}")
+            x = x.select(axis, i)
+        return x
+    raise ExecutionError(f"internal: `{n.op.value}` is not a view")
+
+
+def _align(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """`t` broadcast to `shape` (numpy rules: leading dims added)."""
+    if t.dim() < len(shape):
+        t = t.reshape((1,) * (len(shape) - t.dim()) + tuple(t.shape))
+    return t.expand(shape)
+
+
+def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
+         outputs: list[torch.Tensor]) -> Launch:
+    """Operands lined up with the domain, sizes and the grid for one launch of `plan`."""
+    spec, b = plan.spec, plan.binding
+    node = graph.node(b.domain)
+    domain = tuple(graph.node(node.inputs[0]).shape) if b.domain_from == "input0" else tuple(node.shape)
+    tensors: dict[str, torch.Tensor] = {}
+    ints: dict[str, int] = {}
+    layouts: list = []
+
+    if spec.kind == "rowwise":
+        kdom = tuple(domain[d] for d in b.perm)
+        rows = kdom[:spec.row_dims]
+    elif spec.kind == "matmul":
+        a_node = graph.node(node.inputs[0])
+        K = int(a_node.shape[-1])
+        M, N = int(domain[-2]), int(domain[-1])
+        batch = domain[:-2]
+        kdom = domain
+    else:
+        kdom = domain
+
+    for j, (nid, (_dtype, level)) in enumerate(zip(b.operands, spec.operands)):
+        t = value(nid)
+        if level == "scalar":
+            aligned = t.reshape(())
+        elif spec.kind == "matmul" and j in spec.matmul:
+            want = batch + ((M, K) if j == spec.matmul[0] else (K, N))
+            aligned = _align(t, want)
+        elif spec.kind == "rowwise":
+            if level == "row":
+                if t.dim() == len(domain) and t.shape[-1] == 1:
+                    t = t.squeeze(-1)           # the kept form [T, 1] of a row value
+                aligned = _align(t, rows)
+            else:
+                aligned = _align(t, domain).permute(b.perm)
+        else:
+            aligned = _align(t, kdom)
+        tensors[f"p{j}"] = aligned
+        if level == "scalar":
+            layouts.append(("dense", ()))
+            continue
+        dense = aligned.is_contiguous()
+        layouts.append(("dense" if dense else tuple(aligned.stride()), tuple(aligned.shape)))
+        for d, s in enumerate(aligned.stride()):
+            ints[f"p{j}_s{d}"] = int(s)
+    for i, out in enumerate(outputs):
+        tensors[f"q{i}"] = out
+        if spec.kind == "rowwise" and out.dim() == len(domain) and len(domain):
+            for d, s in enumerate(out.permute(b.perm).stride()):   # full-level outputs in kernel order
+                ints[f"q{i}_s{d}"] = int(s)
+
+    if spec.kind == "elementwise":
+        numel = math.prod(kdom)
+        ints["numel"] = numel
+        for d, size in enumerate(kdom):
+            ints[f"d{d}"] = int(size)
+        grid = (-(-numel // max(1, _block(plan)))), 1, 1
+    elif spec.kind == "rowwise":
+        for d, size in enumerate(kdom):
+            ints[f"d{d}"] = int(size)
+        R, C = math.prod(rows), math.prod(kdom[spec.row_dims:])
+        ints["R"], ints["C"] = R, C
+        grid = (R if C or not R else R, 1, 1)
+    else:
+        for d, size in enumerate(batch):
+            ints[f"d{d}"] = int(size)
+        ints["M"], ints["N"], ints["K"] = M, N, K
+        grid = (0, math.prod(batch), 1)
+    return Launch(tensors, ints, layouts, grid)
+
+
+def _block(plan: KernelPlan) -> int:
+    return plan.variants[-1].config.get("BLOCK", 1)
+
+
+def holds(c: Compiled, launch: Launch, spec: KernelSpec) -> bool:
+    """Do this launch's arguments satisfy variant `c`'s assumptions?"""
+    v = c.variant
+    if not v.wide:
+        for name, t in launch.tensors.items():
+            extent = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()) if size > 0)
+            if t.numel() > INT32_MAX or extent > INT32_MAX:
+                return False
+        if any(abs(x) > INT32_MAX for x in launch.ints.values()):
+            return False
+        if spec.kind == "matmul" and math.prod(launch.tensors["q0"].shape) > INT32_MAX:
+            return False
+    for j, lay in enumerate(v.layouts):
+        seen, shape = launch.layouts[j]
+        if lay == "dense":
+            if seen != "dense":
+                return False
+        else:
+            strides = launch.tensors[f"p{j}"].stride() if spec.operands[j][1] != "scalar" else ()
+            for d, want in enumerate(lay):
+                if want is not None and shape[d] > 1 and strides[d] != want:
+                    return False
+    if v.aligned:
+        if any(t.data_ptr() % 16 for t in launch.tensors.values() if t.device.type != "meta"):
+            return False
+        if any(launch.ints[name] % 16 for name in c.div16):
+            return False
+    if v.single and launch.ints["C"] > c.config["BLOCK_N"]:
+        return False
+    if v.even_k and launch.ints["K"] % c.config["BLOCK_K"]:
+        return False
+    return True
+
+
+def grid_for(c: Compiled, spec: KernelSpec, launch: Launch) -> tuple[int, int, int]:
+    if spec.kind == "elementwise":
+        return (-(-launch.ints["numel"] // c.config["BLOCK"]), 1, 1)
+    if spec.kind == "rowwise":
+        return (launch.ints["R"], 1, 1)
+    tiles = -(-launch.ints["M"] // c.config["BLOCK_M"]) * -(-launch.ints["N"] // c.config["BLOCK_N"])
+    return (tiles, launch.grid[1], 1)
+
+
+def arguments(c: Compiled, launch: Launch) -> list:
+    args = []
+    for name, _ty in c.params:
+        args.append(launch.tensors[name] if name in launch.tensors else launch.ints[name])
+    return args
+
+
+def choose(plan: KernelPlan, launch: Launch) -> Compiled:
+    for c in plan.variants:
+        if holds(c, launch, plan.spec):
+            return c
+    raise ExecutionError(f"internal: no variant of kernel {plan.spec.name} accepts this launch")
+
+
+class KernelExecutor:
+    """Runs a specialised graph with an engine's kernels; `launch(compiled, grid, args)` does the rest."""
+
+    def __init__(self, plans: list[KernelPlan], launch: Callable[[Compiled, tuple, list], None],
+                 device: torch.device, float_check: bool = True) -> None:
+        self.plans = plans
+        self.launch = launch
+        self.device = device
+        self.check = float_check
+
+    def run(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
+        vals: dict[int, torch.Tensor] = {}
+        for name, nid in graph.inputs:
+            t = inputs[name]
+            vals[nid] = t if t.is_contiguous() else t.contiguous()
+
+        def value(nid: int) -> torch.Tensor:
+            if nid in vals:
+                return vals[nid]
+            n = graph.node(nid)
+            if n.op is Op.CONST:
+                vals[nid] = torch.tensor(n.attr("value"), dtype=TORCH_DTYPES[n.dtype], device=self.device)
+            else:
+                vals[nid] = view(n, value(n.inputs[0]), [value(i) for i in n.inputs[1:]])
+            return vals[nid]
+
+        for plan in self.plans:
+            outs = [torch.empty(tuple(graph.node(nid).shape), dtype=TORCH_DTYPES[graph.node(nid).dtype],
+                                device=self.device) for nid in plan.binding.outputs]
+            launch = bind(plan, graph, value, outs)
+            chosen = choose(plan, launch)
+            grid = grid_for(chosen, plan.spec, launch)
+            if all(grid):
+                self.launch(chosen, grid, arguments(chosen, launch))
+            for nid, t in zip(plan.binding.outputs, outs):
+                vals[nid] = t
+        return {nid: value(nid) for nid in tree_ids(graph.output)}
+
+
+class CudaExecutor:
+    """An engine's kernels on torch's current CUDA device, launched through the CUDA driver."""
+    name = "cuda"
+
+    def __init__(self, plans: list[KernelPlan], check: bool = True) -> None:
+        from .cuda import KernelLauncher
+        self.plans = plans
+        self.check = check
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.launcher = KernelLauncher(self.device.index)
+
+        def launch(c: Compiled, grid: tuple, args: list) -> None:
+            self.launcher.launch(c.handle, grid, args)
+        self.kernels = KernelExecutor(plans, launch, self.device)
+
+    def run(self, graph: Graph, inputs: dict[str, torch.Tensor]):
+        from .cpu import CpuExecutor, RunOutput
+        import time as _time
+        t0 = _time.perf_counter()
+        values = self.kernels.run(graph, inputs)
+        if self.check:
+            bad = [nid for nid, v in values.items() if v.dtype.is_floating_point and not bool(torch.isfinite(v).all())]
+            if bad:
+                # Fused kernels keep intermediates in registers: trace the origin on the CPU reference,
+                # which computes the same program op by op.
+                cpu_inputs = {k: v.cpu() for k, v in inputs.items()}
+                try:
+                    CpuExecutor(check=True, timings=False).run(graph, cpu_inputs)
+                except ExecutionError as exc:
+                    raise ExecutionError(f"{exc} (seen on the GPU, traced on the CPU reference)") from None
+                raise ExecutionError(f"check failed: an output holds NaN/Inf on the GPU (node %{bad[0]}) but not on the "
+                                     "CPU reference: the GPU result is wrong")
+        torch.cuda.synchronize(self.device)
+        return RunOutput(values, [{"op": "kernels", "launches": len(self.plans),
+                                   "ms": (_time.perf_counter() - t0) * 1e3}])

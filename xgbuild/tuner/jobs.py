@@ -1,0 +1,150 @@
+"""Tuning jobs: one per (kernel spec, tuning shape, operand layouts, GPU).
+
+`plan` schedules a program's graph into kernels, places every kernel on meta tensors at the tuning
+shape (the executor's own binding code, so build and run agree on layouts and sizes) and groups
+identical kernels into one job: a program that uses the same kernel twice tunes it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..compiler.codegen.schedule import schedule
+from ..compiler.codegen.spec import Binding, KernelSpec, kernel_specs
+from ..compiler.ir.graph import Graph, Op
+from ..compiler.passes.specialize import specialize
+from ..runtime.dtypes import TORCH_DTYPES
+from ..runtime.gpu import Compiled, KernelPlan, bind, view
+from ..compiler.codegen.triton_src import Variant
+from .space import Problem
+
+DEFAULT_DIM = 1024     # a symbolic dim the build was not told about is tuned at this size
+
+
+@dataclass
+class Job:
+    spec: KernelSpec
+    problem: Problem
+    layouts: tuple                      # per operand at the tuning shape: "dense" or strides (0/1 kept)
+    sizes: dict[str, int]               # the launch's integer arguments at the tuning shape
+    graph: Graph                        # the program specialised to the tuning shape
+    sites: list[tuple[Binding, list[int]]] = field(default_factory=list)   # (binding, kernel nodes)
+
+    @property
+    def ident(self) -> str:
+        lay = hashlib.sha256(repr(self.layouts).encode()).hexdigest()[:8]
+        return f"{self.spec.name}:{self.shape_text}:{lay}"
+
+    @property
+    def shape_text(self) -> str:
+        p = self.problem
+        if p.kind == "matmul":
+            return f"{p.batch}x{p.m}x{p.n}x{p.k}"
+        if p.kind == "rowwise":
+            return f"{p.rows}x{p.cols}"
+        return f"{p.numel}"
+
+    def shape_part(self) -> dict:
+        return {"sizes": {k: v for k, v in sorted(self.sizes.items()) if not k.startswith("p")},
+                "layouts": [lay if lay == "dense" else list(lay) for lay in self.layouts]}
+
+    def fast_variant(self, config: dict[str, int]) -> Variant:
+        """What the tuned kernel may assume: this job's layouts, int32 offsets where they fit,
+        aligned sizes where the tuning shape has them, a single row tile where it fits."""
+        wide = any(v > 2**31 - 1 for v in self.sizes.values()) or self.max_extent > 2**31 - 1
+        single = self.problem.kind == "rowwise" and config.get("SINGLE", 0) == 1
+        even_k = self.problem.kind == "matmul" and self.problem.k % config["BLOCK_K"] == 0
+        # Sizes and run-time strides compiled as multiples of 16 must be so at the tuning shape.
+        hinted = ["N", "K", "C", "numel"] + [f"p{j}_s{d}" for j, lay in enumerate(self.layouts)
+                                              if lay != "dense" for d, s in enumerate(lay) if s is None]
+        aligned = all(self.sizes[name] % 16 == 0 for name in hinted if name in self.sizes)
+        return Variant(wide=wide, layouts=self.layouts, aligned=aligned, single=single, even_k=even_k)
+
+    max_extent: int = 0
+
+
+def tuning_env(graph: Graph, dims: dict[str, int] | None) -> dict[str, int]:
+    dims = dict(dims or {})
+    return {s: dims.get(s, DEFAULT_DIM) for s in sorted(graph.symbols())}
+
+
+def _layout_of(seen, strides: tuple, matmul: bool) -> object:
+    """A variant's layout assumption from what the tuning shape shows: "dense", or per dim a baked
+    stride of 0 or 1 (run-time otherwise). Matmul operands always use strides (tiles are 2-D)."""
+    kind, _shape = seen
+    if kind == "dense" and not matmul:
+        return "dense"
+    return tuple(s if s in (0, 1) else None for s in strides)
+
+
+def _meta(graph: Graph):
+    vals: dict[int, torch.Tensor] = {}
+
+    def value(nid: int) -> torch.Tensor:
+        if nid not in vals:
+            n = graph.node(nid)
+            if n.op in (Op.RESHAPE, Op.TRANSPOSE, Op.INDEX, Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE):
+                vals[nid] = view(n, value(n.inputs[0]), [torch.zeros((), dtype=torch.int64)] * len(n.inputs),
+                                 meta=True)
+            else:
+                vals[nid] = torch.empty(tuple(n.shape), dtype=TORCH_DTYPES[n.dtype], device="meta")
+        return vals[nid]
+    return value
+
+
+def _problem(spec: KernelSpec, launch, graph: Graph, outputs: list[int]) -> Problem:
+    read = 0
+    widest = 1
+    for j, (dtype, level) in enumerate(spec.operands):
+        t = launch.tensors[f"p{j}"]
+        unique = math.prod(size for size, stride in zip(t.shape, t.stride()) if stride != 0)
+        item = TORCH_DTYPES[dtype].itemsize
+        read += unique * item
+        widest = max(widest, item)
+    written = sum(math.prod(graph.node(n).shape) * TORCH_DTYPES[graph.node(n).dtype].itemsize for n in outputs)
+    ints = launch.ints
+    work = sum(1 for n in spec.nodes if n.op != "matmul")
+    dtype = spec.operands[0][0] if spec.operands else spec.nodes[spec.outputs[0]].dtype
+    if spec.kind == "matmul":
+        a = spec.operands[spec.matmul[0]][0]
+        batch = launch.grid[1]
+        flops = 2.0 * batch * ints["M"] * ints["N"] * ints["K"] + work * batch * ints["M"] * ints["N"]
+        return Problem("matmul", a, flops, float(read + written), batch=batch, m=ints["M"], n=ints["N"],
+                       k=ints["K"], elem_bytes=TORCH_DTYPES[a].itemsize)
+    if spec.kind == "rowwise":
+        passes = sum(2 if n.op in ("softmax", "log_softmax") else 1 for n in spec.nodes
+                     if n.op in ("sum", "mean", "max", "min", "softmax", "log_softmax"))
+        flops = float(work * ints["R"] * max(1, ints["C"]))
+        return Problem("rowwise", dtype, flops, float(read + written), rows=ints["R"], cols=ints["C"],
+                       passes=passes, elem_bytes=widest)
+    return Problem("elementwise", dtype, float(work * ints["numel"]), float(read + written), numel=ints["numel"],
+                   elem_bytes=widest)
+
+
+def plan(graph: Graph, env: dict[str, int]) -> tuple[list[Job], list[tuple[str, Binding]]]:
+    """Jobs (deduplicated) and the program's launches in order: (job ident, binding)."""
+    sched = schedule(graph)
+    pairs = kernel_specs(sched)
+    sg = specialize(graph, env)
+    value = _meta(sg)
+    jobs: dict[str, Job] = {}
+    launches: list[tuple[str, Binding]] = []
+    generic = Compiled(Variant.generic(), {"BLOCK": 1}, [], [], None)
+    for (spec, binding), kernel in zip(pairs, sched.kernels):
+        outs = [torch.empty(tuple(sg.node(n).shape), dtype=TORCH_DTYPES[sg.node(n).dtype], device="meta")
+                for n in binding.outputs]
+        launch = bind(KernelPlan(spec, binding, [generic]), sg, value, outs)
+        layouts = tuple("dense" if spec.operands[j][1] == "scalar" else
+                        _layout_of(seen, tuple(launch.tensors[f"p{j}"].stride()), spec.kind == "matmul")
+                        for j, seen in enumerate(launch.layouts))
+        problem = _problem(spec, launch, sg, list(binding.outputs))
+        extent = max([t.numel() for t in launch.tensors.values()] + [0])
+        job = Job(spec, problem, layouts, dict(launch.ints), sg, max_extent=extent)
+        job = jobs.setdefault(job.ident, job)
+        job.sites.append((binding, list(kernel.nodes)))
+        launches.append((job.ident, binding))
+    return list(jobs.values()), launches

@@ -1,0 +1,195 @@
+"""Linking: an engine's kernel table from its graph and the tuner's winners.
+
+Per job two variants are compiled for the target's arch: the tuned one (the winner's config, with
+the assumptions of the tuning shape) and the generic one (a default config assuming nothing), so
+an engine runs at any size and layout, fast at the shapes it was tuned for. The table and the
+cubin/PTX files are a pure function of the graph, the target and the winners.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..compiler.codegen.schedule import ScheduleError
+from ..compiler.codegen.spec import Binding, KernelSpec
+from ..compiler.codegen.triton_src import Variant, emit
+from ..compiler.ir.graph import Graph
+from ..errors import CompileError
+from ..hw import GpuProfile
+from ..runtime.cuda import KernelBinary
+from ..runtime.gpu import Compiled, KernelPlan
+from .jobs import plan, tuning_env
+from .progress import TuneProgress
+from .space import default_config
+from .tuner import Compiler, Measurer, Tuner, TuneError, Winner
+
+
+@dataclass
+class KernelTable:
+    kernels: list[dict]                  # manifest entries, one per job
+    launches: list[dict]                 # manifest entries, one per kernel launch, in order
+    files: dict[str, bytes]              # archive path -> cubin / PTX bytes
+    stats: dict = field(default_factory=dict)
+
+
+def arch_of(profile: GpuProfile) -> int:
+    major, minor = profile.compute_capability
+    return major * 10 + minor
+
+
+def build_kernels(graph: Graph, profile: GpuProfile, *, policy: str = "cache", dims: dict[str, int] | None = None,
+                  cache: Any = None, measurers: list[Measurer] | None = None, workers: int | None = None,
+                  progress: bool = False, budget_s: float | None = None) -> KernelTable:
+    t0 = time.perf_counter()
+    try:
+        jobs, launches = plan(graph, tuning_env(graph, dims))
+    except ScheduleError as exc:
+        raise CompileError(f"error: no GPU code for this program: {exc}", []) from None
+    arch = arch_of(profile)
+    compiler = Compiler(arch, cache, workers or min(8, os.cpu_count() or 1))
+    # One tuner per local GPU of the target's model: jobs fan out, one worker per GPU.
+    tuners = [Tuner(profile, policy=policy, cache=cache, measurer=m, budget_s=budget_s, compiler=compiler)
+              for m in (measurers or [None])]
+    winners: dict[str, Winner] = {}
+    missing: list[str] = []
+    queue = list(jobs)
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    try:
+        with TuneProgress(len(jobs), enabled=progress) as bar:
+            def worker(tuner: Tuner) -> None:
+                while True:
+                    with lock:
+                        if not queue or errors:
+                            return
+                        job = queue.pop(0)
+                    try:
+                        w = tuner.tune(job)
+                    except TuneError as exc:
+                        with lock:
+                            if policy == "strict":
+                                missing.append(f"{job.ident} ({exc})")
+                            else:
+                                errors.append(exc)
+                        continue
+                    except BaseException as exc:  # noqa: BLE001 (re-raised below, on the main thread)
+                        with lock:
+                            errors.append(exc)
+                        return
+                    with lock:
+                        winners[job.ident] = w
+                        bar.advance(job.ident, w.source, w.ms)
+            if len(tuners) == 1:
+                worker(tuners[0])
+            else:
+                threads = [threading.Thread(target=worker, args=(t,)) for t in tuners]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            if errors:
+                raise errors[0]
+        if missing:
+            raise TuneError(f"--tune=strict: {len(missing)} of {len(jobs)} jobs have no cached winner for "
+                            f"{profile.name}:\n  " + "\n  ".join(missing))
+        pending = []
+        for job in jobs:
+            w = winners[job.ident]
+            generic_cfg = default_config(job.problem)
+            for cfg, variant in ((w.config, job.fast_variant(w.config)), (generic_cfg, Variant.generic())):
+                try:
+                    em = emit(job.spec, cfg, variant)
+                except NotImplementedError as exc:
+                    raise CompileError(f"error: no GPU code for kernel {job.spec.name}: {exc}", []) from None
+                pending.append((job, cfg, variant, em, compiler.submit(em, cfg["num_warps"], cfg["num_stages"])))
+        entries: dict[str, dict] = {}
+        files: dict[str, bytes] = {}
+        for job, cfg, variant, em, fut in pending:
+            try:
+                kb, ptx = fut.result()
+            except Exception as exc:  # noqa: BLE001
+                text = [x for x in str(exc).splitlines() if x.strip()] or [type(exc).__name__]
+                raise CompileError(f"error: Triton could not compile kernel {job.spec.name} for sm_{arch}: "
+                                   f"{text[-1]} ({text[0]})", []) from None
+            entry = entries.setdefault(job.ident, {
+                "id": job.ident, "name": job.spec.name, "kind": job.spec.kind, "spec": job.spec.canonical(),
+                "tuning": {**winners[job.ident].to_json(), "shape": job.shape_part()["sizes"]},
+                "variants": []})
+            i = len(entry["variants"])
+            base = f"kernels/{job.spec.name}.{hashlib.sha256(job.ident.encode()).hexdigest()[:8]}.{i}.sm{arch}"
+            files[base + ".cubin"] = kb.cubin
+            files[base + ".ptx"] = ptx.encode()
+            entry["variants"].append({
+                "variant": variant.to_json(), "config": cfg, "params": [list(p) for p in em.params],
+                "div16": em.div16, "arch": kb.arch, "entry": kb.name, "num_warps": kb.num_warps, "shared": kb.shared,
+                "global_scratch": [kb.global_scratch_size, kb.global_scratch_align],
+                "profile_scratch": [kb.profile_scratch_size, kb.profile_scratch_align],
+                "cubin": base + ".cubin", "cubin_sha256": hashlib.sha256(kb.cubin).hexdigest(),
+                "ptx": base + ".ptx", "ptx_sha256": hashlib.sha256(ptx.encode()).hexdigest()})
+    finally:
+        compiler.close()
+    kernels = [entries[job.ident] for job in jobs]
+    table_launches = [{"kernel": ident, "binding": b.to_json()} for ident, b in launches]
+    sources = [w.source for w in winners.values()]
+    stats = {"jobs": len(jobs), "launches": len(launches), "seconds": time.perf_counter() - t0,
+             "compiled": compiler.compiled, "compile_cache_hits": compiler.hits,
+             "measured": sources.count("measured"), "cache": sources.count("cache"),
+             "predicted": sources.count("predicted")}
+    return KernelTable(kernels, table_launches, files, stats)
+
+
+def plans_from_manifest(manifest: dict, entries: dict[str, bytes]) -> list[KernelPlan]:
+    """The executor's plans from an engine's kernel table (files already verified by the archive)."""
+    by_id: dict[str, tuple[KernelSpec, list[Compiled]]] = {}
+    for k in manifest.get("kernels", []):
+        spec = KernelSpec.from_canonical(k["spec"])
+        variants = []
+        for v in k["variants"]:
+            kb = KernelBinary(name=v["entry"], arch=int(v["arch"]), cubin=entries[v["cubin"]],
+                              num_warps=int(v["num_warps"]), shared=int(v["shared"]),
+                              params=tuple(t for _, t in v["params"]),
+                              global_scratch_size=int(v["global_scratch"][0]),
+                              global_scratch_align=int(v["global_scratch"][1]),
+                              profile_scratch_size=int(v["profile_scratch"][0]),
+                              profile_scratch_align=int(v["profile_scratch"][1]))
+            variants.append(Compiled(Variant.from_json(v["variant"]), dict(v["config"]),
+                                     [tuple(p) for p in v["params"]], list(v["div16"]), kb))
+        by_id[k["id"]] = (spec, variants)
+    plans = []
+    for launch in manifest.get("launches", []):
+        spec, variants = by_id[launch["kernel"]]
+        plans.append(KernelPlan(spec, Binding.from_json(launch["binding"]), variants))
+    return plans
+
+
+def kernels_for(compiled: Any, policy: str = "cache", dims: dict[str, int] | None = None,
+                workers: int | None = None, progress: bool = False) -> KernelTable:
+    """The kernel table for a compiled program's target, tuned under `policy` through the XG cache
+    (the settings' local store and remote tier): what `xgc --out` and `xg.compile_file` link."""
+    import sys
+
+    from ..cache import Cache
+    from ..cache.errors import CacheError
+    from ..hw import load_profile
+    from ..settings import Settings
+    profile = load_profile(compiled.target)
+    measurers: list = []
+    if policy == "measure":
+        from .cuda_measure import local_measurers
+        measurers = local_measurers(profile)
+    try:
+        cache = Cache.open(Settings.from_env())
+    except (CacheError, OSError) as exc:
+        sys.stderr.write(f"warning: the XG cache is unavailable ({exc}); building without it\n")
+        cache = None
+    try:
+        return build_kernels(compiled.optimized.main, profile, policy=policy, dims=dims, cache=cache,
+                             measurers=measurers, workers=workers, progress=progress and sys.stderr.isatty())
+    finally:
+        if cache is not None:
+            cache.close()

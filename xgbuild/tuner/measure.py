@@ -1,0 +1,104 @@
+"""GPU timing: median run time of a launch with a cold L2, and which GPU the timing was taken on.
+
+Owns: `time_gpu` (CUDA events around each run, L2 flushed before every timed run, inputs rotated
+so that sets larger than L2 are not served from it), `cuda_gpu_model` and `matches_target`, which
+keep the tuner from recording a measurement taken on one GPU model as another model's.
+
+torch is imported inside the functions that need it, so this module imports on a CPU-only host
+and costs nothing until something is timed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from xgbuild.hw import GpuProfile
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Run-time statistics of `reps` timed runs, in milliseconds."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    reps: int
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """The q-quantile of an ascending list, interpolating linearly between neighbours."""
+    position = q * (len(ordered) - 1)
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarize(times_ms: list[float]) -> Timing:
+    """Median, 10th and 90th percentile of `times_ms`."""
+    if not times_ms:
+        raise ValueError("no times to summarize")
+    ordered = sorted(times_ms)
+    return Timing(median_ms=_quantile(ordered, 0.5), p10_ms=_quantile(ordered, 0.1),
+                  p90_ms=_quantile(ordered, 0.9), reps=len(ordered))
+
+
+def time_gpu(launch: Callable[[int], None], *, rotations: int = 1, warmup: int = 5, reps: int = 50,
+             l2_bytes: int = 64 << 20, device: int = 0) -> Timing:
+    """Time `launch` on CUDA device `device`; `launch(s)` enqueues one run on input set `s`.
+
+    Run i uses input set i % rotations. Before each timed run a buffer of 2 * `l2_bytes` is
+    zeroed, so the run starts with nothing of its inputs in L2; CUDA events bracket the launch
+    alone, not the flush.
+    """
+    if rotations < 1 or reps < 1 or warmup < 0 or l2_bytes < 1:
+        raise ValueError(f"time_gpu needs rotations >= 1, reps >= 1, warmup >= 0, l2_bytes >= 1; "
+                         f"got {rotations}, {reps}, {warmup}, {l2_bytes}")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("time_gpu needs a CUDA device; torch sees none")
+    with torch.cuda.device(device):
+        flush = torch.empty(2 * l2_bytes, dtype=torch.uint8, device="cuda")
+        for i in range(warmup):
+            launch(i % rotations)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        torch.cuda.synchronize()
+        for i in range(reps):
+            flush.zero_()
+            starts[i].record()
+            launch((warmup + i) % rotations)
+            ends[i].record()
+        torch.cuda.synchronize()
+        return summarize([start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)])
+
+
+def cuda_gpu_model(device: int) -> str | None:
+    """The device's name ("NVIDIA H100 80GB HBM3"); None without torch, CUDA or that device."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available() or not 0 <= device < torch.cuda.device_count():
+        return None
+    return torch.cuda.get_device_name(device)
+
+
+def _normal(name: str) -> str:
+    """Comparison form of a GPU name: case-folded, no spaces, '-' or '_', no leading "nvidia"."""
+    return re.sub(r"[\s_-]+", "", name).casefold().removeprefix("nvidia")
+
+
+def matches_target(device_name: str, profile: GpuProfile) -> bool:
+    """Whether a device of this name is the GPU model `profile` describes.
+
+    The whole name must equal the profile's name or one of its aliases (ignoring case, spaces,
+    '-', '_' and a leading "NVIDIA"): "NVIDIA H100 80GB HBM3" is the H100 profile, but neither
+    "NVIDIA H200" nor "NVIDIA H100 PCIe" (fewer SMs, less bandwidth) is. A model with no alias
+    for its device name is not matched, and gets predicted instead of measured.
+    """
+    device = _normal(device_name)
+    return bool(device) and any(device == _normal(label)
+                                for label in (profile.name, *profile.aliases))

@@ -1,0 +1,388 @@
+"""The tuner: a winning config per job, from measurement, the cache or the cost model.
+
+Policies (`--tune`):
+- `predict`: the roofline model over the `hw/` profile picks; nothing is read from the cache.
+- `cache` (default): a winner measured earlier on the target GPU model (local or remote cache),
+  else the model's pick, marked `predicted`.
+- `measure`: the cache, else measure every candidate on a local GPU of the target model. Without
+  one it fails: a measurement is never claimed for a GPU that was not there.
+- `strict`: the cache only; any miss fails, naming the jobs.
+
+A measured candidate that fails to compile or whose outputs differ from the float64 CPU reference
+beyond the dtype's tolerance scores `inf`: a wrong kernel never wins. Winners go to the cache under
+the job's key; compiled cubins go to the cache under their source digest and arch, so a warm build
+compiles nothing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import json
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import torch
+
+from ..cache.keys import CacheKey
+from ..compiler.codegen.triton_src import Emitted, Variant, emit
+from ..compiler.ir.graph import Op
+from ..errors import XGError
+from ..hw import GpuProfile
+from ..runtime.cpu import CpuExecutor
+from ..runtime.cuda import KernelBinary
+from ..runtime.dtypes import FLOAT_DTYPES, TORCH_DTYPES
+from ..runtime.gpu import view
+from .jobs import Job
+from .predict import rank
+from .space import candidates, config_key, default_config
+
+POLICIES = ("measure", "cache", "predict", "strict")
+SPACE_VERSION = 1
+TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "float16": 5e-3, "bfloat16": 2e-2}
+MEASURE_POLICY = {"objective": "median-ms", "warmup": 5, "reps": 50, "l2-flush": True}
+
+
+class TuneError(XGError):
+    """Tuning could not give every job a winner under the chosen policy."""
+
+
+@dataclass
+class Winner:
+    config: dict[str, int]
+    source: str                      # "measured" | "cache" | "predicted"
+    ms: float                        # measured median, or the model's prediction
+    key: str                         # the job's cache key digest
+    candidates: int = 0
+    rejected: dict[str, str] = field(default_factory=dict)   # config -> why it scored inf
+    measured_on: str | None = None   # the GPU model a measurement ran on
+
+    def to_json(self) -> dict:
+        out = {"source": self.source, "config": self.config, "ms": round(self.ms, 6), "key": self.key,
+               "candidates": self.candidates}
+        if self.measured_on:
+            out["measured_on"] = self.measured_on
+        return out
+
+
+class Measurer(Protocol):
+    gpu_name: str
+
+    def measure(self, job: Job, variant: Variant, config: dict, emitted: Emitted, binary: KernelBinary,
+                data: "JobData") -> tuple[float, list[torch.Tensor]]:
+        """(median ms, outputs on the CPU) of one candidate on `data`'s inputs."""
+
+
+# --- inputs and reference -------------------------------------------------------------------------
+
+class JobData:
+    """Seeded random inputs for one job (at its tuning shape) and the float64 reference outputs."""
+
+    def __init__(self, job: Job, seed: int = 0) -> None:
+        self.job = job
+        self.seed = seed
+        self._bases: dict[int, torch.Tensor] = {}
+
+    def base(self, nid: int) -> torch.Tensor:
+        if nid not in self._bases:
+            n = self.job.graph.node(nid)
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + nid)
+            dt = TORCH_DTYPES[n.dtype]
+            shape = tuple(n.shape)
+            if n.dtype in FLOAT_DTYPES:
+                t = torch.randn(shape, generator=g, dtype=torch.float32).to(dt)
+            elif n.dtype == "bool":
+                t = torch.randint(0, 2, shape, generator=g).bool()
+            elif n.dtype == "uint8":
+                t = torch.randint(0, 16, shape, generator=g).to(dt)
+            else:
+                t = torch.randint(-8, 8, shape, generator=g).to(dt)
+            self._bases[nid] = t
+        return self._bases[nid]
+
+    def value_fn(self, device: str | torch.device) -> Callable[[int], torch.Tensor]:
+        graph = self.job.graph
+        cache: dict[int, torch.Tensor] = {}
+
+        def value(nid: int) -> torch.Tensor:
+            if nid not in cache:
+                n = graph.node(nid)
+                if n.op in (Op.RESHAPE, Op.TRANSPOSE, Op.INDEX, Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE):
+                    cache[nid] = view(n, value(n.inputs[0]), [], meta=True)
+                elif n.op is Op.CONST:
+                    cache[nid] = torch.tensor(n.attr("value"), dtype=TORCH_DTYPES[n.dtype], device=device)
+                else:
+                    cache[nid] = self.base(nid).to(device)
+            return cache[nid]
+        return value
+
+    def reference(self, device: str | torch.device = "cpu") -> list[torch.Tensor]:
+        """The kernel's outputs computed op by op by the reference executor in float64 (its torch
+        ops on `device`: the GPU when measuring, where large references would take minutes on a CPU)."""
+        try:
+            return self._reference(device)
+        except RuntimeError:
+            if str(device) == "cpu":
+                raise
+            return self._reference("cpu")
+
+    def _reference(self, device) -> list[torch.Tensor]:
+        binding, nodes = self.job.sites[0]
+        graph = self.job.graph
+        ex = CpuExecutor(float64=True, check=False, timings=False)
+        inputs = self.value_fn(device)
+        vals: dict[int, torch.Tensor] = {}
+
+        def get(nid: int) -> torch.Tensor:
+            if nid in vals:
+                return vals[nid]
+            t = inputs(nid)
+            return t.double() if t.dtype.is_floating_point else t
+
+        for nid in nodes:
+            n = graph.node(nid)
+            vals[nid] = ex.eval(n, [get(i) for i in n.inputs], {})
+        return [vals[nid].cpu() for nid in binding.outputs]
+
+
+def agrees(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> str | None:
+    """None when `out` matches the float64 reference within the dtype's tolerance, else why not."""
+    if tuple(out.shape) != tuple(ref.shape):
+        return f"shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    if dtype in FLOAT_DTYPES:
+        o, r = out.double(), ref.double()
+        if bool(torch.isnan(o).any() != torch.isnan(r).any()):
+            return "NaN where the reference has none"
+        finite = torch.isfinite(r)
+        denom = r[finite].norm().item()
+        err = (o[finite] - r[finite]).norm().item() / max(denom, 1e-30) if finite.any() else 0.0
+        if not math.isfinite(err) or err > TOLERANCE[dtype]:
+            return f"relative error {err:.3g} > {TOLERANCE[dtype]:g}"
+        return None
+    wrong = (out.to(ref.dtype) != ref).double().mean().item() if out.numel() else 0.0
+    return None if wrong <= 1e-3 else f"{wrong:.2%} of elements differ"
+
+
+# --- compiling ------------------------------------------------------------------------------------
+
+def _compile_worker(source: str, name: str, params: list, constexprs: dict, div16: list, aligned: bool,
+                    arch: int, num_warps: int, num_stages: int) -> dict:
+    """Runs in a worker process: compile one emitted kernel, return what KernelBinary needs."""
+    from ..compiler.codegen.build import compile_emitted
+    em = Emitted(name, source, [tuple(p) for p in params], constexprs, div16, aligned)
+    ck = compile_emitted(em, arch, num_warps, num_stages)
+    kb = KernelBinary.from_compiled(ck, [t for _, t in em.params])
+    return {"binary": kb, "ptx": ck.asm.get("ptx", "")}
+
+
+class Compiler:
+    """Compiles emitted kernels through the cache (kind `cubin`), in worker processes."""
+
+    def __init__(self, arch: int, cache: Any = None, workers: int = 1) -> None:
+        self.arch = arch
+        self.cache = cache
+        self.workers = max(1, workers)
+        self._pool: futures.Executor | None = None
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.compiled = 0
+
+    def key(self, em: Emitted, num_warps: int, num_stages: int) -> CacheKey:
+        import hashlib
+        return CacheKey(kernel_ir={"source_sha256": hashlib.sha256(em.source.encode()).hexdigest(),
+                                   "name": em.name},
+                        shapes={}, dtypes={}, gpu_profile={"arch": f"sm_{self.arch}"},
+                        search_space={"num_warps": num_warps, "num_stages": num_stages, "div16": em.div16,
+                                      "aligned": em.aligned, "signature": em.signature,
+                                      "constexprs": em.constexprs},
+                        policy={}, kind="cubin")
+
+    def _executor(self) -> futures.Executor:
+        with self._lock:
+            if self._pool is None:
+                if self.workers > 1:
+                    import multiprocessing
+                    self._pool = futures.ProcessPoolExecutor(self.workers,
+                                                             mp_context=multiprocessing.get_context("spawn"))
+                else:
+                    self._pool = futures.ThreadPoolExecutor(1)
+            return self._pool
+
+    def submit(self, em: Emitted, num_warps: int, num_stages: int) -> "futures.Future[tuple[KernelBinary, str]]":
+        key = self.key(em, num_warps, num_stages)
+        hit = self.cache.lookup(key) if self.cache is not None else None
+        if hit is not None:
+            try:
+                meta = dict(hit.record.value)
+                kb = KernelBinary(name=meta["name"], arch=int(meta["arch"]), cubin=bytes(hit.blobs["cubin"]),
+                                  num_warps=int(meta["num_warps"]), shared=int(meta["shared"]),
+                                  params=tuple(meta["params"]),
+                                  global_scratch_size=int(meta["global_scratch_size"]),
+                                  global_scratch_align=int(meta["global_scratch_align"]),
+                                  profile_scratch_size=int(meta["profile_scratch_size"]),
+                                  profile_scratch_align=int(meta["profile_scratch_align"]))
+                done: futures.Future = futures.Future()
+                done.set_result((kb, hit.blobs.get("ptx", b"").decode()))
+                self.hits += 1
+                return done
+            except (KeyError, TypeError, ValueError, UnicodeDecodeError):
+                pass          # a record of another shape: compile again and overwrite
+        fut = self._executor().submit(_compile_worker, em.source, em.name, em.params, em.constexprs, em.div16,
+                                      em.aligned, self.arch, num_warps, num_stages)
+        out: futures.Future = futures.Future()
+
+        def finish(f: futures.Future) -> None:
+            try:
+                res = f.result()
+            except BaseException as exc:  # noqa: BLE001 (a compile failure is a result: the candidate scores inf)
+                out.set_exception(exc)
+                return
+            kb, ptx = res["binary"], res["ptx"]
+            self.compiled += 1
+            if self.cache is not None:
+                meta = {"name": kb.name, "arch": kb.arch, "num_warps": kb.num_warps, "shared": kb.shared,
+                        "params": list(kb.params), "global_scratch_size": kb.global_scratch_size,
+                        "global_scratch_align": kb.global_scratch_align,
+                        "profile_scratch_size": kb.profile_scratch_size,
+                        "profile_scratch_align": kb.profile_scratch_align}
+                try:
+                    self.cache.store(key, meta, {"cubin": kb.cubin, "ptx": ptx.encode()})
+                except XGError:
+                    pass      # a cache that cannot be written slows the next build, never this one
+            out.set_result((kb, ptx))
+        fut.add_done_callback(finish)
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+# --- the tuner ------------------------------------------------------------------------------------
+
+class Tuner:
+    def __init__(self, profile: GpuProfile, *, policy: str = "cache", cache: Any = None,
+                 measurer: Measurer | None = None, budget_s: float | None = None,
+                 compiler: Compiler | None = None) -> None:
+        if policy not in POLICIES:
+            raise TuneError(f"unknown tuning policy {policy!r}; use one of {', '.join(POLICIES)}")
+        self.profile = profile
+        self.policy = policy
+        self.cache = cache
+        self.measurer = measurer
+        self.budget_s = budget_s
+        self.compiler = compiler
+
+    def candidates(self, job: Job) -> list[dict]:
+        return candidates(job.problem, self.profile)
+
+    def key(self, job: Job) -> CacheKey:
+        return CacheKey(kernel_ir=job.spec.canonical(), shapes=job.shape_part(),
+                        dtypes=[d for d, _ in job.spec.operands],
+                        gpu_profile=self.profile.to_dict(),
+                        search_space={"version": SPACE_VERSION,
+                                      "configs": [config_key(c) for c in self.candidates(job)]},
+                        policy=MEASURE_POLICY)
+
+    def predicted(self, job: Job) -> tuple[dict, float, int]:
+        cands = self.candidates(job) or [default_config(job.problem)]
+        ms, best = rank(job.problem, cands, self.profile)[0]
+        return best, ms, len(cands)
+
+    def from_cache(self, job: Job, key: CacheKey) -> Winner | None:
+        if self.cache is None:
+            return None
+        hit = self.cache.lookup(key)
+        if hit is None:
+            return None
+        v = hit.record.value
+        try:
+            config = {str(k): int(x) for k, x in dict(v["config"]).items()}
+            return Winner(config, "cache", float(v["ms"]), key.digest, int(v.get("candidates", 0)),
+                          measured_on=str(v["measured_on"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def tune(self, job: Job) -> Winner:
+        key = self.key(job)
+        if self.policy == "predict":
+            config, ms, n = self.predicted(job)
+            return Winner(config, "predicted", ms, key.digest, n)
+        hit = self.from_cache(job, key)
+        if hit is not None:
+            return hit
+        if self.policy == "strict":
+            raise TuneError(f"no cached winner for job {job.ident} (key {key.digest[:16]})")
+        if self.policy == "cache" or (self.policy == "measure" and self.measurer is None):
+            if self.policy == "measure":
+                raise TuneError(f"--tune=measure needs a local {self.profile.name} GPU to measure on, and this "
+                                f"host has none; use --tune=cache or --tune=predict, or build on a "
+                                f"{self.profile.name} host")
+            config, ms, n = self.predicted(job)
+            return Winner(config, "predicted", ms, key.digest, n)
+        winner = self.measure(job, key)
+        if self.cache is not None:
+            try:
+                self.cache.store(key, {"config": winner.config, "ms": winner.ms, "measured_on": winner.measured_on,
+                                       "candidates": winner.candidates, "rejected": winner.rejected})
+            except XGError:
+                pass
+        return winner
+
+    def measure(self, job: Job, key: CacheKey) -> Winner:
+        assert self.measurer is not None and self.compiler is not None
+        cands = [c for _, c in rank(job.problem, self.candidates(job), self.profile)] or [default_config(job.problem)]
+        data = JobData(job)
+        ref = data.reference(getattr(self.measurer, "device", "cpu"))
+        out_dtypes = [job.spec.nodes[k].dtype for k in job.spec.outputs]
+        submitted = []
+        for cfg in cands:
+            variant = job.fast_variant(cfg)
+            try:
+                em = emit(job.spec, cfg, variant)
+                submitted.append((cfg, variant, em, self.compiler.submit(em, cfg["num_warps"], cfg["num_stages"])))
+            except Exception as exc:  # noqa: BLE001 (a template that cannot be emitted scores inf)
+                submitted.append((cfg, variant, None, exc))
+        start = time.monotonic()
+        best: tuple[float, dict] | None = None
+        rejected: dict[str, str] = {}
+        for cfg, variant, em, fut in submitted:
+            ck = config_key(cfg)
+            if self.budget_s is not None and best is not None and time.monotonic() - start > self.budget_s:
+                rejected[ck] = "time budget spent"
+                continue
+            if isinstance(fut, Exception):
+                rejected[ck] = f"emit failed: {fut}"
+                continue
+            try:
+                binary, _ptx = fut.result()
+            except Exception as exc:  # noqa: BLE001
+                rejected[ck] = f"compile failed: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+                continue
+            try:
+                ms, outs = self.measurer.measure(job, variant, cfg, em, binary, data)
+            except Exception as exc:  # noqa: BLE001 (a launch failure scores inf)
+                rejected[ck] = f"run failed: {str(exc)[:200]}"
+                continue
+            why = next((w for w in (agrees(o, r, d) for o, r, d in zip(outs, ref, out_dtypes)) if w), None)
+            if len(outs) != len(ref):
+                why = f"{len(outs)} outputs, expected {len(ref)}"
+            if why:
+                rejected[ck] = f"wrong result: {why}"
+                continue
+            if not math.isfinite(ms):
+                rejected[ck] = "no time"
+                continue
+            if best is None or (ms, ck) < (best[0], config_key(best[1])):
+                best = (ms, cfg)
+        if best is None:
+            reasons = "; ".join(f"{k}: {v}" for k, v in list(rejected.items())[:5])
+            raise TuneError(f"job {job.ident}: every candidate failed ({reasons})")
+        return Winner(best[1], "measured", best[0], key.digest, len(cands), rejected, self.measurer.gpu_name)
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
