@@ -259,7 +259,9 @@ class KernelExecutor:
                 self.launch(chosen, grid, arguments(chosen, launch))
             for nid, t in zip(plan.binding.outputs, outs):
                 vals[nid] = t
-        return {nid: value(nid) for nid in tree_ids(graph.output)}
+        result = {nid: value(nid) for nid in tree_ids(graph.output)}
+        vals.clear()      # `value` and `vals` refer to each other: free intermediates now, not at the next GC
+        return result
 
 
 class CudaExecutor:

@@ -17,6 +17,7 @@ compiles nothing.
 from __future__ import annotations
 
 import concurrent.futures as futures
+import gc
 import json
 import math
 import threading
@@ -337,6 +338,7 @@ class Tuner:
         cands = [c for _, c in rank(job.problem, self.candidates(job), self.profile)] or [default_config(job.problem)]
         data = JobData(job)
         ref = data.reference(getattr(self.measurer, "device", "cpu"))
+        gc.collect()              # the reference's device copies sit in a closure cycle
         out_dtypes = [job.spec.nodes[k].dtype for k in job.spec.outputs]
         submitted = []
         for cfg in cands:
