@@ -59,13 +59,9 @@ def main_cmd(
             eng.cuda_executor(check=check)       # a clear refusal before any tensor moves
             values = {k: v.to("cuda") for k, v in values.items()}
         result = eng.run(values, device=device, check=check)
-        if device == "cuda":
-            outputs_cpu = {k: v.cpu() for k, v in result.tensors.items()}
-            result.tensors.clear()
-            result.tensors.update(outputs_cpu)
     except (XGError, TensorIOError) as exc:
         fail(str(exc))
-    outputs = result.tensors
+    outputs = {name: t.cpu() for name, t in result.tensors.items()}     # files and checksums from host memory
     if output is not None:
         try:
             save_tensors(output, outputs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +58,28 @@ def counter_randn(seed: int, shape: tuple[int, ...], dtype: torch.dtype) -> torc
 def counter_rand(seed: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """Uniform samples in (0, 1) from (seed, element index) alone."""
     return _uniform(seed, math.prod(shape), 0).reshape(shape).to(dtype)
+
+
+def index_view(n: Node, x: torch.Tensor, index: Callable[[int], int]) -> torch.Tensor:
+    """An INDEX node's items applied to `x`, one axis at a time: a view, except for negative steps
+    (torch has no negative strides). `index(k)` reads the run-time index that is the node's k-th input."""
+    axis = 0
+    for pos, item in enumerate(n.attr("items")):
+        size = x.shape[axis]
+        if item[0] == "s":
+            picks = range(size)[slice(item[1], item[2], item[3])]
+            if picks.step > 0:
+                x = x[(slice(None),) * axis + (slice(picks.start, picks.stop, picks.step),)]
+            else:
+                x = x.index_select(axis, torch.tensor(list(picks), dtype=torch.int64, device=x.device))
+            axis += 1
+            continue
+        i = item[1] if item[0] == "i" else index(item[1])
+        if not -size <= i < size:
+            line = f" at {src_text(n.src)}" if n.src else ""
+            raise ExecutionError(f"index {i} is out of bounds for dimension {pos} of size {size}{line}")
+        x = x.select(axis, i)
+    return x
 
 
 @dataclass
@@ -178,24 +201,7 @@ class CpuExecutor:
         raise ExecutionError(f"the CPU executor has no implementation of `{op.value}`")
 
     def gather(self, n: Node, x: torch.Tensor, args: list[torch.Tensor]) -> torch.Tensor:
-        """Apply an INDEX node's items to `x`, one axis at a time (negative steps included)."""
-        axis = 0
-        for pos, item in enumerate(n.attr("items")):
-            size = x.shape[axis]
-            if item[0] == "s":
-                picks = range(size)[slice(item[1], item[2], item[3])]
-                if picks.step == 1:
-                    x = x.narrow(axis, picks.start, len(picks))
-                else:
-                    x = x.index_select(axis, torch.tensor(list(picks), dtype=torch.int64))
-                axis += 1
-                continue
-            i = item[1] if item[0] == "i" else int(args[item[1]])
-            if not -size <= i < size:
-                line = f" at {src_text(n.src)}" if n.src else ""
-                raise ExecutionError(f"index {i} is out of bounds for dimension {pos} of size {size}{line}")
-            x = x.select(axis, i)
-        return x
+        return index_view(n, x, lambda k: int(args[k]))
 
     # --- check mode -----------------------------------------------------------------------------
     def guard(self, graph: Graph, vals: dict[int, torch.Tensor]) -> None:

@@ -114,6 +114,24 @@ class KernelBinary:
         """(position, torch dtype its tensor must have) for each pointer parameter."""
         return tuple((i, getattr(torch, _POINTEE[ty[1:]], None)) for i, ty in enumerate(self.params) if ty[0] == "*")
 
+    def metadata(self) -> dict:
+        """Everything but the cubin, as JSON: what a cache record or an engine manifest stores."""
+        return {"entry": self.name, "arch": self.arch, "num_warps": self.num_warps, "shared": self.shared,
+                "param_types": list(self.params),
+                "global_scratch": [self.global_scratch_size, self.global_scratch_align],
+                "profile_scratch": [self.profile_scratch_size, self.profile_scratch_align]}
+
+    @classmethod
+    def from_metadata(cls, meta: dict, cubin: bytes) -> KernelBinary:
+        """The inverse of `metadata`; KeyError/TypeError/ValueError on a malformed one."""
+        return cls(name=str(meta["entry"]), arch=int(meta["arch"]), cubin=bytes(cubin),
+                   num_warps=int(meta["num_warps"]), shared=int(meta["shared"]),
+                   params=tuple(str(t) for t in meta["param_types"]),
+                   global_scratch_size=int(meta["global_scratch"][0]),
+                   global_scratch_align=int(meta["global_scratch"][1]),
+                   profile_scratch_size=int(meta["profile_scratch"][0]),
+                   profile_scratch_align=int(meta["profile_scratch"][1]))
+
     @classmethod
     def from_compiled(cls, compiled: Any, params: Sequence[str]) -> KernelBinary:
         """From a `triton.compile` result; `params` lists the non-constexpr parameter types."""

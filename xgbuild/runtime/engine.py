@@ -47,6 +47,7 @@ class RunResult:
 class Engine:
     file: EngineFile
     _specialised: dict = field(default_factory=dict, repr=False)
+    _cuda: dict = field(default_factory=dict, repr=False)        # arch -> CudaExecutor
 
     # --- making and storing ---------------------------------------------------------------------
     @classmethod
@@ -175,11 +176,10 @@ class Engine:
             raise EngineError(f"engine {self.digest[:12]} carries kernels for "
                               f"{', '.join(f'sm_{a}' for a in archs)} (target {self.manifest['target']}), but this "
                               f"GPU is sm_{arch}: rebuild with xgc --target=<this GPU> or run with --device cpu")
-        key = ("cuda", arch)
-        if key not in self._specialised:
+        if arch not in self._cuda:
             from ..tuner.link import plans_from_manifest
-            self._specialised[key] = CudaExecutor(plans_from_manifest(self.manifest, self.file.entries))
-        ex = self._specialised[key]
+            self._cuda[arch] = CudaExecutor(plans_from_manifest(self.manifest, self.file.entries))
+        ex = self._cuda[arch]
         ex.check = check
         return ex
 

@@ -12,16 +12,18 @@ kernel's dim order), reads the strides, picks the first compiled variant whose a
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
+from ..compiler.codegen.schedule import VIEWS
 from ..compiler.codegen.spec import Binding, KernelSpec
 from ..compiler.codegen.triton_src import Variant
-from ..compiler.ir.graph import Graph, Op, tree_ids
-from ..compiler.ir.serialize import where as src_text
+from ..compiler.ir.graph import Graph, Node, Op, tree_ids
 from ..errors import ExecutionError
+from .cpu import CpuExecutor, RunOutput, index_view
 from .dtypes import TORCH_DTYPES
 
 INT32_MAX = 2**31 - 1
@@ -48,14 +50,35 @@ class KernelPlan:
 class Launch:
     """What one kernel launch needs, computed from the tensors of this run."""
     tensors: dict[str, torch.Tensor]
-    ints: dict[str, int]
+    ints: dict[str, int]     # sizes and strides by parameter name (matmul: also `batch`)
     layouts: list            # per operand: ("dense"|strides tuple, shape tuple) as seen in this run
-    grid: tuple[int, int, int]
 
 
-def view(n, x: torch.Tensor, extra: list[torch.Tensor], meta: bool = False) -> torch.Tensor:
-    """A view node applied to `x` (zero-copy where torch can; run-time indices read back to the host,
-    or taken as 0 on `meta` tensors, where only layouts matter)."""
+class Values:
+    """The node values of one run: views computed on demand from the values they view (never
+    copied where torch can help it), every other node from `base` or set by a kernel."""
+
+    def __init__(self, graph: Graph, base: Callable[[Node], torch.Tensor], meta: bool = False) -> None:
+        self.graph, self.base, self.meta = graph, base, meta
+        self.vals: dict[int, torch.Tensor] = {}
+
+    def __call__(self, nid: int) -> torch.Tensor:
+        if nid not in self.vals:
+            n = self.graph.node(nid)
+            if n.op in VIEWS:
+                self.vals[nid] = view(n, [self(i) for i in n.inputs], self.meta)
+            else:
+                self.vals[nid] = self.base(n)
+        return self.vals[nid]
+
+    def __setitem__(self, nid: int, value: torch.Tensor) -> None:
+        self.vals[nid] = value
+
+
+def view(n: Node, inputs: list[torch.Tensor], meta: bool = False) -> torch.Tensor:
+    """A view node applied to its inputs' values (zero-copy where torch can; run-time indices read
+    back to the host, or taken as 0 on `meta` tensors, where only layouts matter)."""
+    x = inputs[0]
     if n.op is Op.RESHAPE:
         return x.reshape(tuple(n.shape))
     if n.op is Op.TRANSPOSE:
@@ -63,23 +86,7 @@ def view(n, x: torch.Tensor, extra: list[torch.Tensor], meta: bool = False) -> t
     if n.op in (Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE):
         return x                        # one process holds every shard
     if n.op is Op.INDEX:
-        axis = 0
-        for pos, item in enumerate(n.attr("items")):
-            size = x.shape[axis]
-            if item[0] == "s":
-                picks = range(size)[slice(item[1], item[2], item[3])]
-                if picks.step > 0:
-                    x = x[(slice(None),) * axis + (slice(picks.start, picks.stop, picks.step),)]
-                else:      # torch views have no negative strides: this one is a copy
-                    x = x.index_select(axis, torch.tensor(list(picks), dtype=torch.int64, device=x.device))
-                axis += 1
-                continue
-            i = item[1] if item[0] == "i" else 0 if meta else int(extra[item[1]].item())
-            if not -size <= i < size:
-                line = f" at {src_text(n.src)}" if n.src else ""
-                raise ExecutionError(f"index {i} is out of bounds for dimension {pos} of size {size}{line}")
-            x = x.select(axis, i)
-        return x
+        return index_view(n, x, lambda k: 0 if meta else int(inputs[k].item()))
     raise ExecutionError(f"internal: `{n.op.value}` is not a view")
 
 
@@ -92,7 +99,7 @@ def _align(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
 
 def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
          outputs: list[torch.Tensor]) -> Launch:
-    """Operands lined up with the domain, sizes and the grid for one launch of `plan`."""
+    """Operands lined up with the domain, and the sizes, for one launch of `plan`."""
     spec, b = plan.spec, plan.binding
     node = graph.node(b.domain)
     domain = tuple(graph.node(node.inputs[0]).shape) if b.domain_from == "input0" else tuple(node.shape)
@@ -143,27 +150,14 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
                 ints[f"q{i}_s{d}"] = int(s)
 
     if spec.kind == "elementwise":
-        numel = math.prod(kdom)
-        ints["numel"] = numel
-        for d, size in enumerate(kdom):
-            ints[f"d{d}"] = int(size)
-        grid = (-(-numel // max(1, _block(plan)))), 1, 1
+        ints["numel"] = math.prod(kdom)
     elif spec.kind == "rowwise":
-        for d, size in enumerate(kdom):
-            ints[f"d{d}"] = int(size)
-        R, C = math.prod(rows), math.prod(kdom[spec.row_dims:])
-        ints["R"], ints["C"] = R, C
-        grid = (R if C or not R else R, 1, 1)
+        ints["R"], ints["C"] = math.prod(rows), math.prod(kdom[spec.row_dims:])
     else:
-        for d, size in enumerate(batch):
-            ints[f"d{d}"] = int(size)
-        ints["M"], ints["N"], ints["K"] = M, N, K
-        grid = (0, math.prod(batch), 1)
-    return Launch(tensors, ints, layouts, grid)
-
-
-def _block(plan: KernelPlan) -> int:
-    return plan.variants[-1].config.get("BLOCK", 1)
+        ints["M"], ints["N"], ints["K"], ints["batch"] = M, N, K, math.prod(batch)
+    for d, size in enumerate(batch if spec.kind == "matmul" else kdom):   # the sizes kernels unravel
+        ints[f"d{d}"] = int(size)
+    return Launch(tensors, ints, layouts)
 
 
 def holds(c: Compiled, launch: Launch, spec: KernelSpec) -> bool:
@@ -206,7 +200,7 @@ def grid_for(c: Compiled, spec: KernelSpec, launch: Launch) -> tuple[int, int, i
     if spec.kind == "rowwise":
         return (launch.ints["R"], 1, 1)
     tiles = -(-launch.ints["M"] // c.config["BLOCK_M"]) * -(-launch.ints["N"] // c.config["BLOCK_N"])
-    return (tiles, launch.grid[1], 1)
+    return (tiles, launch.ints["batch"], 1)
 
 
 def arguments(c: Compiled, launch: Launch) -> list:
@@ -227,28 +221,21 @@ class KernelExecutor:
     """Runs a specialised graph with an engine's kernels; `launch(compiled, grid, args)` does the rest."""
 
     def __init__(self, plans: list[KernelPlan], launch: Callable[[Compiled, tuple, list], None],
-                 device: torch.device, float_check: bool = True) -> None:
+                 device: torch.device) -> None:
         self.plans = plans
         self.launch = launch
         self.device = device
-        self.check = float_check
 
     def run(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
-        vals: dict[int, torch.Tensor] = {}
-        for name, nid in graph.inputs:
-            t = inputs[name]
-            vals[nid] = t if t.is_contiguous() else t.contiguous()
-
-        def value(nid: int) -> torch.Tensor:
-            if nid in vals:
-                return vals[nid]
-            n = graph.node(nid)
+        def base(n: Node) -> torch.Tensor:
+            if n.op is Op.INPUT:
+                t = inputs[n.attr("name")]
+                return t if t.is_contiguous() else t.contiguous()
             if n.op is Op.CONST:
-                vals[nid] = torch.tensor(n.attr("value"), dtype=TORCH_DTYPES[n.dtype], device=self.device)
-            else:
-                vals[nid] = view(n, value(n.inputs[0]), [value(i) for i in n.inputs[1:]])
-            return vals[nid]
+                return torch.tensor(n.attr("value"), dtype=TORCH_DTYPES[n.dtype], device=self.device)
+            raise ExecutionError(f"internal: %{n.id} (`{n.op.value}`) is read before a kernel writes it")
 
+        value = Values(graph, base)
         for plan in self.plans:
             outs = [torch.empty(tuple(graph.node(nid).shape), dtype=TORCH_DTYPES[graph.node(nid).dtype],
                                 device=self.device) for nid in plan.binding.outputs]
@@ -258,10 +245,8 @@ class KernelExecutor:
             if all(grid):
                 self.launch(chosen, grid, arguments(chosen, launch))
             for nid, t in zip(plan.binding.outputs, outs):
-                vals[nid] = t
-        result = {nid: value(nid) for nid in tree_ids(graph.output)}
-        vals.clear()      # `value` and `vals` refer to each other: free intermediates now, not at the next GC
-        return result
+                value[nid] = t
+        return {nid: value(nid) for nid in tree_ids(graph.output)}
 
 
 class CudaExecutor:
@@ -279,10 +264,8 @@ class CudaExecutor:
             self.launcher.launch(c.handle, grid, args)
         self.kernels = KernelExecutor(plans, launch, self.device)
 
-    def run(self, graph: Graph, inputs: dict[str, torch.Tensor]):
-        from .cpu import CpuExecutor, RunOutput
-        import time as _time
-        t0 = _time.perf_counter()
+    def run(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> RunOutput:
+        t0 = time.perf_counter()
         values = self.kernels.run(graph, inputs)
         if self.check:
             bad = [nid for nid, v in values.items() if v.dtype.is_floating_point and not bool(torch.isfinite(v).all())]
@@ -298,4 +281,4 @@ class CudaExecutor:
                                      "CPU reference: the GPU result is wrong")
         torch.cuda.synchronize(self.device)
         return RunOutput(values, [{"op": "kernels", "launches": len(self.plans),
-                                   "ms": (_time.perf_counter() - t0) * 1e3}])
+                                   "ms": (time.perf_counter() - t0) * 1e3}])

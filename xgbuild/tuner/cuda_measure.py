@@ -3,8 +3,6 @@ with CUDA events (warm-up, L2 flushed before each run, median of many) by `measu
 
 from __future__ import annotations
 
-import gc
-
 import torch
 
 from ..compiler.codegen.triton_src import Emitted, Variant
@@ -46,8 +44,6 @@ class CudaMeasurer:
             results = [o.cpu() for o in outs]
             timing = time_gpu(lambda _i: self.launcher.launch(binary, grid, args), reps=self.reps,
                               l2_bytes=self.l2, device=self.device_index)
-            del value, launch, args, outs
-            gc.collect()          # value_fn's cache is a closure cycle: free this candidate's GPU copies now
             return timing.median_ms, results
 
 

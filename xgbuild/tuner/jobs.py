@@ -15,10 +15,10 @@ import torch
 
 from ..compiler.codegen.schedule import schedule
 from ..compiler.codegen.spec import Binding, KernelSpec, kernel_specs
-from ..compiler.ir.graph import Graph, Op
+from ..compiler.ir.graph import Graph, Node
 from ..compiler.passes.specialize import specialize
 from ..runtime.dtypes import TORCH_DTYPES
-from ..runtime.gpu import Compiled, KernelPlan, bind, view
+from ..runtime.gpu import Compiled, KernelPlan, Values, bind
 from ..compiler.codegen.triton_src import Variant
 from .space import Problem
 
@@ -81,19 +81,8 @@ def _layout_of(seen, strides: tuple, matmul: bool) -> object:
     return tuple(s if s in (0, 1) else None for s in strides)
 
 
-def _meta(graph: Graph):
-    vals: dict[int, torch.Tensor] = {}
-
-    def value(nid: int) -> torch.Tensor:
-        if nid not in vals:
-            n = graph.node(nid)
-            if n.op in (Op.RESHAPE, Op.TRANSPOSE, Op.INDEX, Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE):
-                vals[nid] = view(n, value(n.inputs[0]), [torch.zeros((), dtype=torch.int64)] * len(n.inputs),
-                                 meta=True)
-            else:
-                vals[nid] = torch.empty(tuple(n.shape), dtype=TORCH_DTYPES[n.dtype], device="meta")
-        return vals[nid]
-    return value
+def _meta(n: Node) -> torch.Tensor:
+    return torch.empty(tuple(n.shape), dtype=TORCH_DTYPES[n.dtype], device="meta")
 
 
 def _problem(spec: KernelSpec, launch, graph: Graph, outputs: list[int]) -> Problem:
@@ -111,7 +100,7 @@ def _problem(spec: KernelSpec, launch, graph: Graph, outputs: list[int]) -> Prob
     dtype = spec.operands[0][0] if spec.operands else spec.nodes[spec.outputs[0]].dtype
     if spec.kind == "matmul":
         a = spec.operands[spec.matmul[0]][0]
-        batch = launch.grid[1]
+        batch = ints["batch"]
         flops = 2.0 * batch * ints["M"] * ints["N"] * ints["K"] + work * batch * ints["M"] * ints["N"]
         return Problem("matmul", a, flops, float(read + written), batch=batch, m=ints["M"], n=ints["N"],
                        k=ints["K"], elem_bytes=TORCH_DTYPES[a].itemsize)
@@ -130,7 +119,7 @@ def plan(graph: Graph, env: dict[str, int]) -> tuple[list[Job], list[tuple[str, 
     sched = schedule(graph)
     pairs = kernel_specs(sched)
     sg = specialize(graph, env)
-    value = _meta(sg)
+    value = Values(sg, _meta, meta=True)
     jobs: dict[str, Job] = {}
     launches: list[tuple[str, Binding]] = []
     generic = Compiled(Variant.generic(), {"BLOCK": 1}, [], [], None)

@@ -126,9 +126,7 @@ def build_kernels(graph: Graph, profile: GpuProfile, *, policy: str = "cache", d
             files[base + ".ptx"] = ptx.encode()
             entry["variants"].append({
                 "variant": variant.to_json(), "config": cfg, "params": [list(p) for p in em.params],
-                "div16": em.div16, "arch": kb.arch, "entry": kb.name, "num_warps": kb.num_warps, "shared": kb.shared,
-                "global_scratch": [kb.global_scratch_size, kb.global_scratch_align],
-                "profile_scratch": [kb.profile_scratch_size, kb.profile_scratch_align],
+                "div16": em.div16, **kb.metadata(),
                 "cubin": base + ".cubin", "cubin_sha256": hashlib.sha256(kb.cubin).hexdigest(),
                 "ptx": base + ".ptx", "ptx_sha256": hashlib.sha256(ptx.encode()).hexdigest()})
     finally:
@@ -150,13 +148,7 @@ def plans_from_manifest(manifest: dict, entries: dict[str, bytes]) -> list[Kerne
         spec = KernelSpec.from_canonical(k["spec"])
         variants = []
         for v in k["variants"]:
-            kb = KernelBinary(name=v["entry"], arch=int(v["arch"]), cubin=entries[v["cubin"]],
-                              num_warps=int(v["num_warps"]), shared=int(v["shared"]),
-                              params=tuple(t for _, t in v["params"]),
-                              global_scratch_size=int(v["global_scratch"][0]),
-                              global_scratch_align=int(v["global_scratch"][1]),
-                              profile_scratch_size=int(v["profile_scratch"][0]),
-                              profile_scratch_align=int(v["profile_scratch"][1]))
+            kb = KernelBinary.from_metadata(v, entries[v["cubin"]])
             variants.append(Compiled(Variant.from_json(v["variant"]), dict(v["config"]),
                                      [tuple(p) for p in v["params"]], list(v["div16"]), kb))
         by_id[k["id"]] = (spec, variants)

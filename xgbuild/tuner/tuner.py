@@ -17,25 +17,23 @@ compiles nothing.
 from __future__ import annotations
 
 import concurrent.futures as futures
-import gc
-import json
 import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from ..cache.keys import CacheKey
 from ..compiler.codegen.triton_src import Emitted, Variant, emit
-from ..compiler.ir.graph import Op
+from ..compiler.ir.graph import Node, Op
 from ..errors import XGError
 from ..hw import GpuProfile
 from ..runtime.cpu import CpuExecutor
 from ..runtime.cuda import KernelBinary
 from ..runtime.dtypes import FLOAT_DTYPES, TORCH_DTYPES
-from ..runtime.gpu import view
+from ..runtime.gpu import Values
 from .jobs import Job
 from .predict import rank
 from .space import candidates, config_key, default_config
@@ -103,21 +101,13 @@ class JobData:
             self._bases[nid] = t
         return self._bases[nid]
 
-    def value_fn(self, device: str | torch.device) -> Callable[[int], torch.Tensor]:
-        graph = self.job.graph
-        cache: dict[int, torch.Tensor] = {}
-
-        def value(nid: int) -> torch.Tensor:
-            if nid not in cache:
-                n = graph.node(nid)
-                if n.op in (Op.RESHAPE, Op.TRANSPOSE, Op.INDEX, Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE):
-                    cache[nid] = view(n, value(n.inputs[0]), [], meta=True)
-                elif n.op is Op.CONST:
-                    cache[nid] = torch.tensor(n.attr("value"), dtype=TORCH_DTYPES[n.dtype], device=device)
-                else:
-                    cache[nid] = self.base(nid).to(device)
-            return cache[nid]
-        return value
+    def value_fn(self, device: str | torch.device) -> Values:
+        """The job's operand values on `device` (run-time indices of views taken as 0)."""
+        def base(n: Node) -> torch.Tensor:
+            if n.op is Op.CONST:
+                return torch.tensor(n.attr("value"), dtype=TORCH_DTYPES[n.dtype], device=device)
+            return self.base(n.id).to(device)
+        return Values(self.job.graph, base, meta=True)
 
     def reference(self, device: str | torch.device = "cpu") -> list[torch.Tensor]:
         """The kernel's outputs computed op by op by the reference executor in float64 (its torch
@@ -216,14 +206,7 @@ class Compiler:
         hit = self.cache.lookup(key) if self.cache is not None else None
         if hit is not None:
             try:
-                meta = dict(hit.record.value)
-                kb = KernelBinary(name=meta["name"], arch=int(meta["arch"]), cubin=bytes(hit.blobs["cubin"]),
-                                  num_warps=int(meta["num_warps"]), shared=int(meta["shared"]),
-                                  params=tuple(meta["params"]),
-                                  global_scratch_size=int(meta["global_scratch_size"]),
-                                  global_scratch_align=int(meta["global_scratch_align"]),
-                                  profile_scratch_size=int(meta["profile_scratch_size"]),
-                                  profile_scratch_align=int(meta["profile_scratch_align"]))
+                kb = KernelBinary.from_metadata(hit.record.value, hit.blobs["cubin"])
                 done: futures.Future = futures.Future()
                 done.set_result((kb, hit.blobs.get("ptx", b"").decode()))
                 self.hits += 1
@@ -243,13 +226,8 @@ class Compiler:
             kb, ptx = res["binary"], res["ptx"]
             self.compiled += 1
             if self.cache is not None:
-                meta = {"name": kb.name, "arch": kb.arch, "num_warps": kb.num_warps, "shared": kb.shared,
-                        "params": list(kb.params), "global_scratch_size": kb.global_scratch_size,
-                        "global_scratch_align": kb.global_scratch_align,
-                        "profile_scratch_size": kb.profile_scratch_size,
-                        "profile_scratch_align": kb.profile_scratch_align}
                 try:
-                    self.cache.store(key, meta, {"cubin": kb.cubin, "ptx": ptx.encode()})
+                    self.cache.store(key, kb.metadata(), {"cubin": kb.cubin, "ptx": ptx.encode()})
                 except XGError:
                     pass      # a cache that cannot be written slows the next build, never this one
             out.set_result((kb, ptx))
@@ -338,7 +316,6 @@ class Tuner:
         cands = [c for _, c in rank(job.problem, self.candidates(job), self.profile)] or [default_config(job.problem)]
         data = JobData(job)
         ref = data.reference(getattr(self.measurer, "device", "cpu"))
-        gc.collect()              # the reference's device copies sit in a closure cycle
         out_dtypes = [job.spec.nodes[k].dtype for k in job.spec.outputs]
         submitted = []
         for cfg in cands:
@@ -385,6 +362,3 @@ class Tuner:
             raise TuneError(f"job {job.ident}: every candidate failed ({reasons})")
         return Winner(best[1], "measured", best[0], key.digest, len(cands), rejected, self.measurer.gpu_name)
 
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))

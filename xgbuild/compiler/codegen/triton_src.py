@@ -154,20 +154,48 @@ class _Emitter:
         lays = self.variant.layouts
         return lays[j] if lays else None
 
-    def stride(self, j: int, d: int, dims: int) -> str:
+    def stride(self, j: int, d: int) -> str:
         """Operand j's stride along its level's dim d: a baked constant or a parameter."""
         lay = self.layout(j)
         if isinstance(lay, tuple) and lay[d] is not None:
             return str(lay[d])
         return self.int_param(f"p{j}_s{d}", hint16=True)
 
+    def unravel(self, index: str, first: int, last: int, prefix: str) -> None:
+        """Emits `{prefix}{d}`, the index along dim d of first..last-1, from a linear `index`."""
+        rest = index
+        for d in range(last - 1, first - 1, -1):
+            if d == first:
+                self.w.line(f"{prefix}{d} = {rest}")
+            else:
+                dim = self.int_param(f"d{d}")
+                self.w.line(f"{prefix}{d} = {rest} % {dim}")
+                self.w.line(f"{prefix}r{d} = {rest} // {dim}")
+                rest = f"{prefix}r{d}"
+
+    def split(self, index: str, first: int, last: int) -> dict[int, str]:
+        """Inline expressions for the index along dims first..last-1 of a linear `index`."""
+        out, rest = {}, index
+        for d in range(last - 1, first - 1, -1):
+            if d == first:
+                out[d] = rest
+            else:
+                dim = self.int_param(f"d{d}")
+                out[d], rest = f"(({rest}) % {dim})", f"(({rest}) // {dim})"
+        return out
+
+    @staticmethod
+    def dot(pairs) -> str:
+        """sum(index * stride) over (index, stride) pairs, leaving out stride-0 terms ("" if none)."""
+        return " + ".join(i if s == "1" else f"{i} * {s}" for i, s in pairs if s != "0")
+
     # --- nodes --------------------------------------------------------------------------------
-    def arg(self, a: tuple, vals: dict, loads: dict) -> str:
+    def arg(self, a: tuple, vals: dict, load) -> str:
         if a[0] == "c":
             return _literal(a[1], a[2])
         if a[0] == "n":
             return vals[a[1]]
-        return loads(a[1]) if callable(loads) else loads[a[1]]
+        return load(a[1])
 
     def op(self, n: LocalNode, xs: list[str], index: str | None = None) -> str:
         op, dt = n.op, compute_dtype(n.dtype)
@@ -265,18 +293,9 @@ def _elementwise(e: _Emitter) -> Emitted:
 
     def unravel() -> None:
         nonlocal unravelled
-        if unravelled:
-            return
-        unravelled = True
-        rest = "lin"
-        for d in range(rank - 1, -1, -1):
-            if d == 0:
-                w.line(f"i0 = {rest}")
-            else:
-                dim = e.int_param(f"d{d}")
-                w.line(f"i{d} = {rest} % {dim}")
-                w.line(f"r{d} = {rest} // {dim}")
-                rest = f"r{d}"
+        if not unravelled:
+            unravelled = True
+            e.unravel("lin", 0, rank, "i")
 
     loaded: dict[int, str] = {}
 
@@ -291,10 +310,9 @@ def _elementwise(e: _Emitter) -> Emitted:
             w.line(f"{v} = {e.load(j, 'lin', 'mask')}")
         else:
             unravel()
-            terms = [f"i{d} * {e.stride(j, d, rank)}" for d in range(rank)]
-            terms = [t for t in terms if not t.endswith("* 0")]
+            off = e.dot((f"i{d}", e.stride(j, d)) for d in range(rank))
             # Broadcast along every dim: one value, a scalar load.
-            w.line(f"{v} = {e.load(j, ' + '.join(terms), 'mask') if terms else e.load(j, '0', None)}")
+            w.line(f"{v} = {e.load(j, off, 'mask') if off else e.load(j, '0', None)}")
         loaded[j] = v
         return v
 
@@ -313,15 +331,18 @@ def _elementwise(e: _Emitter) -> Emitted:
 
 # --- row reductions ------------------------------------------------------------------------------
 
-_IDENTITY = {"sum": "0", "mean": "0", "max": '-float("inf")', "min": 'float("inf")'}
-
-
-def _int_extreme(dtype: str, low: bool) -> str:
-    bits = {"int8": 8, "int16": 16, "int32": 32, "int64": 64, "uint8": 8, "bool": 1}[dtype]
-    if dtype == "uint8":
-        return "0" if low else "255"
+def _identity(kind: str, dtype: str) -> str:
+    """The value a reduction of `kind` ("sum", "mean", "max", "min") starts from, in compute `dtype`."""
+    if kind in ("sum", "mean"):
+        return "0"
+    low = kind == "max"
+    if dtype in FLOAT:
+        return '-float("inf")' if low else 'float("inf")'
     if dtype == "bool":
         return "False" if low else "True"
+    if dtype == "uint8":
+        return "0" if low else "255"
+    bits = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}[dtype]
     return str(-(2 ** (bits - 1))) if low else str(2 ** (bits - 1) - 1)
 
 
@@ -329,56 +350,22 @@ def _rowwise(e: _Emitter) -> Emitted:
     spec, w, v = e.spec, e.w, e.variant
     e.pointer_params()
     nrow, rank = spec.row_dims, spec.rank
-    ncol = rank - nrow
     e.int_param("R")
     cols = e.int_param("C", hint16=True)
     w.line(f"row = tl.program_id(0).to({e.idx})")
     w.line("cols = tl.arange(0, BLOCK_N)")
 
-    # Row indices (for operands read through strides) and per-operand row offsets.
-    row_unravelled = False
-
-    def unravel_row() -> None:
-        nonlocal row_unravelled
-        if row_unravelled:
-            return
-        row_unravelled = True
-        rest = "row"
-        for d in range(nrow - 1, -1, -1):
-            if d == 0:
-                w.line(f"ri0 = {rest}")
-            else:
-                dim = e.int_param(f"d{d}")
-                w.line(f"ri{d} = {rest} % {dim}")
-                w.line(f"rr{d} = {rest} // {dim}")
-                rest = f"rr{d}"
-
-    # Row offsets of operands read through strides, computed once: they do not change along a row.
-    for j, (_dtype, level) in enumerate(spec.operands):
-        if level != "scalar" and e.layout(j) != "dense":
-            unravel_row()
-            terms = [f"ri{d} * {e.stride(j, d, rank)}" for d in range(nrow)]
-            w.line(f"ro{j} = {' + '.join(t for t in terms if not t.endswith('* 0')) or '0'}")
-
-    def row_offset(j: int, level: str) -> str:
-        return f"ro{j}"
+    # Row indices (for what is addressed through strides) and per-operand row offsets, computed
+    # once: they do not change along a row.
+    strided = [j for j, (_dt, level) in enumerate(spec.operands) if level != "scalar" and e.layout(j) != "dense"]
+    if strided or spec.strided_out:
+        e.unravel("row", 0, nrow, "ri")
+    for j in strided:
+        w.line(f"ro{j} = {e.dot((f'ri{d}', e.stride(j, d)) for d in range(nrow)) or '0'}")
 
     def col_offset(j: int, c: str) -> str:
         """Operand j's offset along the columns `c` (a linear index over the reduced dims)."""
-        if ncol == 1:
-            s = e.stride(j, nrow, rank)
-            return "" if s == "0" else (c if s == "1" else f"{c} * {s}")
-        terms, rest = [], c
-        for d in range(rank - 1, nrow - 1, -1):
-            s = e.stride(j, d, rank)
-            if d == nrow:
-                idx = rest
-            else:
-                dim = e.int_param(f"d{d}")
-                idx, rest = f"(({rest}) % {dim})", f"(({rest}) // {dim})"
-            if s != "0":
-                terms.append(idx if s == "1" else f"{idx} * {s}")
-        return " + ".join(terms)
+        return e.dot((idx, e.stride(j, d)) for d, idx in e.split(c, nrow, rank).items())
 
     # Dependencies: reductions (and softmax's two hidden ones) in order; full-level values are
     # recomputed from memory inside each pass over the row.
@@ -406,13 +393,13 @@ def _rowwise(e: _Emitter) -> Emitted:
             if level == "scalar":
                 w.line(f"{t} = {e.load(j, '0', None)}")
             elif level == "row":
-                off = "row" if e.layout(j) == "dense" else row_offset(j, "row")
+                off = "row" if e.layout(j) == "dense" else f"ro{j}"
                 w.line(f"{t} = {e.load(j, off, None)}")
             elif e.layout(j) == "dense":
                 w.line(f"{t} = {e.load(j, f'row * {cols} + {c}', cmask)}")
             else:
                 co = col_offset(j, c)
-                off = " + ".join(x for x in (row_offset(j, "full"), co) if x) or "0"
+                off = " + ".join(x for x in (f"ro{j}", co) if x)
                 # Stride 0 along the row: one value per row, a scalar load broadcast over the tile.
                 w.line(f"{t} = {e.load(j, off, cmask if co else None)}")
             loaded[j] = t
@@ -455,13 +442,7 @@ def _rowwise(e: _Emitter) -> Emitted:
             kind_ = "sum"
         else:
             kind_ = kind
-        if kind_ in ("sum", "mean"):
-            ident = "0"
-        elif dt in FLOAT:
-            ident = _IDENTITY[kind_]
-        else:
-            ident = _int_extreme(dt, low=kind_ == "max")
-        masked = f"tl.where({cmask}, {x}, {ident})"
+        masked = f"tl.where({cmask}, {x}, {_identity(kind_, dt)})"
         t = w.tmp("m")
         w.line(f"{t} = {masked}")
         nan_check = kind_ in ("max", "min") and dt in FLOAT and n.op in ("max", "min")
@@ -491,7 +472,7 @@ def _rowwise(e: _Emitter) -> Emitted:
             if dt not in FLOAT or n.dtype != dt:
                 w.line(f"{name} = {name}.to({TL[n.dtype]}).to({TL[dt]})")
 
-    def compute_row_nodes(value) -> None:
+    def compute_row_nodes() -> None:
         """Row-level element-wise nodes whose inputs are all available."""
         for k, n in enumerate(spec.nodes):
             if n.level != "row" or k in row_vals or n.op in ("sum", "mean", "max", "min"):
@@ -511,12 +492,12 @@ def _rowwise(e: _Emitter) -> Emitted:
             if level == "scalar":
                 w.line(f"{t} = {e.load(j, '0', None)}")
             else:
-                off = "row" if e.layout(j) == "dense" else row_offset(j, "row")
+                off = "row" if e.layout(j) == "dense" else f"ro{j}"
                 w.line(f"{t} = {e.load(j, off, None)}")
             row_loaded[j] = t
         return row_loaded[j]
 
-    compute_row_nodes(None)
+    compute_row_nodes()
     full_outputs = [(i, k) for i, k in enumerate(spec.outputs) if spec.nodes[k].level == "full"]
     permuted = spec.strided_out                               # softmax over a dim other than the last
 
@@ -524,17 +505,8 @@ def _rowwise(e: _Emitter) -> Emitted:
         """Where full-level output i's element (row, c) goes: dense, or through its strides."""
         if not permuted:
             return f"row * {cols} + {c}"
-        unravel_row()
-        terms = [f"ri{d} * {e.int_param(f'q{i}_s{d}')}" for d in range(nrow)]
-        rest, idx_terms = c, []
-        for d in range(rank - 1, nrow - 1, -1):
-            if d == nrow:
-                idx = rest
-            else:
-                dim = e.int_param(f"d{d}")
-                idx, rest = f"(({rest}) % {dim})", f"(({rest}) // {dim})"
-            idx_terms.append(f"{idx} * {e.int_param(f'q{i}_s{d}')}")
-        return " + ".join(terms + idx_terms)
+        index = {d: f"ri{d}" for d in range(nrow)} | e.split(c, nrow, rank)
+        return " + ".join(f"{idx} * {e.int_param(f'q{i}_s{d}')}" for d, idx in sorted(index.items()))
     if single:
         w.line(f"cmask = cols < {cols}")
         value = full_scope("cols", "cmask")
@@ -546,7 +518,7 @@ def _rowwise(e: _Emitter) -> Emitted:
                 nan = w.tmp("nan")
                 w.line(f"{nan} = {tile} != {tile}")
             finish_reduction(k, kind, name, tile, nan)
-            compute_row_nodes(value)
+            compute_row_nodes()
         for i, k in full_outputs:
             e.store(i, out_offset(i, "cols"), value(k), "cmask")
     else:
@@ -554,12 +526,7 @@ def _rowwise(e: _Emitter) -> Emitted:
             acc = f"acc{k}_{kind}"
             dt = compute_dtype(_in_dtype(spec, k))
             kind_ = "sum" if kind == "expsum" else kind
-            if kind_ in ("sum", "mean"):
-                init = "0"
-            elif dt in FLOAT:
-                init = _IDENTITY[kind_]
-            else:
-                init = _int_extreme(dt, low=kind_ == "max")
+            init = _identity(kind_, dt)
             acc_dt = TL[dt] if kind_ in ("max", "min") else ("tl.float32" if dt in FLOAT and dt != "float64"
                                                              else TL[dt])
             w.line(f"{acc} = tl.full([BLOCK_N], {init}, {acc_dt})")
@@ -574,7 +541,7 @@ def _rowwise(e: _Emitter) -> Emitted:
             emit_reduction_step(k, kind, value, "c", "cmask", acc)
             w.indent -= 1
             finish_reduction(k, kind, name, acc, f"{acc}_nan" if nan_check else None)
-            compute_row_nodes(None)
+            compute_row_nodes()
         if full_outputs:
             w.line(f"for c0 in range(0, {cols}, BLOCK_N):")
             w.indent += 1
@@ -622,23 +589,13 @@ def _matmul(e: _Emitter) -> Emitted:
     w.line("am = tl.max_contiguous(tl.multiple_of(rm % M, BLOCK_M), BLOCK_M)")
     w.line("bn = tl.max_contiguous(tl.multiple_of(rn % N, BLOCK_N), BLOCK_N)")
     w.line("rk = tl.arange(0, BLOCK_K)")
-    # Batch offsets: unravel bid over the batch dims.
-    rest = "bid"
-    for d in range(nb - 1, -1, -1):
-        if d == 0:
-            w.line(f"bi0 = {rest}")
-        else:
-            dim = e.int_param(f"d{d}")
-            w.line(f"bi{d} = {rest} % {dim}")
-            w.line(f"br{d} = {rest} // {dim}")
-            rest = f"br{d}"
+    e.unravel("bid", 0, nb, "bi")           # batch indices
 
     def batch_offset(j: int) -> str:
-        terms = [f"bi{d} * {e.stride(j, d, rank)}" for d in range(nb)]
-        return " + ".join(t for t in terms if not t.endswith("* 0")) or "0"
+        return e.dot((f"bi{d}", e.stride(j, d)) for d in range(nb)) or "0"
 
-    sam, sak = e.stride(ja, nb, rank), e.stride(ja, nb + 1, rank)
-    sbk, sbn = e.stride(jb, nb, rank), e.stride(jb, nb + 1, rank)
+    sam, sak = e.stride(ja, nb), e.stride(ja, nb + 1)
+    sbk, sbn = e.stride(jb, nb), e.stride(jb, nb + 1)
     w.line(f"a_ptrs = p{ja} + {batch_offset(ja)} + am[:, None] * {sam} + rk[None, :] * {sak}")
     w.line(f"b_ptrs = p{jb} + {batch_offset(jb)} + rk[:, None] * {sbk} + bn[None, :] * {sbn}")
     if a_dt not in ("bfloat16", "float16", "float32", "float64"):
@@ -675,7 +632,7 @@ def _matmul(e: _Emitter) -> Emitted:
             elif e.layout(j) == "dense":
                 w.line(f"{t} = {e.load(j, 'bid * M * N + rm[:, None] * N + rn[None, :]', 'mask')}")
             else:
-                sm, sn = e.stride(j, nb, rank), e.stride(j, nb + 1, rank)
+                sm, sn = e.stride(j, nb), e.stride(j, nb + 1)
                 tile = [x for x, s in ((f"rm[:, None] * {sm}", sm), (f"rn[None, :] * {sn}", sn)) if s != "0"]
                 if len(tile) == 1 and sm == "0":      # a row vector (bias): broadcast down the tile
                     tile = [f"tl.zeros((BLOCK_M, 1), dtype=rm.dtype) + {tile[0]}"]
