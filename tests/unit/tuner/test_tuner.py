@@ -182,3 +182,25 @@ def test_unsupported_program_is_a_compile_error() -> None:
     g = compile_source(src).optimized.main
     with pytest.raises(CompileError, match="no GPU code.*`unindex`"):
         build_kernels(g, load_profile("H100"), policy="predict")
+
+
+def test_time_budget_counts_measuring_and_keeps_the_best_so_far(job) -> None:
+    profile = load_profile("H100")
+    cands = _configs(Tuner(profile), job)[:3]
+    keys = [config_key(c) for c in cands]
+
+    class Slow(FakeMeasurer):
+        def measure(self, *args):
+            import time
+            time.sleep(0.05)
+            return super().measure(*args)
+
+    fake = Slow({keys[0]: 0.3, keys[1]: 0.1, keys[2]: 0.2})
+    compiler = Compiler(90)
+    tuner = Tuner(profile, policy="measure", measurer=fake, compiler=compiler, budget_s=0.01)
+    tuner.candidates = lambda j: cands
+    w = tuner.tune(job)
+    compiler.close()
+    # Candidates are tried in predicted order; after the first measurement the budget is spent.
+    assert len(fake.seen) == 1 and w.source == "measured"
+    assert all(w.rejected[k] == "time budget spent" for k in fake.times if k not in fake.seen)
