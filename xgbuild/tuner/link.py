@@ -73,7 +73,7 @@ def build_kernels(graph: Graph, profile: GpuProfile, *, policy: str = "cache", d
                     except TuneError as exc:
                         with lock:
                             if policy == "strict":
-                                missing.append(f"{job.ident} ({exc})")
+                                missing.append(f"{job.ident} (key {tuner.key(job).digest[:16]})")
                             else:
                                 errors.append(exc)
                         continue
