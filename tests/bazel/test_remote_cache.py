@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from .conftest import explain, summary
+from bazel_helpers import explain, summary
 
 pytestmark = pytest.mark.timeout(2400)
 

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "bazel"))
 
-from bazel.conftest import PYTHON, copy_checkout, summary  # noqa: E402  (the tests' checkout copier)
+from bazel_helpers import PYTHON, copy_checkout, summary  # noqa: E402  (the tests' checkout copier)
 
 EDIT_FROM = "    return rms_norm(h, gf) @ head\n"
 EDIT_TO = "    return rms_norm(h + x, gf) @ head\n"
