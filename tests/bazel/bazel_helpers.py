@@ -24,13 +24,14 @@ class Workspace:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def env(self) -> dict[str, str]:
+    def env(self, python: str | Path = PYTHON) -> dict[str, str]:
         env = dict(os.environ)
-        env["XG_PYTHON"] = str(PYTHON)
+        env["XG_PYTHON"] = str(python)
         return env
 
-    def run(self, *args: str, bazel: str | Path = BAZEL, timeout: float = 1200) -> subprocess.CompletedProcess:
-        return subprocess.run([str(bazel), *args], cwd=self.root, env=self.env(), capture_output=True,
+    def run(self, *args: str, bazel: str | Path = BAZEL, timeout: float = 1200,
+            python: str | Path = PYTHON) -> subprocess.CompletedProcess:
+        return subprocess.run([str(bazel), *args], cwd=self.root, env=self.env(python), capture_output=True,
                               text=True, timeout=timeout)
 
     def build(self, *args: str, **kw) -> subprocess.CompletedProcess:

@@ -101,3 +101,15 @@ def test_measuring_actions_ask_for_a_gpu_and_stay_local(repo_workspace):
     assert "requires-gpu" not in cached and "--tune cache" in cached
     shards = _tune_actions(repo_workspace, "--//rules_xg:tune_shards=2")
     assert shards.count("Mnemonic: XgTune") == 2
+
+
+def test_a_missing_or_incomplete_python_fails_with_a_message(make_checkout, tmp_path):
+    ws = make_checkout("nopython")
+    res = ws.run("build", "--config=ci", "//examples:mlp", python=tmp_path / "no" / "python3")
+    assert res.returncode != 0
+    assert "XG's Python environment is missing" in res.stderr and "tools/setup.sh" in res.stderr, explain(res)
+    bare = tmp_path / "bare"
+    subprocess.run(["python3", "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    res = ws.run("build", "--config=ci", "//examples:mlp", python=bare / "bin" / "python3")
+    assert res.returncode != 0
+    assert "lacks torch, triton" in res.stderr, explain(res)
