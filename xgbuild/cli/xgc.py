@@ -91,13 +91,14 @@ def compile(
     if warnings and not json_out:
         sys.stderr.write(compiled.check.render() + "\n")
     if dump_after is not None:
-        sys.stdout.write(to_text(compiled.optimized.main))
+        # After the last pass the dump is `--emit ir-opt` (with the sharding plan, if any).
+        sys.stdout.write(_ir_opt_text(compiled) if dump_after == PASS_NAMES[-1] else to_text(compiled.optimized.main))
     elif emit is Emit.ast:
         sys.stdout.write(dump_ast(compiled.typed.module, compiled.typed.types))
     elif emit is Emit.ir:
         sys.stdout.write(program_text(compiled.lowered))
     elif emit is Emit.ir_opt:
-        sys.stdout.write(to_text(compiled.optimized.main))
+        sys.stdout.write(_ir_opt_text(compiled))
     elif emit is Emit.ir_json:
         sys.stdout.write(json.dumps(to_json(compiled.optimized.main), sort_keys=True, indent=1, allow_nan=False) + "\n")
     elif emit is Emit.dot:
@@ -129,6 +130,18 @@ def compile(
                                  f"{stats['launches']} launches; {stats['compiled']} compiled, "
                                  f"{stats['compile_cache_hits']} cubins from cache; {stats['seconds']:.2f} s\n")
             sys.stderr.write(f"wrote {out} ({digest[:12]}, target {compiled.target}, num_gpu {compiled.num_gpu})\n")
+
+
+def _ir_opt_text(compiled) -> str:
+    """The optimised IR; with NUM_GPU > 1, the plan (as comments) before it and each value's layout (`@S(0)`)."""
+    from ..compiler.ir.layout import infer_layouts
+    from ..compiler.ir.serialize import to_text
+    from ..compiler.passes.shard import plan_lines, plan_of
+    graph = compiled.optimized.main
+    if compiled.num_gpu == 1 or "shard" not in compiled.passes:
+        return to_text(graph)
+    notes = {i: str(lay) for i, lay in infer_layouts(graph, compiled.num_gpu).items()}
+    return "".join(f"# {line}\n" for line in plan_lines(plan_of(graph, compiled.num_gpu))) + to_text(graph, notes)
 
 
 def main() -> None:

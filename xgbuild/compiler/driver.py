@@ -6,7 +6,7 @@ One function per way in (`compile_source`, `compile_file`); every stage's output
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import CompileError
@@ -15,6 +15,7 @@ from .ir.graph import Program
 from .ir.lower import LoweringError, lower
 from .passes import PASS_NAMES, run_pipeline
 from .passes.autodiff import AutodiffError
+from .passes.shard import ShardingError
 
 DEFAULT_TARGET = "H100"
 
@@ -37,25 +38,28 @@ def _finish(result: CheckResult, name: str, stop_after: str | None, verify_each:
         raise CompileError(result.render(), result.diagnostics)
     typed = result.program
     try:
-        lowered = lower(typed)
+        lowered = replace(lower(typed), target=typed.target or DEFAULT_TARGET)
     except LoweringError as exc:
         raise CompileError(f"error: {exc}", result.diagnostics) from None
     try:
         optimized = run_pipeline(lowered, stop_after=stop_after, verify_each=verify_each)
     except AutodiffError as exc:
         raise CompileError(_located(result, "XG0112", str(exc), exc.src), result.diagnostics) from None
+    except ShardingError as exc:
+        raise CompileError(_located(result, exc.code, str(exc), exc.src, exc.help), result.diagnostics) from None
     return Compiled(Path(name).name, result.source.text if result.source else "", result, typed, lowered,
                     optimized, typed.target or DEFAULT_TARGET, typed.num_gpu)
 
 
-def _located(result: CheckResult, code: str, message: str, src: tuple | None) -> str:
+def _located(result: CheckResult, code: str, message: str, src: tuple | None, help: str | None = None) -> str:
     """A diagnostic-style message for an error found after checking (in lowering or a pass)."""
+    tail = f"\n  |\n  = help: {help}" if help else ""
     if src and len(src) == 2 and result.source is not None:
         line, col = src
         text = result.source.line_text(line)
         return (f"error[{code}]: {message}\n --> {result.source.name}:{line}:{col}\n  |\n"
-                f"{line} | {text}\n  | {' ' * (col - 1)}^")
-    return f"error[{code}]: {message}"
+                f"{line} | {text}\n  | {' ' * (col - 1)}^" + tail)
+    return f"error[{code}]: {message}" + tail
 
 
 def compile_source(text: str, name: str = "program.xg", options: CheckOptions = CheckOptions(), *,

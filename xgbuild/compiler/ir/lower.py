@@ -67,7 +67,7 @@ def lower(tp: TypedProgram) -> Program:
         if name != "main":
             functions[name] = FunctionLowering(tp, name, functions).run()
     main = FunctionLowering(tp, "main", functions).run()
-    return Program(main, functions)
+    return Program(main, functions, num_gpu=tp.num_gpu, target=tp.target)
 
 
 def _call_order(tp: TypedProgram) -> list[str]:

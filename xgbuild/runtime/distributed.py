@@ -1,0 +1,104 @@
+"""Distributed runs, one rank's side: join the process group, run the engine's SPMD plan on this
+rank's shards, gather the outputs, leave.
+
+The group is torch.distributed's default one: gloo on CPUs, NCCL on GPUs (one GPU per rank,
+`cuda:LOCAL_RANK`). Every collective has the group's timeout, so a rank whose peer died or hung
+fails instead of waiting forever. (Under `xgrun --nproc` the rank's heartbeat to the launcher is
+started by cli/xgrun_rank.py, before torch loads.)
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+from ..compiler.ir.graph import tree_ids
+from ..compiler.ir.layout import infer_layouts
+from ..errors import EngineError, ExecutionError
+from ..settings import DistEnv
+from .dtypes import XG_NAMES
+from .engine import Engine, RunResult, _build, _flat
+from .spmd import Group, SpmdExecutor, split_inputs
+
+def init_group(env: DistEnv, device: str, timeout_s: float) -> Group:
+    """Join the run `env` describes; `device` is "cpu" (gloo) or "cuda" (NCCL, this rank's GPU)."""
+    if device == "cuda":
+        if not torch.cuda.is_available() or torch.cuda.device_count() <= env.local_rank:
+            raise EngineError(f"rank {env.rank} needs GPU {env.local_rank}, and this host has "
+                              f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+        torch.cuda.set_device(env.local_rank)
+    backend = "nccl" if device == "cuda" else "gloo"
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://{env.master_addr}:{env.master_port}", rank=env.rank,
+                                world_size=env.world_size, timeout=timedelta(seconds=timeout_s))
+    except (RuntimeError, ValueError) as exc:
+        raise ExecutionError(f"rank {env.rank} could not join the run at {env.master_addr}:{env.master_port}: "
+                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from None
+    return Group(env.rank, env.world_size, f"cuda:{env.local_rank}" if device == "cuda" else "cpu")
+
+
+def leave_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: Group, *, check: bool = True,
+             float64: bool = False, overlap: bool = True) -> tuple[RunResult, dict[str, torch.Tensor]]:
+    """Run `engine` on this rank. Returns the result with whole outputs (gathered on every rank)
+    and this rank's own pieces of them (for `--output-per-rank`)."""
+    planned = engine.manifest["num_gpu"]
+    if group.world not in (1, planned):
+        raise EngineError(f"engine {engine.digest[:12]} is planned for NUM_GPU = {planned}, but the run has "
+                          f"{group.world} ranks: rebuild it with `xgc --num-gpu {group.world}` or run "
+                          f"{planned} ranks")
+    device = "cuda" if group.device.startswith("cuda") else "cpu"
+    if device == "cuda":
+        external_values = {k: _to(v, group.device) for k, v in (external_values or {}).items()}
+    inputs = engine.prepare_inputs(external_values, device)
+    t0 = time.perf_counter()
+    graph, env, cached = engine.specialised(inputs)
+    split = split_inputs(graph)
+    # Keep only this rank's slice of a split input (a copy, so the whole one can be freed).
+    local_inputs = {k: (v.chunk(group.world, split[k])[group.rank].clone() if k in split else v)
+                    for k, v in inputs.items()}
+    del inputs
+    executor = SpmdExecutor(group, float64=float64, check=check, overlap=overlap)
+    out = executor.run(graph, local_inputs, split)
+    layouts = infer_layouts(graph, group.world)
+    whole = {i: _gather(out.values[i], layouts[i].dim if layouts[i].kind == "S" else None, group)
+             for i in tree_ids(graph.output)}
+    total_ms = (time.perf_counter() - t0) * 1e3
+    metadata = {
+        "target": engine.manifest["target"], "num_gpu": planned, "engine_digest": engine.digest,
+        "device": device, "executor": executor.name + ("-float64" if float64 else ""), "check": check,
+        "rank": group.rank, "world_size": group.world, "split_inputs": split,
+        "specialization": {"symbols": dict(sorted(env.items())), "cached": cached,
+                           "inputs": {n: {"dtype": XG_NAMES[t.dtype], "shape": list(t.shape)}
+                                      for n, t in local_inputs.items()}},
+        "timings": {"total_ms": total_ms, "comm": executor.stats},
+    }
+    return (RunResult(_build(graph.output, whole), metadata, _flat(graph.output, whole)),
+            _flat(graph.output, out.values))
+
+
+def _gather(x: torch.Tensor, dim: int | None, group: Group) -> torch.Tensor:
+    """A sharded output joined along its split dim (every rank takes part; all get the whole)."""
+    if dim is None or group.world == 1:
+        return x
+    wire = x.to(torch.uint8) if x.dtype is torch.bool else x.contiguous()
+    parts = [torch.empty_like(wire) for _ in range(group.world)]
+    try:
+        dist.all_gather(parts, wire)
+    except RuntimeError as exc:
+        raise ExecutionError(f"gathering an output on rank {group.rank} failed: "
+                             f"{str(exc).strip().splitlines()[0]}") from None
+    out = torch.cat(parts, dim)
+    return out.to(torch.bool) if x.dtype is torch.bool else out
+
+
+def _to(v: Any, device: str) -> Any:
+    return v.to(device) if isinstance(v, torch.Tensor) else v
