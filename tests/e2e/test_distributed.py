@@ -17,8 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import Rand, assert_close, command, gelu, src_text
+import torch
+from conftest import REPO_ROOT, Rand, assert_close, command, gelu, src_text
 
+from xgbuild.runtime.engine import Engine
 from xgbuild.runtime.tensor_io import load_tensors, save_tensors
 
 SHARDED = src_text("""
@@ -183,3 +185,40 @@ def test_a_dead_or_hung_rank_ends_the_run_naming_it(tmp_path: Path, sig: signal.
     assert expect in err and "Traceback" not in err, err
     assert time.monotonic() - t0 < 30
     assert all(_gone(pid) for pid in ranks.values()), "a rank outlived the run"
+
+
+# ------------------------------------------------------------------------------- training step
+
+TRAIN_SHAPES = {"EMB": (16, 32), "G1": (32,), "WQ": (32, 32), "WK": (32, 32), "WV": (32, 32), "WO": (32, 32),
+                "G2": (32,), "W1": (32, 64), "W2": (64, 32), "GF": (32,), "HEAD": (32, 16)}
+
+
+def train_inputs(rand: Rand) -> dict:
+    vals = {}
+    for name, shape in TRAIN_SHAPES.items():
+        w, _ = rand.tensor(shape, scale=0.1 if len(shape) == 1 else shape[0] ** -0.5, shift=1.0 if len(shape) == 1 else 0.0)
+        m, _ = rand.tensor(shape, scale=0.01)
+        v = rand.tensor(shape, scale=1e-3)[0].abs() + 1e-3       # a second moment: positive
+        vals |= {name: w, f"M_{name}": m, f"V_{name}": v}
+    tokens = rand.ints((33,), 0, 16)
+    return vals | {"TOKENS": tokens[:-1].contiguous(), "TARGETS": tokens[1:].contiguous(),
+                   "STEP": torch.tensor(3.0), "LR": torch.tensor(0.01)}
+
+
+@pytest.mark.parametrize("nproc,plan", [(2, "train_tensor"), (4, "train_data")])
+def test_training_step_matches_the_single_process_float64_step(tmp_path: Path, rand: Rand, nproc: int,
+                                                               plan: str) -> None:
+    engine = tmp_path / "train.xge"
+    done = subprocess.run([*command("xgc"), str(REPO_ROOT / "models" / "train.xg"), "--no-kernels", "--num-gpu",
+                           str(nproc), "--sharding", str(REPO_ROOT / "models" / "plans" / f"{plan}.toml"),
+                           "--out", str(engine)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    values = train_inputs(rand)
+    save_tensors(tmp_path / "in.safetensors", values)
+    done = run_ranks(engine, nproc, "--inputs", str(tmp_path / "in.safetensors"), "--output", str(tmp_path / "o.npz"))
+    assert done.returncode == 0, done.stderr
+    got = load_tensors(tmp_path / "o.npz")
+    ref = Engine.load(engine).run(values, float64=True).tensors     # one process: collectives are identity
+    assert set(got) == set(ref)
+    for name, want in ref.items():
+        assert_close(got[name], want.numpy(), 1e-4, rand, what=f"{name} after a step on {nproc} ranks ({plan})")

@@ -1,7 +1,7 @@
 """`xgc`: the XG compiler command. Thin: parsing options and printing; the work is in the library.
 
     xgc FILE.xg --check [--json]                       type-check only
-    xgc FILE.xg --out build/engine.xge [--target T] [--num-gpu N]
+    xgc FILE.xg --out build/engine.xge [--target T] [--num-gpu N] [--sharding plan.toml]
     xgc FILE.xg --emit ast|ir|ir-opt|ir-json|dot [--dump-after PASS]
 
 Exit codes: 0 ok (warnings allowed), 1 errors in the program, 2 usage, unreadable file or internal error.
@@ -59,6 +59,8 @@ def compile(
                                   "(default 1024); the engine runs at any size"),
     jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes compiling kernels (default: CPUs, at most 8)"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress bar or tuning summary"),
+    sharding: Optional[Path] = typer.Option(None, "--sharding", help="a sharding plan (TOML): regions, functions "
+                                            "and inputs -> data / tensor / replicated (docs/sharding.md)"),
 ) -> None:
     """Check FILE, print one of its stages, or build its engine."""
     if dump_after is not None and dump_after not in PASS_NAMES:
@@ -68,8 +70,25 @@ def compile(
     if out is not None and out.suffix != ".xge":
         fail(f"--out names an engine file ending in .xge, got {str(out)!r}", EXIT_USAGE)
     options = CheckOptions(target=target, num_gpu=num_gpu, lib=lib)
+    plan = None
+    if sharding is not None:
+        from ..compiler.frontend.shard_plan import load_plan
+        try:
+            plan = load_plan(sharding)
+        except CompileError as exc:
+            sys.stderr.write(str(exc) + "\n")
+            raise typer.Exit(EXIT_PROGRAM)
+        if plan.num_gpu is not None and num_gpu is None:
+            options = CheckOptions(target=target, num_gpu=plan.num_gpu, lib=lib)
     if check or (lib and not out):
         result = check_file(file, options)
+        if plan is not None and result.ok and result.program is not None:
+            from ..compiler.frontend.shard_plan import check_plan
+            try:
+                check_plan(plan, result.program, result.program.num_gpu)
+            except CompileError as exc:
+                sys.stderr.write(str(exc) + "\n")
+                raise typer.Exit(EXIT_PROGRAM)
         if json_out:
             emit_json(result.to_json())
         elif result.diagnostics:
@@ -80,7 +99,7 @@ def compile(
     from ..compiler.frontend.ast_dump import dump as dump_ast
     from ..compiler.ir.serialize import program_text, to_dot, to_json, to_text
     try:
-        compiled = compile_file(file, options, stop_after=dump_after)
+        compiled = compile_file(file, options, stop_after=dump_after, plan=plan)
     except CompileError as exc:
         if json_out:
             emit_json({"ok": False, "diagnostics": [d.to_json() for d in exc.diagnostics]})

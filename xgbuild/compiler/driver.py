@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..errors import CompileError
 from .frontend import CheckOptions, CheckResult, TypedProgram, check_file, check_source
+from .frontend.shard_plan import ShardingPlan, check_plan
 from .ir.graph import Program
 from .ir.lower import LoweringError, lower
 from .passes import PASS_NAMES, run_pipeline
@@ -31,14 +32,18 @@ class Compiled:
     target: str
     num_gpu: int
     passes: tuple[str, ...] = field(default=tuple(PASS_NAMES))
+    plan: ShardingPlan | None = None      # the --sharding file, if any (kept in the engine's sources)
 
 
-def _finish(result: CheckResult, name: str, stop_after: str | None, verify_each: bool) -> Compiled:
+def _finish(result: CheckResult, name: str, stop_after: str | None, verify_each: bool,
+            plan: ShardingPlan | None = None) -> Compiled:
     if not result.ok or result.program is None:
         raise CompileError(result.render(), result.diagnostics)
     typed = result.program
+    if plan is not None:
+        check_plan(plan, typed, typed.num_gpu)
     try:
-        lowered = replace(lower(typed), target=typed.target or DEFAULT_TARGET)
+        lowered = replace(lower(typed, plan), target=typed.target or DEFAULT_TARGET)
     except LoweringError as exc:
         raise CompileError(f"error: {exc}", result.diagnostics) from None
     try:
@@ -48,7 +53,7 @@ def _finish(result: CheckResult, name: str, stop_after: str | None, verify_each:
     except ShardingError as exc:
         raise CompileError(_located(result, exc.code, str(exc), exc.src, exc.help), result.diagnostics) from None
     return Compiled(Path(name).name, result.source.text if result.source else "", result, typed, lowered,
-                    optimized, typed.target or DEFAULT_TARGET, typed.num_gpu)
+                    optimized, typed.target or DEFAULT_TARGET, typed.num_gpu, plan=plan)
 
 
 def _located(result: CheckResult, code: str, message: str, src: tuple | None, help: str | None = None) -> str:
@@ -63,10 +68,19 @@ def _located(result: CheckResult, code: str, message: str, src: tuple | None, he
 
 
 def compile_source(text: str, name: str = "program.xg", options: CheckOptions = CheckOptions(), *,
-                   stop_after: str | None = None, verify_each: bool = False) -> Compiled:
-    return _finish(check_source(text, name, options), name, stop_after, verify_each)
+                   stop_after: str | None = None, verify_each: bool = False,
+                   plan: ShardingPlan | None = None) -> Compiled:
+    return _finish(check_source(text, name, _with_plan(options, plan)), name, stop_after, verify_each, plan)
 
 
 def compile_file(path: Path | str, options: CheckOptions = CheckOptions(), *,
-                 stop_after: str | None = None, verify_each: bool = False) -> Compiled:
-    return _finish(check_file(path, options), str(path), stop_after, verify_each)
+                 stop_after: str | None = None, verify_each: bool = False,
+                 plan: ShardingPlan | None = None) -> Compiled:
+    return _finish(check_file(path, _with_plan(options, plan)), str(path), stop_after, verify_each, plan)
+
+
+def _with_plan(options: CheckOptions, plan: ShardingPlan | None) -> CheckOptions:
+    """A plan's `num_gpu` stands in for `--num-gpu` when that is not given."""
+    if plan is not None and plan.num_gpu is not None and options.num_gpu is None:
+        return replace(options, num_gpu=plan.num_gpu)
+    return options

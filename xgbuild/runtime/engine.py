@@ -56,6 +56,8 @@ class Engine:
         """An engine of `compiled`; `kernels` (a tuner `KernelTable`) adds GPU kernels for the target."""
         graph = compiled.optimized.main
         sources = {compiled.name: compiled.source.encode()}
+        if compiled.plan is not None:
+            sources[compiled.plan.name] = compiled.plan.text
         shards = [{"function": s.function, "name": s.name, "dim": s.dim, "region": s.region}
                   for s in compiled.typed.shards]
         blob = dumps(graph)

@@ -2,7 +2,7 @@
 
 Needs: an inlined main graph in which a `SHARD(x, dim=d)` node says "from here on, x is split
 along d" (from `with shard(x, dim=d)` blocks and from a `--sharding` plan file, both placed by
-lowering); inputs are replicated unless a SHARD splits them.
+lowering; `dim=None`: "whole from here on"); inputs are replicated unless a SHARD splits them.
 
 Leaves: every value has one layout (ir/layout.py: replicated, sharded along a dim, or partial sum)
 and every node's input layouts match one of its local rules, so each rank runs the node on its own
@@ -70,8 +70,9 @@ class _Planner:
     def run(self) -> Graph:
         for node in self.g.nodes:
             node = replace(node, inputs=tuple(self.alias.get(i, i) for i in node.inputs))
-            if node.op is Op.SHARD:
-                self.alias[node.id] = self.convert(node.inputs[0], S(node.attr("dim")), node.src)
+            if node.op is Op.SHARD:       # dim None: a plan's "replicated" region wants it whole
+                want = R if node.attr("dim") is None else S(node.attr("dim"))
+                self.alias[node.id] = self.convert(node.inputs[0], want, node.src)
             elif node.op is Op.MEAN and self.mean_as_sum(node):
                 continue
             else:
@@ -264,8 +265,12 @@ def plan_lines(plan: dict) -> list[str]:
     lines = [f"sharding plan over {n} GPU{'s' if n > 1 else ''}: {moving} collective{'s' if moving != 1 else ''} "
              f"and {len(plan['collectives']) - moving} local slices, "
              f"{_bytes(plan['bytes_moved'])} sent per GPU" + (" + symbolic sizes" if plan["bytes_unknown"] else "")]
+    whole = [name for name, lay in plan["inputs"].items() if lay == "R"]
     for name, lay in plan["inputs"].items():
-        lines.append(f"  input  {name:<14} {lay}")
+        if lay != "R":
+            lines.append(f"  input  {name:<14} {lay}")
+    if whole:
+        lines.append(f"  inputs loaded whole (R): {', '.join(whole[:8])}" + (f" and {len(whole) - 8} more" if len(whole) > 8 else ""))
     for k, lay in enumerate(plan["outputs"]):
         lines.append(f"  output {k:<14} {lay}" + ("  (gathered to rank 0)" if lay.startswith("S") else ""))
     for c in plan["collectives"]:
