@@ -57,7 +57,7 @@ class SpmdExecutor:
         self.group = group
         self.ops = CpuExecutor(float64=float64, check=check, timings=False)
         self.check = check
-        self.overlap = overlap       # False: wait for each collective at once (to measure overlap)
+        self.overlap = overlap       # False: finish each collective before going on (measures overlap)
         self.name = "spmd-" + ("cuda" if group.device.startswith("cuda") else "cpu")
         self.stats: dict = {}
 
@@ -80,6 +80,8 @@ class SpmdExecutor:
                 except RuntimeError as exc:
                     raise ExecutionError(f"`{node.op.value}` (node %{node.id}){_at(node)} failed on rank "
                                          f"{self.group.rank}: {_first_line(exc)}") from None
+                if not self.overlap and self.group.device != "cpu":
+                    torch.cuda.synchronize()     # serialised: the transfer ends before any later compute
                 comm["wait_ms"] += (time.perf_counter() - t0) * 1e3
                 vals[i] = finish()
             return vals[i]
