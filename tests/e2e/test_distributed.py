@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import torch
 from conftest import REPO_ROOT, Rand, assert_close, command, gelu, src_text
 
 from xgbuild.runtime.engine import Engine
+from xgbuild.runtime.launch import free_port
 from xgbuild.runtime.tensor_io import load_tensors, save_tensors
 
 SHARDED = src_text("""
@@ -116,11 +118,12 @@ def test_outputs_per_rank_are_each_ranks_pieces(tmp_path: Path, rand: Rand) -> N
     """)
     engine = build(tmp_path, src, 2)
     a, a64 = rand.tensor((8, 6))
-    save_tensors(tmp_path / "in.npz", {"A": a})
-    done = run_ranks(engine, 2, "--inputs", str(tmp_path / "in.npz"), "--output", str(tmp_path / "o.npz"),
+    save_tensors(tmp_path / "in.safetensors", {"A": a})
+    done = run_ranks(engine, 2, "--inputs", str(tmp_path / "in.safetensors"), "--output", str(tmp_path / "o.npz"),
                      "--output-per-rank", "--json")
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["split_inputs"] == {"A": 0}     # each rank loads only its rows of A
+    summary = json.loads(done.stdout)
+    assert summary["split_inputs"] == {"A": 0} and summary["loaded_as_slices"] == ["A"]   # each rank reads its rows
     for r in range(2):
         piece = load_tensors(tmp_path / f"o.rank{r}.npz")["out"]
         assert_close(piece, a64[4 * r:4 * (r + 1)] * 3.0, 1e-6, rand, what=f"rank {r}'s rows")
@@ -222,3 +225,26 @@ def test_training_step_matches_the_single_process_float64_step(tmp_path: Path, r
     assert set(got) == set(ref)
     for name, want in ref.items():
         assert_close(got[name], want.numpy(), 1e-4, rand, what=f"{name} after a step on {nproc} ranks ({plan})")
+
+
+def test_under_torchrun_each_process_is_one_rank(tmp_path: Path, rand: Rand) -> None:
+    # An outside launcher (here torchrun; SLURM's srun sets SLURM_PROCID / SLURM_NTASKS) starts
+    # plain `xgrun` processes: they read RANK / WORLD_SIZE / MASTER_ADDR from the environment.
+    engine = build(tmp_path, src_text("""
+        extern Tensor[float32, 4, 8] A
+        extern Tensor[float32, 8, 6] B
+        def main() {
+            with shard(A, dim=1), shard(B, dim=0):
+                c = A @ B
+            return c
+        }
+    """), 2)
+    (a, a64), (b, b64) = rand.tensor((4, 8)), rand.tensor((8, 6))
+    save_tensors(tmp_path / "in.npz", {"A": a, "B": b})
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           str(free_port()), "-m", "xgbuild.cli.xgrun", str(engine), "--inputs", str(tmp_path / "in.npz"),
+                           "--output", str(tmp_path / "o.npz"), "--timeout", "60"],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "2 ranks" in done.stdout
+    assert_close(load_tensors(tmp_path / "o.npz")["out"], a64 @ b64, 1e-5, rand, what="contracting matmul")

@@ -118,10 +118,16 @@ def _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, 
     try:
         eng = Engine.load(engine)
         load_ms = (time.perf_counter() - t_load) * 1e3
-        values = _inputs_for(eng, inputs, seed, dim)
+        whole = None
+        if inputs is not None:      # each rank reads only its slices of the split inputs
+            from ..compiler.ir.layout import split_inputs
+            from ..runtime.tensor_io import load_tensor_shards
+            values, whole = load_tensor_shards(inputs, split_inputs(eng.graph), denv.rank, denv.world_size)
+        else:
+            values = _inputs_for(eng, None, seed, dim)
         group = init_group(denv, device, timeout)
         try:
-            result, local = run_spmd(eng, values, group, check=check)
+            result, local = run_spmd(eng, values, group, check=check, whole_shapes=whole)
         finally:
             leave_group()
     except (XGError, TensorIOError) as exc:
@@ -142,6 +148,7 @@ def _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, 
         "engine": str(engine), "digest": eng.digest, "target": eng.manifest["target"], "device": device,
         "check": check, "load_ms": load_ms, "run_ms": result.metadata["timings"]["total_ms"],
         "world_size": denv.world_size, "comm": comm, "split_inputs": result.metadata["split_inputs"],
+        "loaded_as_slices": result.metadata["loaded_as_slices"],
         "outputs": {name: describe(v) for name, v in outputs.items()},
         "specialization": result.metadata["specialization"],
     }

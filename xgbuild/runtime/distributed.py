@@ -47,9 +47,12 @@ def leave_group() -> None:
 
 
 def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: Group, *, check: bool = True,
-             float64: bool = False, overlap: bool = True) -> tuple[RunResult, dict[str, torch.Tensor]]:
-    """Run `engine` on this rank. Returns the result with whole outputs (gathered on every rank)
-    and this rank's own pieces of them (for `--output-per-rank`)."""
+             float64: bool = False, overlap: bool = True,
+             whole_shapes: Mapping[str, tuple[int, ...]] | None = None) -> tuple[RunResult, dict[str, torch.Tensor]]:
+    """Run `engine` on this rank. `external_values` are whole tensors, except those named in
+    `whole_shapes`, which are already this rank's slices (`tensor_io.load_tensor_shards`) of
+    tensors of those shapes. Returns the result with whole outputs (gathered on every rank) and
+    this rank's own pieces of them (for `--output-per-rank`)."""
     planned = engine.manifest["num_gpu"]
     if group.world not in (1, planned):
         raise EngineError(f"engine {engine.digest[:12]} is planned for NUM_GPU = {planned}, but the run has "
@@ -59,13 +62,20 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
     if device == "cuda":
         external_values = {k: _to(v, group.device) for k, v in (external_values or {}).items()}
     inputs = engine.prepare_inputs(external_values, device)
+    whole_shapes = dict(whole_shapes or {})
+    split = split_inputs(engine.graph)
+    if set(whole_shapes) - set(split):
+        raise ExecutionError(f"inputs {sorted(set(whole_shapes) - set(split))} were loaded as slices, but the "
+                             "plan uses them whole")
     t0 = time.perf_counter()
-    graph, env, cached = engine.specialised(inputs)
-    split = split_inputs(graph)
+    # Specialise on the whole shapes (meta tensors stand in for the slices: only shapes matter).
+    shapes = {k: (torch.empty(whole_shapes[k], dtype=v.dtype, device="meta") if k in whole_shapes else v)
+              for k, v in inputs.items()}
+    graph, env, cached = engine.specialised(shapes)
     # Keep only this rank's slice of a split input (a copy, so the whole one can be freed).
-    local_inputs = {k: (v.chunk(group.world, split[k])[group.rank].clone() if k in split else v)
-                    for k, v in inputs.items()}
-    del inputs
+    local_inputs = {k: (v.chunk(group.world, split[k])[group.rank].clone() if k in split and k not in whole_shapes
+                        else v) for k, v in inputs.items()}
+    del inputs, shapes
     executor = SpmdExecutor(group, float64=float64, check=check, overlap=overlap)
     out = executor.run(graph, local_inputs, split)
     layouts = infer_layouts(graph, group.world)
@@ -79,6 +89,7 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
         "specialization": {"symbols": dict(sorted(env.items())), "cached": cached,
                            "inputs": {n: {"dtype": XG_NAMES[t.dtype], "shape": list(t.shape)}
                                       for n, t in local_inputs.items()}},
+        "loaded_as_slices": sorted(whole_shapes),
         "timings": {"total_ms": total_ms, "comm": executor.stats},
     }
     return (RunResult(_build(graph.output, whole), metadata, _flat(graph.output, whole)),

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 POLL_S = 0.2
@@ -31,6 +31,7 @@ class LaunchResult:
     ok: bool
     message: str            # empty when ok
     exit_code: int
+    rank: int | None = None  # the rank that ended the run
 
 
 def free_port() -> int:
@@ -62,7 +63,10 @@ def launch(argv: list[str], nproc: int, timeout_s: float, env: Mapping[str, str]
         _stop(procs)
         for fd in beats:
             os.close(fd)
-    _pass_stderr(errs, nproc)
+    last_errors = _pass_stderr(errs, nproc)
+    if result.rank is not None and result.rank in last_errors:
+        detail = last_errors[result.rank].removeprefix(f"rank {result.rank}: ")
+        result = replace(result, message=f"{result.message}: {detail}")
     return result
 
 
@@ -83,13 +87,13 @@ def _watch(procs: list[subprocess.Popen], beats: dict[int, int], last: list[floa
             killed = [r for r in failed if codes[r] < 0]
             stale = [r for r, c in enumerate(codes) if c is None and now - last[r] > STALE_S]
             rank = (killed or stale or failed)[0]
-            return LaunchResult(False, _describe(rank, codes[rank], timeout_s if rank in stale else None), 1)
+            return LaunchResult(False, _describe(rank, codes[rank], timeout_s if rank in stale else None), 1, rank)
         if all(c == 0 for c in codes):
             return LaunchResult(True, "", 0)
         for r, c in enumerate(codes):
             if c is None and now - last[r] > timeout_s:
                 return LaunchResult(False, f"rank {r} stopped responding: no heartbeat for {timeout_s:g} s "
-                                           "(hung or stopped); ended the run on every rank", 1)
+                                           "(hung or stopped); ended the run on every rank", 1, r)
 
 
 def _describe(rank: int, code: int | None, stale: float | None) -> str:
@@ -122,7 +126,9 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def _pass_stderr(errs: list, nproc: int) -> None:
+def _pass_stderr(errs: list, nproc: int) -> dict[int, str]:
+    """Each rank's stderr, passed on; returns each rank's last `error:` line (without the prefix)."""
+    last: dict[int, str] = {}
     for rank, f in enumerate(errs):
         f.seek(0)
         text = f.read().decode(errors="replace")
@@ -130,7 +136,11 @@ def _pass_stderr(errs: list, nproc: int) -> None:
         for line in text.splitlines():
             if _noise(line):
                 continue
+            if line.startswith("error: "):
+                last[rank] = line[len("error: "):]
+                continue        # said once, in the launcher's own message
             sys.stderr.write((f"[rank {rank}] " if nproc > 1 else "") + line + "\n")
+    return last
 
 
 def _noise(line: str) -> bool:

@@ -45,9 +45,10 @@ CONVERSIONS = {Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL
 _LINEAR_UNARY = {Op.NEG}
 
 
-def shardable(size, n: int) -> bool:
-    """A dim can be split over n ranks: a multiple of n, or symbolic (checked when it is bound)."""
-    return isinstance(size, str) or (size % n == 0 and size >= n)
+def shardable(size, n: int | None) -> bool:
+    """A dim can be split over n ranks: a multiple of n, or symbolic (checked when it is bound).
+    n None: any dim (reading a plan back, where sizes bound at run time are checked separately)."""
+    return n is None or isinstance(size, str) or (size % n == 0 and size >= n)
 
 
 def nbytes(node: Node, guess: bool = False) -> int | None:
@@ -75,7 +76,7 @@ def _aligned(out_rank: int, in_shape: tuple, out_shape: tuple, d: int) -> int | 
     return k
 
 
-def _elementwise(node: Node, ins: list[Node], n: int) -> list[Rule]:
+def _elementwise(node: Node, ins: list[Node], n: int | None) -> list[Rule]:
     r = len(node.shape)
     rules: list[Rule] = [(tuple(R for _ in ins), R)]
     for d in range(r):
@@ -95,7 +96,7 @@ def _elementwise(node: Node, ins: list[Node], n: int) -> list[Rule]:
     return rules
 
 
-def _matmul(node: Node, ins: list[Node], n: int) -> list[Rule]:
+def _matmul(node: Node, ins: list[Node], n: int | None) -> list[Rule]:
     a, b = ins
     rules: list[Rule] = [((R, R), R), ((P, R), P), ((R, P), P)]
     if len(a.shape) < 2 or len(b.shape) < 2:
@@ -116,7 +117,7 @@ def _matmul(node: Node, ins: list[Node], n: int) -> list[Rule]:
     return rules
 
 
-def _reduce(node: Node, ins: list[Node], n: int) -> list[Rule]:
+def _reduce(node: Node, ins: list[Node], n: int | None) -> list[Rule]:
     x = ins[0]
     dim, keep = node.attr("dim"), node.attr("keepdim", False)
     rules: list[Rule] = [((R,), R)]
@@ -137,7 +138,7 @@ def _reduce(node: Node, ins: list[Node], n: int) -> list[Rule]:
     return rules
 
 
-def _reshape(node: Node, ins: list[Node], n: int) -> list[Rule]:
+def _reshape(node: Node, ins: list[Node], n: int | None) -> list[Rule]:
     x = ins[0]
     rules: list[Rule] = [((R,), R), ((P,), P)]
     for e in range(min(len(x.shape), len(node.shape))):
@@ -147,7 +148,7 @@ def _reshape(node: Node, ins: list[Node], n: int) -> list[Rule]:
     return rules
 
 
-def rules(node: Node, ins: list[Node], n: int) -> list[Rule]:
+def rules(node: Node, ins: list[Node], n: int | None) -> list[Rule]:
     """The local (communication-free) ways `node` runs, given its input nodes; [] for sources."""
     op = node.op
     if not ins:
@@ -190,7 +191,7 @@ def infer_layouts(graph: Graph, n: int) -> dict[int, Layout]:
         lays = tuple(out[i] for i in node.inputs)
         got = produced(node, lays)
         if got is None:
-            rs = rules(node, [by_id[i] for i in node.inputs], n)
+            rs = rules(node, [by_id[i] for i in node.inputs], None)
             got = R if not rs else next((o for ins, o in rs if ins == lays), None)
             if got is None:
                 raise ValueError(f"node %{node.id} ({node.op.value}) has inputs laid out "
