@@ -50,8 +50,14 @@ def load_engine(path: Path | str) -> Engine:
 
 
 def run_engine(engine: Engine, external_values: Mapping[str, Any] | None = None, *, device: str = "cpu",
-               check: bool = True) -> RunResult:
-    """Run an engine; `result.value` is what `main` returns, `result.metadata` how it ran."""
+               check: bool = True, nproc: int = 1) -> RunResult:
+    """Run an engine; `result.value` is what `main` returns, `result.metadata` how it ran.
+    `nproc=N` runs its sharding plan on N ranks of this host, like `xgrun --nproc N`."""
     if not isinstance(engine, Engine):
         raise XGError(f"run_engine takes an Engine (from xg.compile_file or xg.load_engine), got {type(engine).__name__}")
+    if not isinstance(nproc, int) or nproc < 1:
+        raise XGError(f"nproc must be a positive integer, got {nproc!r}")
+    if nproc > 1:
+        from xgbuild.runtime.distributed import run_ranks
+        return run_ranks(engine, external_values, nproc, device=device, check=check)
     return engine.run(external_values, device=device, check=check)

@@ -131,7 +131,12 @@ def test_outputs_per_rank_are_each_ranks_pieces(tmp_path: Path, rand: Rand) -> N
 
 def test_rank_count_must_match_the_plan(tmp_path: Path) -> None:
     engine = build(tmp_path, "extern Tensor[float32, 4] A\ndef main() {\n    return A + 1.0\n}\n", 4)
-    done = run_ranks(engine, 2)
+    done = run_ranks(engine, 2)       # refused before any rank starts
+    assert done.returncode == 2 and "planned for NUM_GPU = 4" in done.stderr and "Traceback" not in done.stderr
+    # ...and by a rank itself, under an outside launcher that started the wrong number.
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    done = subprocess.run([*command("xgrun"), str(engine), "--timeout", "20"], env=env, capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 1 and "planned for NUM_GPU = 4" in done.stderr and "Traceback" not in done.stderr
 
 
@@ -248,3 +253,26 @@ def test_under_torchrun_each_process_is_one_rank(tmp_path: Path, rand: Rand) -> 
     assert done.returncode == 0, done.stderr
     assert "2 ranks" in done.stdout
     assert_close(load_tensors(tmp_path / "o.npz")["out"], a64 @ b64, 1e-5, rand, what="contracting matmul")
+
+
+def test_python_api_runs_ranks(tmp_path: Path, rand: Rand) -> None:
+    import xg
+    (tmp_path / "p.xg").write_text(src_text("""
+        NUM_GPU = 2
+        extern Tensor[float32, 6, 8] A
+        extern Tensor[float32, 8, 4] B
+        def main() {
+            with shard(B, dim=1):
+                c = A @ B
+            return (c, sum(c))
+        }
+    """))
+    engine = xg.compile_file(tmp_path / "p.xg", kernels=False)
+    (a, a64), (b, b64) = rand.tensor((6, 8)), rand.tensor((8, 4))
+    result = xg.run_engine(engine, {"A": a, "B": b}, nproc=2)
+    c, s = result.value
+    assert result.metadata["world_size"] == 2
+    assert_close(c, a64 @ b64, 1e-5, rand, what="column-split matmul")
+    assert abs(s - (a64 @ b64).sum()) < 1e-4 * max(1.0, abs((a64 @ b64).sum()))
+    with pytest.raises(xg.EngineError, match="planned for NUM_GPU = 2"):
+        xg.run_engine(engine, {"A": a, "B": b}, nproc=4)

@@ -65,6 +65,13 @@ def main_cmd(
             fail(f"--nproc starts ranks itself, but this process is already rank {denv.rank} of "
                  f"{denv.world_size} (RANK/WORLD_SIZE are set): drop --nproc under torchrun or srun", EXIT_USAGE)
         from ..runtime.launch import launch
+        try:       # refuse a rank count the plan was not made for before starting any rank
+            planned = Engine.load(engine).manifest["num_gpu"]
+        except XGError as exc:
+            fail(str(exc))
+        if planned != nproc:
+            fail(f"engine {engine} is planned for NUM_GPU = {planned}, not {nproc} ranks: rebuild it with "
+                 f"`xgc --num-gpu {nproc}` or run --nproc {planned}", EXIT_USAGE)
         child = [sys.executable, "-m", "xgbuild.cli.xgrun_rank", str(engine), "--device", device,
                  "--check" if check else "--no-check", "--seed", str(seed), "--timeout", str(timeout),
                  *(["--inputs", str(inputs)] if inputs else []), *(["--output", str(output)] if output else []),
@@ -113,11 +120,12 @@ def main_cmd(
 
 def _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, timeout, per_rank) -> None:
     """One rank of a distributed run: its shards in, whole outputs to rank 0 (which reports)."""
-    from ..runtime.distributed import init_group, leave_group, run_spmd
+    from ..runtime.distributed import check_world, init_group, leave_group, run_spmd
     t_load = time.perf_counter()
     try:
         eng = Engine.load(engine)
         load_ms = (time.perf_counter() - t_load) * 1e3
+        check_world(eng, denv.world_size)        # before joining: a wrong count would wait for peers
         whole = None
         if inputs is not None:      # each rank reads only its slices of the split inputs
             from ..compiler.ir.layout import split_inputs

@@ -9,8 +9,10 @@ started by cli/xgrun_rank.py, before torch loads.)
 
 from __future__ import annotations
 
+import tempfile
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Mapping
 
 import torch
@@ -18,10 +20,10 @@ import torch.distributed as dist
 
 from ..compiler.ir.graph import tree_ids
 from ..compiler.ir.layout import infer_layouts
-from ..errors import EngineError, ExecutionError
+from ..errors import EngineError, ExecutionError, InputError
 from ..settings import DistEnv
 from .dtypes import XG_NAMES
-from .engine import Engine, RunResult, _build, _flat
+from .engine import Engine, ResultValue, RunResult, _build, _flat
 from .spmd import Group, SpmdExecutor, split_inputs
 
 def init_group(env: DistEnv, device: str, timeout_s: float) -> Group:
@@ -53,11 +55,7 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
     `whole_shapes`, which are already this rank's slices (`tensor_io.load_tensor_shards`) of
     tensors of those shapes. Returns the result with whole outputs (gathered on every rank) and
     this rank's own pieces of them (for `--output-per-rank`)."""
-    planned = engine.manifest["num_gpu"]
-    if group.world not in (1, planned):
-        raise EngineError(f"engine {engine.digest[:12]} is planned for NUM_GPU = {planned}, but the run has "
-                          f"{group.world} ranks: rebuild it with `xgc --num-gpu {group.world}` or run "
-                          f"{planned} ranks")
+    planned = check_world(engine, group.world)
     device = "cuda" if group.device.startswith("cuda") else "cpu"
     if device == "cuda":
         external_values = {k: _to(v, group.device) for k, v in (external_values or {}).items()}
@@ -96,6 +94,15 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
             _flat(graph.output, out.values))
 
 
+def check_world(engine: Engine, world: int) -> int:
+    """The engine's NUM_GPU, if `world` ranks can run it (that many, or one process)."""
+    planned = engine.manifest["num_gpu"]
+    if world not in (1, planned):
+        raise EngineError(f"engine {engine.digest[:12]} is planned for NUM_GPU = {planned}, but the run has "
+                          f"{world} ranks: rebuild it with `xgc --num-gpu {world}` or run {planned} ranks")
+    return planned
+
+
 def _gather(x: torch.Tensor, dim: int | None, group: Group) -> torch.Tensor:
     """A sharded output joined along its split dim (every rank takes part; all get the whole)."""
     if dim is None or group.world == 1:
@@ -113,3 +120,42 @@ def _gather(x: torch.Tensor, dim: int | None, group: Group) -> torch.Tensor:
 
 def _to(v: Any, device: str) -> Any:
     return v.to(device) if isinstance(v, torch.Tensor) else v
+
+
+def run_ranks(engine: Engine, external_values: Mapping[str, Any] | None, nproc: int, *, device: str = "cpu",
+              check: bool = True, timeout_s: float = 300.0) -> RunResult:
+    """`xgrun --nproc N` from Python (`xg.run_engine(..., nproc=N)`): the engine and its inputs go
+    to a temporary directory, N ranks of this host run it, and rank 0's gathered outputs come back.
+    A failed rank is an ExecutionError naming it."""
+    from .launch import run_ranks as launch_ranks
+    from .tensor_io import load_tensors, save_tensors
+
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
+    check_world(engine, nproc)
+    values = engine.prepare_inputs({k: _to(v, "cpu") for k, v in (external_values or {}).items()}, "cpu")
+    with tempfile.TemporaryDirectory(prefix="xg-ranks-") as tmp:
+        engine.save(Path(tmp) / "engine.xge")
+        save_tensors(Path(tmp) / "inputs.safetensors", values)
+        done = launch_ranks(str(Path(tmp) / "engine.xge"), str(Path(tmp) / "inputs.safetensors"),
+                            str(Path(tmp) / "outputs.safetensors"), nproc, device=device, check=check,
+                            timeout_s=timeout_s)
+        if not done.ok:
+            raise ExecutionError(done.message)
+        tensors = load_tensors(Path(tmp) / "outputs.safetensors", role="outputs of the ranks")
+    metadata = {"target": engine.manifest["target"], "num_gpu": engine.manifest["num_gpu"],
+                "engine_digest": engine.digest, "device": device, "executor": f"spmd-{device}", "check": check,
+                "world_size": nproc}
+    return RunResult(_unflat(engine.graph.output, tensors, "out"), metadata, tensors)
+
+
+def _unflat(tree: dict, tensors: Mapping[str, torch.Tensor], prefix: str) -> Any:
+    """What `main` returned, rebuilt from the output file's names (engine._flat's scheme)."""
+    if "t" in tree:
+        t = tensors[prefix]
+        return t.item() if t.dim() == 0 else t
+    if "tuple" in tree:
+        return tuple(_unflat(item, tensors, f"{prefix}_{i}") for i, item in enumerate(tree["tuple"]))
+    if bool(tensors[f"{prefix}_ok"]):
+        return ResultValue(True, _unflat(tree["result"]["value"], tensors, f"{prefix}_value"), None)
+    return ResultValue(False, None, "error")     # the file keeps whether a Result is Ok, not which error

@@ -159,3 +159,12 @@ def start_heartbeat(fd: int) -> None:
                 os._exit(3)
             time.sleep(HEARTBEAT_S)
     threading.Thread(target=beat, daemon=True, name="xg-heartbeat").start()
+
+
+def run_ranks(engine_path: str, inputs_path: str, output_path: str, nproc: int, *, device: str = "cpu",
+              check: bool = True, timeout_s: float = 300.0, env: Mapping[str, str] | None = None) -> LaunchResult:
+    """`xgrun ENGINE --inputs IN --output OUT --nproc N` as a library call (what `xg.run_engine(...,
+    nproc=N)` uses): N ranks of this host, rank 0 writing the gathered outputs."""
+    argv = [sys.executable, "-m", "xgbuild.cli.xgrun_rank", engine_path, "--inputs", inputs_path, "--output",
+            output_path, "--device", device, "--check" if check else "--no-check", "--timeout", str(timeout_s)]
+    return launch(argv, nproc, timeout_s, os.environ if env is None else env)

@@ -86,6 +86,8 @@ class SpmdExecutor:
                 vals[i] = finish()
             return vals[i]
 
+        outputs = set(tree_ids(local.output))
+        last_use = {i: n.id for n in local.nodes for i in n.inputs}
         device = torch.device(self.group.device) if self.group.device != "cpu" else None
         with torch.no_grad(), (device if device is not None else nullcontext()):
             for n in local.nodes:
@@ -105,6 +107,10 @@ class SpmdExecutor:
                             value(n.id)
                 else:
                     vals[n.id] = self.compute(n, args, inputs)
+                if not self.check:     # free what no later node reads (check mode keeps all, to trace NaNs)
+                    for i in n.inputs:
+                        if last_use.get(i) == n.id and i not in outputs:
+                            vals.pop(i, None)
             outs = {i: value(i) for i in tree_ids(local.output)}
             for i in list(pending):
                 value(i)

@@ -95,3 +95,15 @@ def test_a_split_that_no_gpu_count_divides_after_inlining_is_a_pass_error(tmp_pa
     prog = PROG.replace("Tensor[float32, 8, 16] X", "Tensor[float32, 7, 16] X")
     msg = error(tmp_path, '[regions.mlp]\nstrategy = "data"\n', prog)
     assert msg.startswith("error[XG0500]: dimension 0 of") and "= help:" in msg, msg
+
+
+def test_a_block_region_must_read_the_names_its_plan_splits(tmp_path: Path) -> None:
+    msg = error(tmp_path, '[regions.layer1]\nstrategy = "tensor"\nshard = { W2 = 0 }\n')
+    assert msg.startswith("error[XG0505]: region `layer1` does not read `W2`") and "`X`, `W1`" in msg, msg
+
+
+def test_a_replicated_region_gathers_what_it_reads(tmp_path: Path) -> None:
+    prog = PROG.replace('    with shard("layer1"):\n        h = relu(X @ W1)',
+                        '    with shard(X, dim=0):\n        g = X * 2.0\n    with shard("layer1"):\n        h = relu(g @ W1)')
+    c, plan = compiled(tmp_path, '[regions.layer1]\nstrategy = "replicated"\n', prog)
+    assert "all_gather" in [k["op"] for k in plan["collectives"]] and plan["outputs"][0] == "R"

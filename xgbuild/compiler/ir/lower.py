@@ -16,7 +16,8 @@ from ..frontend import ast as A
 from ..frontend.checker import TypedProgram
 from ..frontend.types import NAMED_ERRORS, FloatLiteral, IntLiteral, ResultType, TensorType, TupleType, Type
 from .graph import Graph, GraphBuilder, Op, Program, attrs_of, tree_ids
-from ..frontend.shard_plan import RegionPlan, ShardingPlan
+from ..frontend.codes import PLAN_UNKNOWN
+from ..frontend.shard_plan import RegionPlan, ShardingPlan, plan_error
 from .shapes import index_shape
 
 TAG_DTYPE = "int32"
@@ -228,7 +229,14 @@ class FunctionLowering:
         for call in s.shards:
             x = call.args[0] if call.args else next(k.value for k in call.kwargs if k.name == "x")
             if isinstance(x, A.StrLit) and self.plan and self.plan.region(x.value):
-                self.apply_region(self.plan.region(x.value), _reads(s.body, self.env), self.src(call))
+                region = self.plan.region(x.value)
+                reads = _reads(s.body, self.env)
+                missing = [n for n in [*(n for n, _ in region.shard), *region.replicated] if n not in reads]
+                if missing:
+                    raise plan_error(PLAN_UNKNOWN, f"region `{region.name}` does not read `{missing[0]}`",
+                                     f"{self.plan.name}: [regions.{region.name}]",
+                                     "it reads: " + (", ".join(f"`{n}`" for n in reads) or "nothing from outside"))
+                self.apply_region(region, reads, self.src(call))
                 continue
             if not isinstance(x, A.Name) or x.id not in self.env:
                 continue
