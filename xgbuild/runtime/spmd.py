@@ -86,11 +86,12 @@ class SpmdExecutor:
                 vals[i] = finish()
             return vals[i]
 
+        order = _comm_early(local)
         outputs = set(tree_ids(local.output))
-        last_use = {i: n.id for n in local.nodes for i in n.inputs}
+        last_use = {i: n.id for n in order for i in n.inputs}
         device = torch.device(self.group.device) if self.group.device != "cpu" else None
         with torch.no_grad(), (device if device is not None else nullcontext()):
-            for n in local.nodes:
+            for n in order:
                 args = [value(i) for i in n.inputs]
                 if n.op is Op.SHARD and n.inputs[0] in split_ids:
                     vals[n.id] = args[0]            # loaded as this rank's slice already
@@ -157,6 +158,29 @@ class SpmdExecutor:
         recv = [torch.empty_like(c) for c in send]
         work = dist.all_to_all(recv, send, async_op=True)
         return work, lambda: back(torch.cat(recv, n.attr("src")))
+
+
+_MOVES = (Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL)
+
+
+def _comm_early(graph: Graph) -> list[Node]:
+    """The nodes in an order that starts each collective right after its input is computed (the
+    pass places it just before its first consumer), so the compute in between overlaps it. Every
+    rank derives the same order, so collectives are issued in the same sequence everywhere."""
+    waiting: dict[int, list[Node]] = {}
+    for n in graph.nodes:
+        if n.op in _MOVES:
+            waiting.setdefault(n.inputs[0], []).append(n)
+    order: list[Node] = []
+    for n in graph.nodes:
+        if n.op in _MOVES:
+            continue
+        ready = [n]
+        while ready:                 # a collective of a collective follows it at once too
+            m = ready.pop(0)
+            order.append(m)
+            ready.extend(waiting.pop(m.id, ()))
+    return order
 
 
 def _wire(x: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:

@@ -66,3 +66,18 @@ def test_a_world_of_one_runs_the_plan_as_one_process() -> None:
     c, s = (out.values[t["t"]] for t in graph.output["tuple"])
     ref = torch.relu(a.double() @ b.double())
     assert float((c - ref).norm() / ref.norm()) < 1e-12 and abs(float(s) - float(ref.sum())) < 1e-9
+
+
+def test_collectives_start_right_after_their_input_so_compute_overlaps_them() -> None:
+    from xgbuild.compiler.ir.graph import GraphBuilder, Op, attrs_of
+    from xgbuild.runtime.spmd import _comm_early
+    b = GraphBuilder("g")
+    x = b.add(Op.INPUT, (), "float32", (4,), attrs_of(name="x"))
+    b.inputs.append(("x", x))
+    y = b.add(Op.EXP, (x,), "float32", (4,))
+    z = b.add(Op.NEG, (x,), "float32", (4,))          # independent of the collectives: overlaps them
+    r = b.add(Op.ALL_REDUCE, (y,), "float32", (4,), attrs_of(reduce="sum"))
+    g = b.add(Op.ALL_GATHER, (r,), "float32", (4,), attrs_of(dim=0))
+    b.add(Op.ADD, (g, z), "float32", (4,))
+    graph = b.build({"t": b.next_id - 1})
+    assert [n.op for n in _comm_early(graph)] == [Op.INPUT, Op.EXP, Op.ALL_REDUCE, Op.ALL_GATHER, Op.NEG, Op.ADD]
