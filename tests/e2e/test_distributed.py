@@ -195,6 +195,22 @@ def test_a_dead_or_hung_rank_ends_the_run_naming_it(tmp_path: Path, sig: signal.
     assert all(_gone(pid) for pid in ranks.values()), "a rank outlived the run"
 
 
+
+def test_ranks_end_when_their_launcher_is_killed(tmp_path: Path) -> None:
+    engine = build(tmp_path, SHARDED, 2)
+    proc = subprocess.Popen([*command("xgrun"), str(engine), "--nproc", "2"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        ranks = _ranks_of(proc.pid, 2, time.monotonic() + 30)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not all(_gone(pid) for pid in ranks.values()):
+        time.sleep(0.1)
+    assert all(_gone(pid) for pid in ranks.values()), "a rank outlived its launcher"
+
+
 # ------------------------------------------------------------------------------- training step
 
 TRAIN_SHAPES = {"EMB": (16, 32), "G1": (32,), "WQ": (32, 32), "WK": (32, 32), "WV": (32, 32), "WO": (32, 32),
