@@ -160,7 +160,8 @@ def _ir_opt_text(compiled) -> str:
     if compiled.num_gpu == 1 or "shard" not in compiled.passes:
         return to_text(graph)
     notes = {i: str(lay) for i, lay in infer_layouts(graph, compiled.num_gpu).items()}
-    return "".join(f"# {line}\n" for line in plan_lines(plan_of(graph, compiled.num_gpu))) + to_text(graph, notes)
+    plan = plan_of(graph, compiled.num_gpu, compiled.target)
+    return "".join(f"# {line}\n" for line in plan_lines(plan)) + to_text(graph, notes)
 
 
 def main() -> None:

@@ -63,7 +63,7 @@ class Engine:
         blob = dumps(graph)
         plan = None
         if compiled.num_gpu > 1:
-            plan = {**plan_of(graph, compiled.num_gpu), "footprint": footprint(graph, compiled.num_gpu)}
+            plan = {**plan_of(graph, compiled.num_gpu, compiled.target), "footprint": footprint(graph, compiled.num_gpu)}
         manifest = build_manifest(graph=graph, program_blob=blob, target=compiled.target, num_gpu=compiled.num_gpu,
                                   sources=sources, passes=list(compiled.passes), shards=shards, plan=plan,
                                   kernels=kernels.kernels if kernels else None,

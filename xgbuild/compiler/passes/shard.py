@@ -235,8 +235,9 @@ def _gb(b: int) -> str:
     return f"{b / 1e9:.1f} GB" if b >= 1e8 else f"{b / 1e6:.1f} MB"
 
 
-def plan_of(graph: Graph, n: int) -> dict:
-    """The plan as data (manifest, inspect, --emit ir-opt): layouts and collectives with bytes."""
+def plan_of(graph: Graph, n: int, target: str | None = None) -> dict:
+    """The plan as data (manifest, inspect, --emit ir-opt): layouts and collectives with bytes;
+    with a target, the time those bytes take at its interconnect's one-way bandwidth."""
     layouts = infer_layouts(graph, n)
     names = {i: name for name, i in graph.inputs}
     collectives = []
@@ -247,7 +248,12 @@ def plan_of(graph: Graph, n: int) -> dict:
                                 "bytes": collective_bytes(node, n),
                                 "line": node.src[0] if node.src else None})
     known = [c["bytes"] for c in collectives if c["bytes"] is not None]
-    return {
+    link = {}
+    if target:
+        ic = load_profile(target).interconnect
+        # The datasheet figure counts both directions; a ring step sends one way.
+        link = {"interconnect": ic.kind, "predicted_comm_ms": sum(known) / (ic.bandwidth_bytes_per_s / 2) * 1e3}
+    return {**link,
         "num_gpu": n,
         "inputs": {names[i]: str(layouts[i]) for _, i in graph.inputs},
         "outputs": [str(layouts[i]) for i in tree_ids(graph.output)],
@@ -266,6 +272,11 @@ def plan_lines(plan: dict) -> list[str]:
              f"and {len(plan['collectives']) - moving} local slices, "
              f"{_bytes(plan['bytes_moved'])} sent per GPU" + (" + symbolic sizes" if plan["bytes_unknown"] else "")]
     whole = [name for name, lay in plan["inputs"].items() if lay == "R"]
+    if "predicted_comm_ms" in plan:
+        ms = plan["predicted_comm_ms"]
+        took = f"{ms:.2f} ms" if ms >= 0.1 else f"{ms * 1e3:.1f} us"
+        lines.append(f"  over {plan['interconnect']}: about {took} of transfers per step "
+                     "(bandwidth alone; latency and overlap not counted)")
     for name, lay in plan["inputs"].items():
         if lay != "R":
             lines.append(f"  input  {name:<14} {lay}")
