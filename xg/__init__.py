@@ -23,18 +23,23 @@ __all__ = ["CompileError", "Engine", "EngineError", "ExecutionError", "InputErro
 
 def compile_file(path: Path | str, *, target: str | None = None, num_gpu: int | None = None,
                  tune: str = "cache", kernels: bool = True, dims: Mapping[str, int] | None = None,
-                 entry: str = "main") -> Engine:
+                 sharding: Path | str | None = None, entry: str = "main") -> Engine:
     """Compile an `.xg` file into an engine (raises `CompileError` with rendered diagnostics).
 
     Like `xgc --out`: GPU kernels for the target are tuned under `tune` (measure | cache | predict |
     strict) at the sizes `dims` gives symbolic dims (1024 otherwise); `kernels=False` makes a
-    CPU-only engine; `entry` names the function the engine runs (another than `main` takes the
-    engine's inputs as its parameters). The same source and winners give the same bytes as `xgc`."""
+    CPU-only engine; `sharding` is a plan file, as `xgc --sharding`; `entry` names the function the
+    engine runs (another than `main` takes the engine's inputs as its parameters). The same source
+    and winners give the same bytes as `xgc`."""
     if num_gpu is not None and (not isinstance(num_gpu, int) or num_gpu < 1):
         raise XGError(f"num_gpu must be a positive integer, got {num_gpu!r}")
     if not isinstance(entry, str) or not entry.isidentifier():
         raise XGError(f"entry must name a function, got {entry!r}")
-    compiled = _compile_file(path, CheckOptions(target=target, num_gpu=num_gpu, entry=entry))
+    plan = None
+    if sharding is not None:
+        from xgbuild.compiler.frontend.shard_plan import load_plan
+        plan = load_plan(sharding)
+    compiled = _compile_file(path, CheckOptions(target=target, num_gpu=num_gpu, entry=entry), plan=plan)
     table = None
     if kernels:
         from xgbuild.tuner.link import kernels_for
@@ -48,8 +53,14 @@ def load_engine(path: Path | str) -> Engine:
 
 
 def run_engine(engine: Engine, external_values: Mapping[str, Any] | None = None, *, device: str = "cpu",
-               check: bool = True) -> RunResult:
-    """Run an engine; `result.value` is what `main` returns, `result.metadata` how it ran."""
+               check: bool = True, nproc: int = 1) -> RunResult:
+    """Run an engine; `result.value` is what `main` returns, `result.metadata` how it ran.
+    `nproc=N` runs its sharding plan on N ranks of this host, like `xgrun --nproc N`."""
     if not isinstance(engine, Engine):
         raise XGError(f"run_engine takes an Engine (from xg.compile_file or xg.load_engine), got {type(engine).__name__}")
+    if not isinstance(nproc, int) or nproc < 1:
+        raise XGError(f"nproc must be a positive integer, got {nproc!r}")
+    if nproc > 1:
+        from xgbuild.runtime.distributed import run_ranks
+        return run_ranks(engine, external_values, nproc, device=device, check=check)
     return engine.run(external_values, device=device, check=check)

@@ -93,3 +93,49 @@ class Settings:
             remote_upload=not _flag(env.get("XG_NO_REMOTE_UPLOAD")),
             hw_dir=Path(env["XG_HW_DIR"]) if env.get("XG_HW_DIR") else REPO_ROOT / "hw",
         )
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """One rank's place in a distributed run, as a launcher (`xgrun --nproc`, torchrun, SLURM) sets it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    heartbeat_fd: int | None = None      # XG_HEARTBEAT_FD: a pipe to `xgrun --nproc`, which watches for hangs
+
+
+def _int(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    if not raw.strip().isdigit():
+        raise SettingsError(f"{name}={raw!r} is not a non-negative integer")
+    return int(raw)
+
+
+def dist_env(env: Mapping[str, str] | None = None) -> DistEnv | None:
+    """The distributed run this process is a rank of, or None when it runs alone.
+
+    torchrun and `xgrun --nproc` set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT;
+    under SLURM (srun) SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID stand in for the first three.
+    """
+    env = os.environ if env is None else env
+    rank = _int(env, "RANK")
+    world = _int(env, "WORLD_SIZE")
+    local = _int(env, "LOCAL_RANK")
+    if rank is None and world is None:
+        rank, world, local = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS"), _int(env, "SLURM_LOCALID")
+    if rank is None or world is None:
+        if rank is not None or world is not None:
+            raise SettingsError("RANK and WORLD_SIZE come together: set both (or neither)")
+        return None
+    if world < 1 or rank >= world:
+        raise SettingsError(f"RANK={rank} is not below WORLD_SIZE={world}")
+    port = _int(env, "MASTER_PORT")
+    if world > 1 and (not env.get("MASTER_ADDR") or port is None):
+        raise SettingsError("a distributed run needs MASTER_ADDR and MASTER_PORT (rank 0's host and a free port)")
+    return DistEnv(rank, world, rank if local is None else local, env.get("MASTER_ADDR") or "127.0.0.1",
+                   port or 0, _int(env, "XG_HEARTBEAT_FD"))

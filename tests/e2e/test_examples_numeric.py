@@ -67,7 +67,31 @@ TENSOR_EXAMPLES = sorted(CASES)
 
 
 def test_every_example_has_a_reference() -> None:
-    assert set(EXAMPLE_NAMES) == set(CASES) | {"safe_div"}, "a new example needs a float64 reference here"
+    assert set(EXAMPLE_NAMES) == set(CASES) | {"safe_div", "data_parallel"}, \
+        "a new example needs a float64 reference here"
+
+
+def data_parallel_reference(x, y, w1, w2):
+    """One SGD step of a ReLU MLP under mean squared error, by hand (examples/data_parallel.xg)."""
+    h = x @ w1
+    a = np.maximum(h, 0)
+    d = a @ w2 - y
+    dd = 2 * d / d.size
+    gw2 = a.T @ dd
+    gw1 = x.T @ ((dd @ w2.T) * (h > 0))
+    return [np.array((d * d).mean()), w1 - 0.1 * gw1, w2 - 0.1 * gw2]
+
+
+def data_parallel_case(rand: Rand):
+    shapes = {"X": (64, 32), "Y": (64, 8), "W1": (32, 16), "W2": (16, 8)}
+    vals = {k: rand.tensor(s, scale=0.3 if k.startswith("W") else 1.0) for k, s in shapes.items()}
+    return {k: t for k, (t, _) in vals.items()}, data_parallel_reference(*(vals[k][1] for k in shapes))
+
+
+def test_data_parallel_example_matches_float64_reference(rand: Rand, example_engines) -> None:
+    inputs, refs = data_parallel_case(rand)
+    for got, ref in zip(xg.run_engine(example_engines["data_parallel"], inputs).value, refs):
+        assert_close(got, ref, 1e-5, rand, "data_parallel (one process)")
 
 
 @pytest.mark.parametrize("name", TENSOR_EXAMPLES)

@@ -58,11 +58,15 @@ def test_every_dump_after_pass(name: str) -> None:
     for pass_name in PASS_NAMES:
         res = cli("xgc", path, "--dump-after", pass_name)
         assert res.code == 0, f"--dump-after {pass_name}: {res.both}"
+        if pass_name == "shard":     # the sharding plan comes first, as `#` comments
+            res.out = "".join(line for line in res.out.splitlines(True) if not line.startswith("# "))
         assert res.out.startswith("graph main("), res.out[:200]
         assert res.out.rstrip().endswith("}") and "  return " in res.out
         if PASS_NAMES.index(pass_name) >= inlined_from:
             assert "call(" not in res.out and "proj(" not in res.out, f"after {pass_name}, calls remain"
             sizes[pass_name] = len(node_lines(res.out))
+    # Every pass but the sharding planner (which inserts collectives) only shrinks the graph.
+    sizes.pop("shard")
     assert list(sizes.values()) == sorted(sizes.values(), reverse=True), f"a pass grew the graph: {sizes}"
     final = cli("xgc", path, "--emit", "ir-opt").out
     assert cli("xgc", path, "--dump-after", PASS_NAMES[-1]).out == final

@@ -63,6 +63,12 @@ def inspect(
         out.write(f"  {k['name']:<32} {archs:<7} {how:<10} {t['ms']:.4f} ms  {cfg}  [{shape}] key {t['key'][:12]}\n")
     for shard in m["sharding"]:
         out.write(f"shard       {shard['name']} dim={shard['dim']}\n")
+    if m.get("sharding_plan"):
+        from ..compiler.passes.shard import plan_lines
+        fp = m["sharding_plan"]["footprint"]
+        out.write("plan        " + "\n            ".join(plan_lines(m["sharding_plan"])) + "\n")
+        out.write(f"per GPU     inputs {fp['inputs']} B, intermediates at the peak {fp['activations']} B "
+                  "(symbolic sizes not counted)\n")
     for src in m["sources"]:
         out.write(f"source      {src['path']} {src['sha256'][:16]}\n")
 

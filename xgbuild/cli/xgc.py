@@ -1,7 +1,7 @@
 """`xgc`: the XG compiler command. Thin: parsing options and printing; the work is in the library.
 
     xgc FILE.xg --check [--json]                       type-check only
-    xgc FILE.xg --out build/engine.xge [--target T] [--num-gpu N]
+    xgc FILE.xg --out build/engine.xge [--target T] [--num-gpu N] [--sharding plan.toml] [--entry F]
     xgc FILE.xg --out build/engine.xge --kernels-from r0.json ...   link `xgbuild tune-shard` results
     xgc FILE.xg --emit ast|ir|ir-opt|ir-json|dot [--dump-after PASS]
 
@@ -57,6 +57,8 @@ def compile(
     kernels_from: list[Path] = typer.Option([], "--kernels-from", metavar="RESULT",
                                             help="link kernels from these `xgbuild tune-shard` results "
                                                  "instead of tuning and compiling (repeat per shard)"),
+    sharding: Optional[Path] = typer.Option(None, "--sharding", help="a sharding plan (TOML): regions, functions "
+                                            "and inputs -> data / tensor / replicated (docs/sharding.md)"),
 ) -> None:
     """Check FILE, print one of its stages, or build its engine."""
     if dump_after is not None and dump_after not in PASS_NAMES:
@@ -68,8 +70,25 @@ def compile(
     if not entry.isidentifier():
         fail(f"--entry names a function, got {entry!r}", EXIT_USAGE)
     options = CheckOptions(target=target, num_gpu=num_gpu, lib=lib, entry=entry)
+    plan = None
+    if sharding is not None:
+        from ..compiler.frontend.shard_plan import load_plan
+        try:
+            plan = load_plan(sharding)
+        except CompileError as exc:
+            sys.stderr.write(str(exc) + "\n")
+            raise typer.Exit(EXIT_PROGRAM)
+        if plan.num_gpu is not None and num_gpu is None:
+            options = CheckOptions(target=target, num_gpu=plan.num_gpu, lib=lib, entry=entry)
     if check or (lib and not out):
         result = check_file(file, options)
+        if plan is not None and result.ok and result.program is not None:
+            from ..compiler.frontend.shard_plan import check_plan
+            try:
+                check_plan(plan, result.program, result.program.num_gpu)
+            except CompileError as exc:
+                sys.stderr.write(str(exc) + "\n")
+                raise typer.Exit(EXIT_PROGRAM)
         if json_out:
             emit_json(result.to_json())
         elif result.diagnostics:
@@ -80,7 +99,7 @@ def compile(
     from ..compiler.frontend.ast_dump import dump as dump_ast
     from ..compiler.ir.serialize import program_text, to_dot, to_json, to_text
     try:
-        compiled = compile_file(file, options, stop_after=dump_after)
+        compiled = compile_file(file, options, stop_after=dump_after, plan=plan)
     except CompileError as exc:
         if json_out:
             emit_json({"ok": False, "diagnostics": [d.to_json() for d in exc.diagnostics]})
@@ -91,13 +110,14 @@ def compile(
     if warnings and not json_out:
         sys.stderr.write(compiled.check.render() + "\n")
     if dump_after is not None:
-        sys.stdout.write(to_text(compiled.optimized.main))
+        # After the last pass the dump is `--emit ir-opt` (with the sharding plan, if any).
+        sys.stdout.write(_ir_opt_text(compiled) if dump_after == PASS_NAMES[-1] else to_text(compiled.optimized.main))
     elif emit is Emit.ast:
         sys.stdout.write(dump_ast(compiled.typed.module, compiled.typed.types))
     elif emit is Emit.ir:
         sys.stdout.write(program_text(compiled.lowered))
     elif emit is Emit.ir_opt:
-        sys.stdout.write(to_text(compiled.optimized.main))
+        sys.stdout.write(_ir_opt_text(compiled))
     elif emit is Emit.ir_json:
         sys.stdout.write(json.dumps(to_json(compiled.optimized.main), sort_keys=True, indent=1, allow_nan=False) + "\n")
     elif emit is Emit.dot:
@@ -135,6 +155,19 @@ def compile(
                                  f"{stats['launches']} launches; {stats['compiled']} compiled, "
                                  f"{stats['compile_cache_hits']} cubins from cache; {stats['seconds']:.2f} s\n")
             sys.stderr.write(f"wrote {out} ({digest[:12]}, target {compiled.target}, num_gpu {compiled.num_gpu})\n")
+
+
+def _ir_opt_text(compiled) -> str:
+    """The optimised IR; with NUM_GPU > 1, the plan (as comments) before it and each value's layout (`@S(0)`)."""
+    from ..compiler.ir.layout import infer_layouts
+    from ..compiler.ir.serialize import to_text
+    from ..compiler.passes.shard import plan_lines, plan_of
+    graph = compiled.optimized.main
+    if compiled.num_gpu == 1 or "shard" not in compiled.passes:
+        return to_text(graph)
+    notes = {i: str(lay) for i, lay in infer_layouts(graph, compiled.num_gpu).items()}
+    plan = plan_of(graph, compiled.num_gpu, compiled.target)
+    return "".join(f"# {line}\n" for line in plan_lines(plan)) + to_text(graph, notes)
 
 
 def main() -> None:

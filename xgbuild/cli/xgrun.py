@@ -2,13 +2,19 @@
 
     xgrun ENGINE [--inputs FILE] [--output FILE] [--device cpu|cuda] [--check|--no-check]
                  [--seed N] [--dim NAME=SIZE ...] [--json]
+                 [--nproc N] [--timeout S] [--output-per-rank]
 
 Without `--inputs`, every external gets seeded random values; symbolic dims take `--dim` sizes
-(default 16). Exit codes: 0 ok, 1 a bad engine, bad inputs or a failed check, 2 usage.
+(default 16). `--nproc N` runs the engine's sharding plan on N ranks of this host (gloo on CPU,
+NCCL with `--device cuda`); under torchrun or SLURM (RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT
+set) each process is one rank of a run that may span hosts. Outputs are gathered to rank 0, which
+prints and writes them. Exit codes: 0 ok, 1 a bad engine, bad inputs, a failed check or a failed
+rank, 2 usage.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,6 +23,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import XGError
+from ..settings import SettingsError, dist_env
 from ..runtime.engine import Engine
 from ..runtime.tensor_io import TensorIOError, describe, load_tensors, random_inputs, save_tensors
 from .common import EXIT_USAGE, emit_json, fail, make_app, parse_dims, run
@@ -38,23 +45,50 @@ def main_cmd(
     seed: int = typer.Option(0, "--seed", help="seed for random inputs (without --inputs)"),
     dim: List[str] = typer.Option([], "--dim", help="NAME=SIZE for symbolic dims of random inputs"),
     json_out: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="ranks to start on this host (the engine's NUM_GPU)"),
+    timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="seconds a rank may wait on a peer, "
+                                  "or go silent, before the whole run fails"),
+    output_per_rank: bool = typer.Option(False, "--output-per-rank", help="with --output F.ext: each rank "
+                                         "writes its own pieces of the outputs to F.rankK.ext"),
 ) -> None:
     """Run ENGINE and print each output's shape, dtype and checksum."""
     if device not in ("cpu", "cuda"):
         fail(f"--device takes cpu or cuda, got {device!r}", EXIT_USAGE)
+    if output_per_rank and output is None:
+        fail("--output-per-rank needs --output FILE (each rank writes FILE with .rankK before the suffix)", EXIT_USAGE)
+    try:
+        denv = dist_env()
+    except SettingsError as exc:
+        fail(str(exc), EXIT_USAGE)
+    if nproc > 1:
+        if denv is not None:
+            fail(f"--nproc starts ranks itself, but this process is already rank {denv.rank} of "
+                 f"{denv.world_size} (RANK/WORLD_SIZE are set): drop --nproc under torchrun or srun", EXIT_USAGE)
+        from ..runtime.launch import launch
+        try:       # refuse a rank count the plan was not made for before starting any rank
+            planned = Engine.load(engine).manifest["num_gpu"]
+        except XGError as exc:
+            fail(str(exc))
+        if planned != nproc:
+            fail(f"engine {engine} is planned for NUM_GPU = {planned}, not {nproc} ranks: rebuild it with "
+                 f"`xgc --num-gpu {nproc}` or run --nproc {planned}", EXIT_USAGE)
+        child = [sys.executable, "-m", "xgbuild.cli.xgrun_rank", str(engine), "--device", device,
+                 "--check" if check else "--no-check", "--seed", str(seed), "--timeout", str(timeout),
+                 *(["--inputs", str(inputs)] if inputs else []), *(["--output", str(output)] if output else []),
+                 *[a for d in dim for a in ("--dim", d)], *(["--json"] if json_out else []),
+                 *(["--output-per-rank"] if output_per_rank else [])]
+        result = launch(child, nproc, timeout, os.environ)
+        if not result.ok:
+            fail(result.message)
+        return
+    if denv is not None and denv.world_size > 1:
+        _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, timeout, output_per_rank)
+        return
     t_load = time.perf_counter()
     try:
         eng = Engine.load(engine)
         load_ms = (time.perf_counter() - t_load) * 1e3
-        if inputs is not None:
-            values = load_tensors(inputs)
-        else:
-            sizes = _dims(dim)
-            sig = {}
-            for spec in eng.signature:
-                shape = tuple(d if isinstance(d, int) else sizes.get(d, DEFAULT_DIM) for d in spec["shape"])
-                sig[spec["name"]] = (spec["dtype"], shape)
-            values = random_inputs(sig, seed)
+        values = _inputs_for(eng, inputs, seed, dim)
         if device == "cuda":
             eng.cuda_executor(check=check)       # a clear refusal before any tensor moves
             values = {k: v.to("cuda") for k, v in values.items()}
@@ -82,6 +116,71 @@ def main_cmd(
     for name, d in summary["outputs"].items():
         out.write(f"  {name:<12} {d['dtype']:<9} {str(d['shape']):<16} checksum {d['checksum']}\n")
     out.write(f"load {load_ms:.1f} ms, run {summary['run_ms']:.1f} ms\n")
+
+
+def _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, timeout, per_rank) -> None:
+    """One rank of a distributed run: its shards in, whole outputs to rank 0 (which reports)."""
+    from ..runtime.distributed import check_world, init_group, leave_group, run_spmd
+    t_load = time.perf_counter()
+    try:
+        eng = Engine.load(engine)
+        load_ms = (time.perf_counter() - t_load) * 1e3
+        check_world(eng, denv.world_size)        # before joining: a wrong count would wait for peers
+        whole = None
+        if inputs is not None:      # each rank reads only its slices of the split inputs
+            from ..compiler.ir.layout import split_inputs
+            from ..runtime.tensor_io import load_tensor_shards
+            values, whole = load_tensor_shards(inputs, split_inputs(eng.graph), denv.rank, denv.world_size)
+        else:
+            values = _inputs_for(eng, None, seed, dim)
+        group = init_group(denv, device, timeout)
+        try:
+            result, local = run_spmd(eng, values, group, check=check, whole_shapes=whole)
+        finally:
+            leave_group()
+    except (XGError, TensorIOError) as exc:
+        fail(f"rank {denv.rank}: {exc}")
+    try:
+        if per_rank:
+            save_tensors(output.with_name(f"{output.stem}.rank{denv.rank}{output.suffix}"),
+                         {k: v.cpu() for k, v in local.items()})
+        if denv.rank != 0:
+            return
+        outputs = {name: t.cpu() for name, t in result.tensors.items()}
+        if output is not None and not per_rank:
+            save_tensors(output, outputs)
+    except TensorIOError as exc:
+        fail(str(exc))
+    comm = result.metadata["timings"]["comm"]
+    summary = {
+        "engine": str(engine), "digest": eng.digest, "target": eng.manifest["target"], "device": device,
+        "check": check, "load_ms": load_ms, "run_ms": result.metadata["timings"]["total_ms"],
+        "world_size": denv.world_size, "comm": comm, "split_inputs": result.metadata["split_inputs"],
+        "loaded_as_slices": result.metadata["loaded_as_slices"],
+        "outputs": {name: describe(v) for name, v in outputs.items()},
+        "specialization": result.metadata["specialization"],
+    }
+    if json_out:
+        emit_json(summary)
+        return
+    out = sys.stdout
+    out.write(f"engine {engine} ({eng.digest[:12]}), target {summary['target']}, device {device}, "
+              f"{denv.world_size} ranks, check {'on' if check else 'off'}\n")
+    for name, d in summary["outputs"].items():
+        out.write(f"  {name:<12} {d['dtype']:<9} {str(d['shape']):<16} checksum {d['checksum']}\n")
+    out.write(f"load {load_ms:.1f} ms, run {summary['run_ms']:.1f} ms (rank 0: {comm['collectives']} collectives, "
+              f"{comm['wait_ms']:.1f} ms waiting on them)\n")
+
+
+def _inputs_for(eng: Engine, inputs, seed: int, dim: list[str]) -> dict:
+    if inputs is not None:
+        return load_tensors(inputs)
+    sizes = _dims(dim)
+    sig = {}
+    for spec in eng.signature:
+        shape = tuple(d if isinstance(d, int) else sizes.get(d, DEFAULT_DIM) for d in spec["shape"])
+        sig[spec["name"]] = (spec["dtype"], shape)
+    return random_inputs(sig, seed)
 
 
 def main() -> None:

@@ -42,7 +42,7 @@ def _output_sig(graph: Graph, tree: dict) -> dict:
 
 def build_manifest(*, graph: Graph, program_blob: bytes, target: str, num_gpu: int, sources: dict[str, bytes],
                    passes: list[str], shards: list[dict], kernels: list[dict] | None = None,
-                   launches: list[dict] | None = None) -> dict:
+                   launches: list[dict] | None = None, plan: dict | None = None) -> dict:
     profile = load_profile(target)
     return {
         "format_version": FORMAT_VERSION,
@@ -55,6 +55,7 @@ def build_manifest(*, graph: Graph, program_blob: bytes, target: str, num_gpu: i
             "output": _output_sig(graph, graph.output),
         },
         "sharding": shards,
+        "sharding_plan": plan,       # passes/shard.py's plan_of: layouts, collectives, bytes, footprint
         "kernels": kernels or [],
         "launches": launches or [],
         "program": {"path": "program.json", "sha256": sha256(program_blob), "passes": passes},

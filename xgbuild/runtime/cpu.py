@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..compiler.ir.graph import Graph, Node, Op, tree_ids
+from ..compiler.ir.graph import COLLECTIVE, Graph, Node, Op, tree_ids
 from ..compiler.ir.serialize import where as src_text
 from ..errors import ExecutionError
 from .dtypes import FLOAT_DTYPES, TORCH_DTYPES  # noqa: F401 (TORCH_DTYPES re-exported for tests)
@@ -196,7 +196,7 @@ class CpuExecutor:
             out = torch.zeros(math.prod(n.shape), dtype=args[0].dtype)
             out[positions.reshape(-1)] = args[0].reshape(-1)
             return out.reshape(n.shape)
-        if op in (Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE):
+        if op in COLLECTIVE:
             return args[0]          # one process holds every shard
         raise ExecutionError(f"the CPU executor has no implementation of `{op.value}`")
 

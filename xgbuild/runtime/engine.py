@@ -19,6 +19,7 @@ from ..compiler.driver import Compiled
 from ..compiler.ir.lower import ERROR_CODES
 from ..compiler.ir.serialize import dumps
 from ..compiler.ir.graph import Graph
+from ..compiler.passes.shard import footprint, plan_of
 from ..compiler.passes.specialize import SpecializationError, bind_symbols, specialize
 from ..errors import EngineError, ExecutionError, InputError
 from ..packager.engine_file import EngineFile, make_engine_file, read_engine, save_engine_file
@@ -55,11 +56,16 @@ class Engine:
         """An engine of `compiled`; `kernels` (a tuner `KernelTable`) adds GPU kernels for the target."""
         graph = compiled.optimized.main
         sources = {compiled.name: compiled.source.encode()}
+        if compiled.plan is not None:
+            sources[compiled.plan.name] = compiled.plan.text
         shards = [{"function": s.function, "name": s.name, "dim": s.dim, "region": s.region}
                   for s in compiled.typed.shards]
         blob = dumps(graph)
+        plan = None
+        if compiled.num_gpu > 1:
+            plan = {**plan_of(graph, compiled.num_gpu, compiled.target), "footprint": footprint(graph, compiled.num_gpu)}
         manifest = build_manifest(graph=graph, program_blob=blob, target=compiled.target, num_gpu=compiled.num_gpu,
-                                  sources=sources, passes=list(compiled.passes), shards=shards,
+                                  sources=sources, passes=list(compiled.passes), shards=shards, plan=plan,
                                   kernels=kernels.kernels if kernels else None,
                                   launches=kernels.launches if kernels else None)
         return cls(make_engine_file(manifest, graph, blob, sources, kernels.files if kernels else None))

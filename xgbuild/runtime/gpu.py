@@ -21,7 +21,7 @@ import torch
 from ..compiler.codegen.schedule import VIEWS
 from ..compiler.codegen.spec import Binding, KernelSpec
 from ..compiler.codegen.triton_src import Variant
-from ..compiler.ir.graph import Graph, Node, Op, tree_ids
+from ..compiler.ir.graph import COLLECTIVE, Graph, Node, Op, tree_ids
 from ..errors import ExecutionError
 from .cpu import CpuExecutor, RunOutput, index_view
 from .dtypes import TORCH_DTYPES
@@ -83,7 +83,7 @@ def view(n: Node, inputs: list[torch.Tensor], meta: bool = False) -> torch.Tenso
         return x.reshape(tuple(n.shape))
     if n.op is Op.TRANSPOSE:
         return x.transpose(n.attr("dim0"), n.attr("dim1"))
-    if n.op in (Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE):
+    if n.op in COLLECTIVE:
         return x                        # one process holds every shard
     if n.op is Op.INDEX:
         return index_view(n, x, lambda k: 0 if meta else int(inputs[k].item()))

@@ -77,6 +77,57 @@ def load_tensors(path: Path, *, role: str = "inputs file") -> dict[str, torch.Te
     return {name: _checked(f"{role} {path}", name, t) for name, t in raw}
 
 
+def load_tensor_shards(path: Path, split: dict[str, int], rank: int, world: int, *,
+                       role: str = "inputs file") -> tuple[dict[str, torch.Tensor], dict[str, tuple[int, ...]]]:
+    """One rank's inputs: whole tensors, except that for each `name -> dim` in `split` only this
+    rank's slice along dim (of `world` equal ones). Returns (tensors, whole shapes of the split ones).
+
+    From `.safetensors` only the slice's bytes are read (the file is memory-mapped), so no rank
+    holds a whole split input; other formats are read whole, then sliced.
+    """
+    path = Path(path)
+    if _suffix(path, role) != ".safetensors" or not split:
+        whole = load_tensors(path, role=role)
+        shapes = {k: tuple(v.shape) for k, v in whole.items() if k in split}
+        for k in shapes:
+            whole[k] = _slice_of(f"{role} {path}", k, whole[k], split[k], rank, world).clone()
+        return whole, shapes
+    if not path.is_file():
+        raise TensorIOError(f"{role} {path} " + ("is not a regular file" if path.exists() else "does not exist"))
+    out, shapes = {}, {}
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                if name not in split:
+                    out[name] = _checked(f"{role} {path}", name, f.get_tensor(name))
+                    continue
+                view = f.get_slice(name)
+                shape = tuple(view.get_shape())
+                lo, hi = _bounds(f"{role} {path}", name, shape, split[name], rank, world)
+                index = (slice(None),) * split[name] + (slice(lo, hi),)
+                out[name] = _checked(f"{role} {path}", name, view[index])
+                shapes[name] = shape
+    except TensorIOError:
+        raise
+    except Exception as e:  # noqa: BLE001  (the parser's many error types, as in load_tensors)
+        raise TensorIOError(f"{role} {path} is not a valid safetensors file: {_summarize(e)}") from None
+    return out, shapes
+
+
+def _bounds(where: str, name: str, shape: tuple[int, ...], dim: int, rank: int, world: int) -> tuple[int, int]:
+    if dim >= len(shape) or shape[dim] % world:
+        size = shape[dim] if dim < len(shape) else "no such dimension"
+        raise TensorIOError(f"{where}: `{name}` {list(shape)} is split along dimension {dim} over {world} ranks, "
+                            f"which needs a multiple of {world} ({size})")
+    step = shape[dim] // world
+    return rank * step, (rank + 1) * step
+
+
+def _slice_of(where: str, name: str, t: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
+    lo, hi = _bounds(where, name, tuple(t.shape), dim, rank, world)
+    return t.narrow(dim, lo, hi - lo)
+
+
 def _read_npz(path: Path) -> list[tuple[str, torch.Tensor]]:
     out = []
     with zipfile.ZipFile(path) as zf:

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir.graph import BINARY, UNARY, Graph, Node, Op, tree_ids
+from ..ir.graph import BINARY, COLLECTIVE, UNARY, Graph, Node, Op, tree_ids
 
 ELEMENTWISE = UNARY | BINARY | {Op.WHERE, Op.FULL, Op.IOTA, Op.RANDN, Op.RAND}
 SOURCES = {Op.FULL, Op.IOTA, Op.RANDN, Op.RAND}     # element-wise ops that read no tensor
 ROW_ANCHORS = {Op.SUM, Op.MEAN, Op.MAX, Op.MIN, Op.SOFTMAX, Op.LOG_SOFTMAX}
 # Collectives are the identity within one process (the many-GPU plan replaces them).
-VIEWS = {Op.RESHAPE, Op.TRANSPOSE, Op.INDEX, Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE}
+VIEWS = {Op.RESHAPE, Op.TRANSPOSE, Op.INDEX, *COLLECTIVE}
 
 
 class ScheduleError(ValueError):

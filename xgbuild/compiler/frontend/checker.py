@@ -15,8 +15,9 @@ from . import ast as A
 from . import ranges as R
 from .builtins import SPECS, BuiltinChecker
 from .codes import (BAD_DECL, BAD_DIM, BAD_NUM_GPU, COND_NOT_BOOL, DEFAULT_DTYPE, DUPLICATE, MAIN_PARAMS,
-                    MISSING_RETURN, NO_ENTRY, NO_MAIN, NOT_CALLABLE, OVERRIDE, RECURSION, RESULT_UNUSED, RETURN_MISMATCH,
-                    SHARD_BAD, SHARD_INDIVISIBLE, SHARD_UNKNOWN, UNKNOWN_TARGET, UNKNOWN_TYPE, UNREACHABLE, UNUSED_VAR)
+                    MISSING_RETURN, NO_ENTRY, NO_MAIN, NOT_CALLABLE, OVERRIDE, RECURSION, RESULT_UNUSED,
+                    RETURN_MISMATCH, SHARD_BAD, SHARD_CONFLICT, SHARD_INDIVISIBLE, SHARD_UNKNOWN, UNKNOWN_TARGET,
+                    UNKNOWN_TYPE, UNREACHABLE, UNUSED_VAR)
 from .diagnostics import Diagnostics
 from .exprs import UNIT, ExprChecker
 from .scope import FuncSig, Scope, Var
@@ -84,6 +85,7 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
         self.rigid_dims: set[str] = set()
         self.inferred_ret: Type | None = None
         self.shard_created: dict[str, Span] = {}
+        self.active_shards: dict[str, int] = {}     # name -> dim, for the `with shard` blocks we are in
         self.call_nids: list[int] = []
         for name, (value, ty) in self.constants.items():
             self.root_scope.bind(Var(name, ty, Span(0, 0), "const", used=True), R.of_value(value)
@@ -372,8 +374,19 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
                 continue
             d = self.const_int(bound["dim"], "the sharded dimension")
             if d is not None:
+                if self.active_shards.get(x.id, d) != d:
+                    self.diags.error(SHARD_CONFLICT, call.span, name=x.id, first=self.active_shards[x.id], second=d,
+                                     help=f"an enclosing `with` already splits `{x.id}` along dimension "
+                                          f"{self.active_shards[x.id]}")
+                    continue
                 self.shards.append(ShardSpec(self.fn.name, x.id, d, call.span))
-        return self.block(s.body)
+        outer = dict(self.active_shards)
+        self.active_shards.update({sp.name: sp.dim for sp in self.shards if sp.span in
+                                   {c.span for c in s.shards} and not sp.region})
+        try:
+            return self.block(s.body)
+        finally:
+            self.active_shards = outer
 
     def check_shard(self, spec: ShardSpec) -> None:
         if spec.region:

@@ -237,6 +237,44 @@ SHARD_BAD = _code("XG0502", "invalid shard", "{detail}", """
 per `with`.
 """)
 
+SHARD_CONFLICT = _code("XG0503", "conflicting shardings", "`{name}` is sharded along dimension {first} and along dimension {second}", """
+One value has one layout at a time. A `with shard(X, dim=a)` block inside another that shards `X`
+along a different dimension, or a sharding plan file (`--sharding`) that splits a value along one
+dimension while the program (or another entry of the plan) splits it along another, is
+contradictory: pick one. To change a layout on purpose, compute a new value and shard that.
+""")
+SHARD_MEMORY = _code("XG0504", "plan exceeds GPU memory", "{detail}", """
+After sharding, each GPU must hold its pieces of the engine's inputs (weights, optimizer state and
+data) and, at the peak, the intermediate values alive at once. The compiler adds these up per
+GPU from the plan and compares them with the target's HBM size (from its `hw/` profile). Shard
+the largest inputs (`with shard(W, dim=0)` or a `--sharding` plan), raise `NUM_GPU`, or pick a
+target with more memory.
+""")
+PLAN_UNKNOWN = _code("XG0505", "sharding plan names an unknown region", "{detail}", """
+Every entry of a `--sharding` plan file names something in the program: a region (a
+`with shard("name"):` block), a function, or a value (an external input or a parameter of a
+function the entry names). A name that matches nothing is most likely a typo, so it is an error.
+""")
+PLAN_BAD = _code("XG0506", "invalid sharding plan", "{detail}", """
+A sharding plan (`--sharding plan.toml`) maps names to strategies:
+
+    [regions.layer1]          # a `with shard("layer1"):` block, or a function name
+    strategy = "data"         # data | tensor | replicated
+    axis = 0                  # data: the batch dimension of the region's inputs
+    replicated = ["w"]        # data: inputs that stay whole (parameters)
+    [regions.mlp]
+    strategy = "tensor"
+    shard = { w1 = 1, w2 = 0 }   # tensor: parameter -> dimension
+    [values]
+    TOKENS = 0                # an external input split along dimension 0
+
+See docs/sharding.md.
+""")
+PLAN_PIPELINE = _code("XG0507", "pipeline stages are not supported", "{detail}", """
+Pipeline parallelism (stages of a program on subsets of the GPUs) is not implemented yet: every
+rank runs the whole program on its shards (SPMD). Use `data`, `tensor` or `replicated`.
+""")
+
 # --- control flow (XG06xx) ------------------------------------------------------------------
 RECURSION = _code("XG0600", "recursion", "`{name}` calls itself (through {path})", """
 XG programs compile to fixed graphs of kernels; recursion is not supported.

@@ -47,10 +47,12 @@ class Op(str, Enum):
     # functions (before inlining)
     CALL = "call"              # attrs: func, dims (callee symbol -> caller dim); one output per PROJ
     PROJ = "proj"              # attrs: index: the index-th output of a CALL
-    # many GPUs: identity within one process
-    SHARD = "shard"            # attrs: dim: this value is split along dim over NUM_GPU
-    ALL_GATHER = "all_gather"  # attrs: dim
-    ALL_REDUCE = "all_reduce"  # attrs: reduce ("sum")
+    # many GPUs (passes/shard.py, ir/layout.py): identity within one process
+    SHARD = "shard"            # attrs: dim: this value is split along dim over NUM_GPU (a local slice)
+    ALL_GATHER = "all_gather"  # attrs: dim: the slices along dim, joined on every rank
+    ALL_REDUCE = "all_reduce"  # attrs: reduce ("sum"): partial sums added up on every rank
+    REDUCE_SCATTER = "reduce_scatter"  # attrs: dim: partial sums added up, each rank keeping its slice
+    ALL_TO_ALL = "all_to_all"  # attrs: src, dim: split along dim instead of along src
 
 
 UNARY = {Op.NEG, Op.NOT, Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.SIGMOID, Op.TANH, Op.GELU, Op.SILU,
@@ -59,7 +61,7 @@ BINARY = {Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MOD, Op.EQ, Op.NE, Op.LT, Op.LE, Op
           Op.OR, Op.MAXIMUM, Op.MINIMUM}
 COMPARE = {Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE}
 REDUCE = {Op.SUM, Op.MEAN, Op.MAX, Op.MIN}
-COLLECTIVE = {Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE}
+COLLECTIVE = {Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL}
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,8 @@ class Graph:
 class Program:
     main: Graph
     functions: dict[str, Graph] = field(default_factory=dict)
+    num_gpu: int = 1                    # ranks the sharding pass plans for
+    target: str | None = None           # the GPU profile (for the per-GPU memory check)
 
     def replace_main(self, main: Graph) -> "Program":
         return replace(self, main=main)

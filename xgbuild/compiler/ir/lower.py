@@ -16,6 +16,8 @@ from ..frontend import ast as A
 from ..frontend.checker import TypedProgram
 from ..frontend.types import NAMED_ERRORS, FloatLiteral, IntLiteral, ResultType, TensorType, TupleType, Type
 from .graph import Graph, GraphBuilder, Node, Op, Program, attrs_of, tree_ids
+from ..frontend.codes import PLAN_UNKNOWN
+from ..frontend.shard_plan import RegionPlan, ShardingPlan, plan_error
 from .shapes import index_shape
 
 TAG_DTYPE = "int32"
@@ -61,14 +63,18 @@ _UNARY_BUILTINS = {"erf": Op.ERF, "exp": Op.EXP, "log": Op.LOG, "sqrt": Op.SQRT,
 _REDUCE = {"sum": Op.SUM, "mean": Op.MEAN, "max": Op.MAX, "min": Op.MIN}
 
 
-def lower(tp: TypedProgram, entry: str = "main") -> Program:
+def lower(tp: TypedProgram, plan: ShardingPlan | None = None, entry: str = "main") -> Program:
+    """`plan` (a checked `--sharding` file) adds SHARD nodes where its values and regions start;
+    `entry` is the function the engine runs (`main`, or another whose parameters become inputs)."""
     functions: dict[str, Graph] = {}
     for name in _call_order(tp, entry):
         if name != "main":
-            functions[name] = FunctionLowering(tp, name, functions).run()
+            functions[name] = FunctionLowering(tp, name, functions, plan).run()
     if entry == "main":
-        return Program(FunctionLowering(tp, "main", functions).run(), functions)
-    return Program(_entry_graph(tp, entry, functions[entry]), functions)
+        main = FunctionLowering(tp, "main", functions, plan).run()
+    else:
+        main = _entry_graph(tp, entry, functions[entry])
+    return Program(main, functions, num_gpu=tp.num_gpu, target=tp.target)
 
 
 def _entry_graph(tp: TypedProgram, entry: str, fn: Graph) -> Graph:
@@ -116,8 +122,9 @@ def _call_order(tp: TypedProgram, entry: str = "main") -> list[str]:
 
 
 class FunctionLowering:
-    def __init__(self, tp: TypedProgram, name: str, functions: dict[str, Graph]) -> None:
+    def __init__(self, tp: TypedProgram, name: str, functions: dict[str, Graph], plan: ShardingPlan | None = None) -> None:
         self.tp = tp
+        self.plan = plan
         self.sig = tp.funcs[name]
         self.functions = functions
         self.b = GraphBuilder(name)
@@ -131,9 +138,14 @@ class FunctionLowering:
                 nid = self.b.add(Op.INPUT, (), str(ty.dtype), ty.shape, attrs_of(name=name))
                 self.b.inputs.append((name, nid))
                 self.env[name] = (nid, ty)
+            for name, dim in (self.plan.values if self.plan else ()):
+                self.split(name, dim, None)
         else:
             for pname, ptype in self.sig.params:
                 self.env[pname] = (self.param(ptype), ptype)
+            region = self.plan.region(self.sig.name) if self.plan else None
+            if region is not None:
+                self.apply_region(region, [p for p, _ in self.sig.params], None)
         ret_type = self.tp.main_ret if self.is_main else self.sig.ret
         value = self.seq(list(self.sig.node.body.stmts))
         if value is None or ret_type is None or ret_type == TupleType(()):
@@ -234,6 +246,16 @@ class FunctionLowering:
     def with_block(self, s: A.With) -> None:
         for call in s.shards:
             x = call.args[0] if call.args else next(k.value for k in call.kwargs if k.name == "x")
+            if isinstance(x, A.StrLit) and self.plan and self.plan.region(x.value):
+                region = self.plan.region(x.value)
+                reads = _reads(s.body, self.env)
+                missing = [n for n in [*(n for n, _ in region.shard), *region.replicated] if n not in reads]
+                if missing:
+                    raise plan_error(PLAN_UNKNOWN, f"region `{region.name}` does not read `{missing[0]}`",
+                                     f"{self.plan.name}: [regions.{region.name}]",
+                                     "it reads: " + (", ".join(f"`{n}`" for n in reads) or "nothing from outside"))
+                self.apply_region(region, reads, self.src(call))
+                continue
             if not isinstance(x, A.Name) or x.id not in self.env:
                 continue
             dim = next((k.value for k in call.kwargs if k.name == "dim"), call.args[1] if len(call.args) > 1 else None)
@@ -243,6 +265,18 @@ class FunctionLowering:
                 nid = self.b.add(Op.SHARD, (value,), n.dtype, n.shape, attrs_of(dim=dim.value % max(len(n.shape), 1)),
                                  self.src(call))
                 self.env[x.id] = (nid, ty)
+
+    def apply_region(self, region: RegionPlan, names: list[str], src: tuple | None) -> None:
+        ranks = {n: len(self.b.node(v).shape) for n in names if isinstance(v := self.env[n][0], int)}
+        for name, dim in region.dims_for(names, ranks).items():
+            self.split(name, dim, src)
+
+    def split(self, name: str, dim: int | None, src: tuple | None) -> None:
+        """Rebind `name` to a SHARD of it (dim None: made whole), as `with shard(name, dim=...)` does."""
+        value, ty = self.env[name]
+        if isinstance(value, int):
+            n = self.b.node(value)
+            self.env[name] = (self.b.add(Op.SHARD, (value,), n.dtype, n.shape, attrs_of(dim=dim), src), ty)
 
     # --- values ---------------------------------------------------------------------------------
     def const(self, value: Any, dtype: str, node: A.Node | None = None) -> int:
@@ -615,3 +649,19 @@ def _from_tree(tree: dict, ids: dict[int, int]) -> LVal:
 
 def _subst_shape(shape, dims: dict) -> tuple:
     return tuple(dims.get(d, d) if isinstance(d, str) else d for d in shape)
+
+
+def _reads(block: A.Block, env: dict) -> list[str]:
+    """The names a block reads that are bound before it (its inputs), in first-use order."""
+    out: list[str] = []
+    stack: list[Any] = [block]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, A.Name) and node.id in env and node.id not in out:
+            out.append(node.id)
+        if isinstance(node, A.Node):
+            for field in reversed(node.__slots__):
+                stack.append(getattr(node, field, None))
+        elif isinstance(node, list):
+            stack.extend(reversed(node))
+    return out

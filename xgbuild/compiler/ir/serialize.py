@@ -26,13 +26,15 @@ def _attr_text(v: Any) -> str:
     return json.dumps(v) if isinstance(v, str) else repr(v)
 
 
-def to_text(graph: Graph) -> str:
+def to_text(graph: Graph, notes: dict[int, str] | None = None) -> str:
+    """The graph as text; `notes` adds a word after a node's type (the sharding plan's layouts)."""
     lines = [f"graph {graph.name}(" + ", ".join(f"{name}: %{nid}" for name, nid in graph.inputs) + ") {"]
     for n in graph.nodes:
         args = ", ".join(f"%{i}" for i in n.inputs)
         attrs = " ".join(f"{k}={_attr_text(v)}" for k, v in n.attrs)
         loc = f"  # {where(n.src)}" if n.src else ""
-        lines.append(f"  %{n.id} = {n.op.value}({args}){' ' + attrs if attrs else ''} : {n.dtype}{_dims(n.shape)}{loc}")
+        note = f" @{notes[n.id]}" if notes and n.id in notes else ""
+        lines.append(f"  %{n.id} = {n.op.value}({args}){' ' + attrs if attrs else ''} : {n.dtype}{_dims(n.shape)}{note}{loc}")
     lines.append(f"  return {_tree_text(graph.output)}")
     lines.append("}")
     return "\n".join(lines) + "\n"

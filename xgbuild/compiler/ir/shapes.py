@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .graph import BINARY, COMPARE, REDUCE, UNARY, Dim, Node, Op, Shape
+from .graph import BINARY, COLLECTIVE, COMPARE, REDUCE, UNARY, Dim, Node, Op, Shape
 
 FLOATS = {"float16", "bfloat16", "float32", "float64"}
 
@@ -85,7 +85,7 @@ def infer(node: Node, ins: list[tuple[str, Shape]]) -> tuple[str, Shape]:
             return dtype, shape
         d = _norm_dim(dim, len(shape))
         return dtype, tuple((1 if i == d else s) for i, s in enumerate(shape) if keep or i != d)
-    if op in (Op.SOFTMAX, Op.LOG_SOFTMAX, Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE):
+    if op in (Op.SOFTMAX, Op.LOG_SOFTMAX) or op in COLLECTIVE:
         if op in (Op.SOFTMAX, Op.LOG_SOFTMAX):
             _norm_dim(node.attr("dim", -1), len(ins[0][1]))
         return ins[0]

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 from ..ir.graph import Program, renumber
@@ -16,6 +17,7 @@ from .autodiff import autodiff
 from .cse import cse
 from .dce import dce
 from .inline import inline
+from .shard import shard
 
 Pass = Callable[[Program], Program]
 
@@ -25,6 +27,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("const-fold", const_fold),
     ("cse", cse),
     ("dce", dce),
+    ("shard", shard),
 ]
 PASS_NAMES = [name for name, _ in PIPELINE]
 
@@ -38,4 +41,4 @@ def run_pipeline(program: Program, *, stop_after: str | None = None, verify_each
             verify(program.main)
         if name == stop_after:
             break
-    return Program(renumber(program.main), program.functions)
+    return replace(program, main=renumber(program.main))

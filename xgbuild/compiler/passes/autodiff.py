@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir.graph import Graph, GraphBuilder, Node, Op, Program, attrs_of, tree_ids
+from ..ir.graph import COLLECTIVE, Graph, GraphBuilder, Node, Op, Program, attrs_of, tree_ids
 from ..ir.shapes import broadcast
 from .inline import _inline_graph
 
@@ -53,7 +53,7 @@ def autodiff(program: Program) -> Program:
         fn = rewrite(fn)
         out[name] = fn
         done[name] = _inline_graph(fn, done)
-    return Program(rewrite(program.main), out)
+    return replace(program, main=rewrite(program.main), functions=out)
 
 
 class _Adjoints:
@@ -162,7 +162,7 @@ def _vjp(A: _Adjoints, n: Node, g: int) -> None:
     def one() -> int:
         return A.const(1.0, n.dtype)
 
-    if op in (Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE):
+    if op in COLLECTIVE:
         A.accumulate(x.id, g)
     elif op is Op.ADD:
         A.accumulate(ins[0].id, g)

@@ -49,4 +49,4 @@ def inline(program: Program) -> Program:
     done: dict[str, Graph] = {}
     for name, fn in program.functions.items():      # callee-first order
         done[name] = _inline_graph(fn, done)
-    return Program(_inline_graph(program.main, done), {})
+    return replace(program, main=_inline_graph(program.main, done), functions={})

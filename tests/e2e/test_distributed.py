@@ -1,0 +1,286 @@
+"""Distributed runs on gloo ranks of this host (`xgrun --nproc N`), against float64 references.
+
+One engine holds row-, column- and contracting-sharded matmuls, a tensor-parallel and a
+data-parallel MLP, a reshard (all-to-all) and a reduce-scatter, so each rank count costs one
+launch (ranks import torch: seconds each). Failures: a killed rank and a stopped (hung) rank end
+the run on every rank, with a message naming the rank, and leave no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO_ROOT, Rand, assert_close, command, gelu, src_text
+
+from xgbuild.runtime.engine import Engine
+from xgbuild.runtime.launch import free_port
+from xgbuild.runtime.tensor_io import load_tensors, save_tensors
+
+SHARDED = src_text("""
+    extern Tensor[float32, 8, 16] A
+    extern Tensor[float32, 16, 8] B
+    extern Tensor[float32, 8, 16] X
+    extern Tensor[float32, 16, 32] W1
+    extern Tensor[float32, 32, 16] W2
+
+    def rows(Tensor[float32, M, K] a, Tensor[float32, K, N] b) -> Tensor[float32, M, N] {
+        with shard(a, dim=0):
+            c = a @ b
+        return c
+    }
+    def cols(Tensor[float32, M, K] a, Tensor[float32, K, N] b) -> Tensor[float32, M, N] {
+        with shard(b, dim=1):
+            c = a @ b
+        return c
+    }
+    def contract(Tensor[float32, M, K] a, Tensor[float32, K, N] b) -> Tensor[float32, M, N] {
+        with shard(a, dim=1), shard(b, dim=0):
+            c = a @ b
+        return c
+    }
+    def tensor_mlp(Tensor[float32, T, D] x, Tensor[float32, D, F] w1, Tensor[float32, F, D] w2) -> Tensor[float32, T, D] {
+        with shard(w1, dim=1), shard(w2, dim=0):
+            y = gelu(x @ w1) @ w2
+        return y
+    }
+    def data_mlp(Tensor[float32, T, D] x, Tensor[float32, D, F] w1, Tensor[float32, F, D] w2) -> Tensor[float32, T, D] {
+        with shard(x, dim=0):
+            y = gelu(x @ w1) @ w2
+        return y
+    }
+    def main() {
+        c = contract(A, B)
+        with shard(c, dim=0):
+            r = relu(c)
+        with shard(r, dim=1):
+            t = r * 2.0
+        y = data_mlp(X, W1, W2)
+        return (rows(A, B), cols(A, B), c, tensor_mlp(X, W1, W2), y, t, mean(y * y))
+    }
+""")
+
+
+def references(v: dict[str, np.ndarray]) -> list[np.ndarray]:
+    a, b, x, w1, w2 = (v[k] for k in ("A", "B", "X", "W1", "W2"))
+    c = a @ b
+    y = gelu(x @ w1) @ w2
+    return [c, c, c, y, y, np.maximum(c, 0) * 2.0, np.array((y * y).mean())]
+
+
+def run_ranks(engine: Path, nproc: int, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([*command("xgrun"), str(engine), "--nproc", str(nproc), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def build(tmp_path: Path, text: str, num_gpu: int, *extra: str) -> Path:
+    src = tmp_path / "prog.xg"
+    src.write_text(text)
+    out = tmp_path / f"prog{num_gpu}.xge"
+    done = subprocess.run([*command("xgc"), str(src), "--no-kernels", "--num-gpu", str(num_gpu), "--out", str(out),
+                           *extra], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_sharded_programs_match_float64_on_gloo_ranks(tmp_path: Path, rand: Rand, nproc: int) -> None:
+    engine = build(tmp_path, SHARDED, nproc)
+    shapes = {"A": (8, 16), "B": (16, 8), "X": (8, 16), "W1": (16, 32), "W2": (32, 16)}
+    values = {k: rand.tensor(s) for k, s in shapes.items()}
+    save_tensors(tmp_path / "in.npz", {k: t for k, (t, _) in values.items()})
+    out = tmp_path / "out.npz"
+    done = run_ranks(engine, nproc, "--inputs", str(tmp_path / "in.npz"), "--output", str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["world_size"] == nproc and summary["comm"]["collectives"] > 0
+    got = load_tensors(out)
+    for k, ref in enumerate(references({k: v for k, (_, v) in values.items()})):
+        assert_close(got[f"out_{k}"], ref, 1e-5, rand, what=f"output {k} on {nproc} ranks")
+
+
+def test_outputs_per_rank_are_each_ranks_pieces(tmp_path: Path, rand: Rand) -> None:
+    src = src_text("""
+        extern Tensor[float32, 8, 6] A
+        def main() {
+            with shard(A, dim=0):
+                b = A * 3.0
+            return b
+        }
+    """)
+    engine = build(tmp_path, src, 2)
+    a, a64 = rand.tensor((8, 6))
+    save_tensors(tmp_path / "in.safetensors", {"A": a})
+    done = run_ranks(engine, 2, "--inputs", str(tmp_path / "in.safetensors"), "--output", str(tmp_path / "o.npz"),
+                     "--output-per-rank", "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["split_inputs"] == {"A": 0} and summary["loaded_as_slices"] == ["A"]   # each rank reads its rows
+    for r in range(2):
+        piece = load_tensors(tmp_path / f"o.rank{r}.npz")["out"]
+        assert_close(piece, a64[4 * r:4 * (r + 1)] * 3.0, 1e-6, rand, what=f"rank {r}'s rows")
+
+
+def test_rank_count_must_match_the_plan(tmp_path: Path) -> None:
+    engine = build(tmp_path, "extern Tensor[float32, 4] A\ndef main() {\n    return A + 1.0\n}\n", 4)
+    done = run_ranks(engine, 2)       # refused before any rank starts
+    assert done.returncode == 2 and "planned for NUM_GPU = 4" in done.stderr and "Traceback" not in done.stderr
+    # ...and by a rank itself, under an outside launcher that started the wrong number.
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    done = subprocess.run([*command("xgrun"), str(engine), "--timeout", "20"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1 and "planned for NUM_GPU = 4" in done.stderr and "Traceback" not in done.stderr
+
+
+# ------------------------------------------------------------------------------------- failures
+
+def _ranks_of(parent: int, n: int, deadline: float) -> dict[int, int]:
+    """RANK -> pid of `parent`'s children, once all n have started."""
+    while time.monotonic() < deadline:
+        found = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                env = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) != parent:
+                continue
+            rank = next((int(e[5:]) for e in env if e.startswith(b"RANK=")), None)
+            if rank is not None:
+                found[rank] = int(entry.name)
+        if len(found) == n:
+            return found
+        time.sleep(0.05)
+    raise AssertionError("the ranks did not start")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+@pytest.mark.parametrize("sig,expect", [(signal.SIGKILL, "rank 1 was killed by SIGKILL"),
+                                        (signal.SIGSTOP, "rank 1 stopped responding")],
+                         ids=["killed", "hung"])
+def test_a_dead_or_hung_rank_ends_the_run_naming_it(tmp_path: Path, sig: signal.Signals, expect: str) -> None:
+    engine = build(tmp_path, SHARDED, 2)
+    proc = subprocess.Popen([*command("xgrun"), str(engine), "--nproc", "2", "--timeout", "6"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ranks = _ranks_of(proc.pid, 2, time.monotonic() + 30)
+        time.sleep(0.3)
+        os.kill(ranks[1], sig)
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err
+    assert expect in err and "Traceback" not in err, err
+    assert time.monotonic() - t0 < 30
+    assert all(_gone(pid) for pid in ranks.values()), "a rank outlived the run"
+
+
+
+def test_ranks_end_when_their_launcher_is_killed(tmp_path: Path) -> None:
+    engine = build(tmp_path, SHARDED, 2)
+    proc = subprocess.Popen([*command("xgrun"), str(engine), "--nproc", "2"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        ranks = _ranks_of(proc.pid, 2, time.monotonic() + 30)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not all(_gone(pid) for pid in ranks.values()):
+        time.sleep(0.1)
+    assert all(_gone(pid) for pid in ranks.values()), "a rank outlived its launcher"
+
+
+# ------------------------------------------------------------------------------- training step
+
+TRAIN_SHAPES = {"EMB": (16, 32), "G1": (32,), "WQ": (32, 32), "WK": (32, 32), "WV": (32, 32), "WO": (32, 32),
+                "G2": (32,), "W1": (32, 64), "W2": (64, 32), "GF": (32,), "HEAD": (32, 16)}
+
+
+def train_inputs(rand: Rand) -> dict:
+    vals = {}
+    for name, shape in TRAIN_SHAPES.items():
+        w, _ = rand.tensor(shape, scale=0.1 if len(shape) == 1 else shape[0] ** -0.5, shift=1.0 if len(shape) == 1 else 0.0)
+        m, _ = rand.tensor(shape, scale=0.01)
+        v = rand.tensor(shape, scale=1e-3)[0].abs() + 1e-3       # a second moment: positive
+        vals |= {name: w, f"M_{name}": m, f"V_{name}": v}
+    tokens = rand.ints((33,), 0, 16)
+    return vals | {"TOKENS": tokens[:-1].contiguous(), "TARGETS": tokens[1:].contiguous(),
+                   "STEP": torch.tensor(3.0), "LR": torch.tensor(0.01)}
+
+
+@pytest.mark.parametrize("nproc,plan", [(2, "train_tensor"), (4, "train_data")])
+def test_training_step_matches_the_single_process_float64_step(tmp_path: Path, rand: Rand, nproc: int,
+                                                               plan: str) -> None:
+    engine = tmp_path / "train.xge"
+    done = subprocess.run([*command("xgc"), str(REPO_ROOT / "models" / "train.xg"), "--no-kernels", "--num-gpu",
+                           str(nproc), "--sharding", str(REPO_ROOT / "models" / "plans" / f"{plan}.toml"),
+                           "--out", str(engine)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    values = train_inputs(rand)
+    save_tensors(tmp_path / "in.safetensors", values)
+    done = run_ranks(engine, nproc, "--inputs", str(tmp_path / "in.safetensors"), "--output", str(tmp_path / "o.npz"))
+    assert done.returncode == 0, done.stderr
+    got = load_tensors(tmp_path / "o.npz")
+    ref = Engine.load(engine).run(values, float64=True).tensors     # one process: collectives are identity
+    assert set(got) == set(ref)
+    for name, want in ref.items():
+        assert_close(got[name], want.numpy(), 1e-4, rand, what=f"{name} after a step on {nproc} ranks ({plan})")
+
+
+def test_under_torchrun_each_process_is_one_rank(tmp_path: Path, rand: Rand) -> None:
+    # An outside launcher (here torchrun; SLURM's srun sets SLURM_PROCID / SLURM_NTASKS) starts
+    # plain `xgrun` processes: they read RANK / WORLD_SIZE / MASTER_ADDR from the environment.
+    engine = build(tmp_path, src_text("""
+        extern Tensor[float32, 4, 8] A
+        extern Tensor[float32, 8, 6] B
+        def main() {
+            with shard(A, dim=1), shard(B, dim=0):
+                c = A @ B
+            return c
+        }
+    """), 2)
+    (a, a64), (b, b64) = rand.tensor((4, 8)), rand.tensor((8, 6))
+    save_tensors(tmp_path / "in.npz", {"A": a, "B": b})
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           str(free_port()), "-m", "xgbuild.cli.xgrun", str(engine), "--inputs", str(tmp_path / "in.npz"),
+                           "--output", str(tmp_path / "o.npz"), "--timeout", "60"],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "2 ranks" in done.stdout
+    assert_close(load_tensors(tmp_path / "o.npz")["out"], a64 @ b64, 1e-5, rand, what="contracting matmul")
+
+
+def test_python_api_runs_ranks(tmp_path: Path, rand: Rand) -> None:
+    # examples/data_parallel.xg: the batch split, each GPU's gradient a partial sum, reduced by the
+    # compiler's collectives; one SGD step equals the hand-written float64 step.
+    import xg
+    from test_examples_numeric import data_parallel_case
+    engine = xg.compile_file(REPO_ROOT / "examples" / "data_parallel.xg", kernels=False)
+    inputs, refs = data_parallel_case(rand)
+    result = xg.run_engine(engine, inputs, nproc=2)
+    assert result.metadata["world_size"] == 2
+    for got, ref in zip(result.value, refs):
+        assert_close(got, ref, 1e-5, rand, what="data-parallel SGD step on 2 ranks")
+    with pytest.raises(xg.EngineError, match="planned for NUM_GPU = 2"):
+        xg.run_engine(engine, inputs, nproc=4)

@@ -1,0 +1,109 @@
+"""Sharding plan files: strategies by region, function or input name, and every way one is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from xgbuild.compiler.driver import compile_source
+from xgbuild.compiler.frontend.shard_plan import load_plan
+from xgbuild.compiler.ir.graph import Op
+from xgbuild.compiler.ir.layout import infer_layouts
+from xgbuild.compiler.passes.shard import plan_of
+from xgbuild.errors import CompileError
+
+PROG = """NUM_GPU = 2
+extern Tensor[float32, 8, 16] X
+extern Tensor[float32, 16, 32] W1
+extern Tensor[float32, 32, 16] W2
+def mlp(Tensor[float32, T, D] x, Tensor[float32, D, F] w1, Tensor[float32, F, D] w2) -> Tensor[float32, T, D] {
+    return gelu(x @ w1) @ w2
+}
+def main() {
+    with shard("layer1"):
+        h = relu(X @ W1)
+    return (h, mlp(X, W1, W2))
+}
+"""
+
+
+def compiled(tmp_path: Path, plan_text: str, prog: str = PROG):
+    path = tmp_path / "plan.toml"
+    path.write_text(plan_text)
+    c = compile_source(prog, "prog.xg", plan=load_plan(path))
+    return c, plan_of(c.optimized.main, c.num_gpu)
+
+
+def error(tmp_path: Path, plan_text: str, prog: str = PROG) -> str:
+    with pytest.raises(CompileError) as err:
+        compiled(tmp_path, plan_text, prog)
+    return str(err.value)
+
+
+def test_data_region_splits_what_the_block_reads_except_the_replicated(tmp_path: Path) -> None:
+    c, plan = compiled(tmp_path, '[regions.layer1]\nstrategy = "data"\nreplicated = ["W1"]\n')
+    g = c.optimized.main
+    (mm,) = [n for n in g.nodes if n.op is Op.MATMUL and n.shape == (8, 32)]
+    assert str(infer_layouts(g, 2)[mm.id]) == "S(0)"
+    assert plan["outputs"][0] == "S(0)"
+
+
+def test_tensor_strategy_on_a_function_gives_partial_sums(tmp_path: Path) -> None:
+    c, plan = compiled(tmp_path, '[regions.mlp]\nstrategy = "tensor"\nshard = { w1 = 1, w2 = 0 }\n')
+    assert "all_reduce" in [k["op"] for k in plan["collectives"]] and plan["outputs"][1] == "R"
+
+
+def test_values_and_num_gpu(tmp_path: Path) -> None:
+    c, plan = compiled(tmp_path, 'num_gpu = 4\n[values]\nX = 0\nW2 = "replicated"\n')
+    assert c.num_gpu == 4 and plan["num_gpu"] == 4 and plan["outputs"][0] == "S(0)"
+
+
+def test_the_plan_is_kept_in_the_engine(tmp_path: Path) -> None:
+    from xgbuild.runtime.engine import Engine
+    c, _ = compiled(tmp_path, '[values]\nX = 0\n')
+    m = Engine.from_compiled(c).manifest
+    assert any(s["path"] == "sources/plan.toml" for s in m["sources"]) and m["sharding_plan"]["num_gpu"] == 2
+
+
+@pytest.mark.parametrize("text,code,words", [
+    ('[regions.layer2]\nstrategy = "data"\n', "XG0505", "`layer2`, which is neither"),
+    ('[regions.mlp]\nstrategy = "tensor"\nshard = { w3 = 1 }\n', "XG0505", "no parameter `w3`"),
+    ('[values]\nY = 0\n', "XG0505", "`Y`, which is not an input"),
+    ('num_gpu = 3\n[values]\nW2 = 1\n', "XG0500", "dimension 1 of `W2` has size 16"),
+    ('[regions.layer1]\nstrategy = "pipeline"\n', "XG0507", "pipeline stages"),
+    ('[regions.layer1]\nstrategy = "data"\nworkers = [0, 1]\n', "XG0507", "pipeline stages"),
+    ('[regions.layer1]\nstrategy = "fast"\n', "XG0506", "strategy 'fast'"),
+    ('[regions.layer1]\nstrategy = "tensor"\n', "XG0506", "splits nothing"),
+    ('[regions.layer1]\nstrategy = "replicated"\naxis = 1\n', "XG0506", "`axis` does not apply"),
+    ('layers = 3\n', "XG0506", "unknown key `layers`"),
+    ('[values\n', "XG0506", "not TOML"),
+], ids=["region", "param", "value", "indivisible", "pipeline", "workers", "strategy", "tensor-empty", "key",
+        "top-key", "toml"])
+def test_bad_plans_are_rejected_with_a_code(tmp_path: Path, text: str, code: str, words: str) -> None:
+    msg = error(tmp_path, text)
+    assert msg.startswith(f"error[{code}]") and words in msg and "plan.toml" in msg, msg
+
+
+def test_a_plan_contradicting_the_source_is_a_conflict(tmp_path: Path) -> None:
+    prog = PROG.replace("    return (h, mlp(X, W1, W2))", "    with shard(X, dim=1):\n        y = X * 2.0\n    return (h, y)")
+    msg = error(tmp_path, "[values]\nX = 0\n", prog)
+    assert msg.startswith("error[XG0503]: `X` is sharded along dimension 1 and along dimension 0"), msg
+
+
+def test_a_split_that_no_gpu_count_divides_after_inlining_is_a_pass_error(tmp_path: Path) -> None:
+    prog = PROG.replace("Tensor[float32, 8, 16] X", "Tensor[float32, 7, 16] X")
+    msg = error(tmp_path, '[regions.mlp]\nstrategy = "data"\n', prog)
+    assert msg.startswith("error[XG0500]: dimension 0 of") and "= help:" in msg, msg
+
+
+def test_a_block_region_must_read_the_names_its_plan_splits(tmp_path: Path) -> None:
+    msg = error(tmp_path, '[regions.layer1]\nstrategy = "tensor"\nshard = { W2 = 0 }\n')
+    assert msg.startswith("error[XG0505]: region `layer1` does not read `W2`") and "`X`, `W1`" in msg, msg
+
+
+def test_a_replicated_region_gathers_what_it_reads(tmp_path: Path) -> None:
+    prog = PROG.replace('    with shard("layer1"):\n        h = relu(X @ W1)',
+                        '    with shard(X, dim=0):\n        g = X * 2.0\n    with shard("layer1"):\n        h = relu(g @ W1)')
+    c, plan = compiled(tmp_path, '[regions.layer1]\nstrategy = "replicated"\n', prog)
+    assert "all_gather" in [k["op"] for k in plan["collectives"]] and plan["outputs"][0] == "R"

@@ -1,0 +1,277 @@
+"""Benchmark: XG engines on 1, 2 and 4 GPUs (NCCL), strong scaling of one step.
+
+Workloads: a large matmul with its rows split over the GPUs (`--size`, bfloat16), the same with
+the contracting dim split (partial sums and an all-reduce), and the training step of
+models/train.xg scaled up (`--train-dims`) under models/plans/train_tensor.toml. For each GPU
+count (up to what the host has) every rank runs the engine's SPMD plan (runtime/spmd.py) on its
+shards: warm-up, then `--steps` timed steps, each fenced by a device synchronisation and a barrier.
+
+Reported per workload and GPU count: time per step (median over steps, max over ranks), scaling
+efficiency t1 / (n * tn), the plan's collectives and bytes, and how much communication overlapped
+compute: the same step with every collective finished before the next op (serialised) minus the
+normal step, over the time of the plan's collectives run alone. Beside them, on one GPU: PyTorch
+eager and torch.compile for the matmuls, and for the training step the XG engine on one GPU (its
+reference executor is op-by-op PyTorch eager).
+
+Prints a table and writes JSON. `--device cpu` runs the same on gloo ranks (small sizes) to check
+the script without GPUs. Nothing here is an assertion.
+
+    python tools/bench/bench_multi_gpu.py [--gpus 1,2,4] [--size 16384] [--steps 10]
+        [--train-dims T=8192,D=2048,F=8192,V=1024] [--json out/bench_multi_gpu.json] [--device cuda|cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))
+
+MATMUL = """
+extern Tensor[{dtype}, {n}, {n}] A
+extern Tensor[{dtype}, {n}, {n}] B
+def main() {{
+    with {shards}:
+        C = A @ B
+    return C
+}}
+"""
+SHARDS = {"matmul-rows": "shard(A, dim=0)", "matmul-contract": "shard(A, dim=1), shard(B, dim=0)"}
+
+
+# ------------------------------------------------------------------------------------- building
+
+def build(workdir: Path, workload: str, ngpu: int, args) -> Path:
+    from xgbuild.compiler.driver import compile_source
+    from xgbuild.compiler.frontend import CheckOptions
+    from xgbuild.compiler.frontend.shard_plan import load_plan
+    from xgbuild.runtime.engine import Engine
+
+    options = CheckOptions(num_gpu=ngpu, target=args.target)
+    if workload.startswith("matmul"):
+        dtype = "bfloat16" if args.device == "cuda" else "float32"
+        src = MATMUL.format(dtype=dtype, n=args.size, shards=SHARDS[workload])
+        compiled = compile_source(src, f"{workload}.xg", options)
+    else:
+        text = (REPO_ROOT / "models" / "train.xg").read_text()
+        dims = dict(kv.split("=") for kv in args.train_dims.split(","))
+        for k, v in dims.items():
+            text = re.sub(rf"^{k} = \d+", f"{k} = {int(v)}", text, flags=re.M)
+        text = re.sub(r"^SCALE = .*$", f"SCALE = {int(dims.get('D', 32)) ** -0.5!r}", text, flags=re.M)
+        # The model imports std.nn / std.optim relative to models/: compile it from there.
+        path = REPO_ROOT / "models" / f".bench_train_{os.getpid()}.xg"
+        path.write_text(text)
+        try:
+            from xgbuild.compiler.driver import compile_file
+            compiled = compile_file(path, options, plan=load_plan(REPO_ROOT / "models" / "plans" / "train_tensor.toml"))
+        finally:
+            path.unlink()
+    out = workdir / f"{workload}-{ngpu}.xge"
+    Engine.from_compiled(compiled).save(out)
+    return out
+
+
+# ------------------------------------------------------------------------------------- one rank
+
+def worker(args) -> None:
+    import torch.distributed as dist
+
+    from xgbuild.compiler.ir.graph import Op
+    from xgbuild.compiler.ir.layout import split_inputs
+    from xgbuild.runtime.distributed import init_group, leave_group
+    from xgbuild.runtime.engine import Engine
+    from xgbuild.runtime.spmd import SpmdExecutor, local_graph
+    from xgbuild.runtime.tensor_io import random_inputs
+    from xgbuild.settings import dist_env
+
+    env = dist_env()
+    group = init_group(env, args.device, 600.0)
+    dev = group.device
+    engine = Engine.load(args.engine)
+    sig = {s["name"]: (s["dtype"], tuple(s["shape"])) for s in engine.signature}
+    values = {k: v.to(dev) for k, v in random_inputs(sig, 0).items()}
+    for k in values:
+        if k.startswith("V_"):
+            values[k] = values[k].abs() + 1e-3                 # AdamW's second moment is positive
+    inputs = engine.prepare_inputs(values, "cuda" if dev != "cpu" else "cpu")
+    graph, _, _ = engine.specialised(inputs)
+    split = split_inputs(graph)
+    local_inputs = {k: (v.chunk(group.world, split[k])[group.rank].clone() if k in split else v)
+                    for k, v in inputs.items()}
+
+    def sync() -> None:
+        if dev != "cpu":
+            torch.cuda.synchronize()
+        if group.world > 1:
+            dist.barrier()
+
+    def steps(overlap: bool) -> list[float]:
+        ex = SpmdExecutor(group, check=False, overlap=overlap)
+        for _ in range(2):
+            ex.run(graph, local_inputs, split)
+        out = []
+        for _ in range(args.steps):
+            sync()
+            t0 = time.perf_counter()
+            ex.run(graph, local_inputs, split)
+            sync()
+            out.append((time.perf_counter() - t0) * 1e3)
+        return out
+
+    normal = steps(True)
+    serial = steps(False) if group.world > 1 else normal
+    # The plan's collectives alone, on tensors of their local input shapes.
+    local, _ = local_graph(graph, group.world)
+    comm_ms = 0.0
+    if group.world > 1:
+        ex = SpmdExecutor(group, check=False)
+        kinds = (Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL)
+        for _ in range(2):
+            times = []
+            for n in local.nodes:
+                if n.op in kinds:
+                    x = torch.ones(local.node(n.inputs[0]).shape, dtype=ex.ops.dtype(n.dtype), device=dev if dev != "cpu" else None)
+                    sync()
+                    t0 = time.perf_counter()
+                    work, finish = ex.collective(n, x)
+                    work.wait()
+                    finish()
+                    sync()
+                    times.append((time.perf_counter() - t0) * 1e3)
+            comm_ms = sum(times)       # the second pass: warm
+    result = {"rank": group.rank, "step_ms": statistics.median(normal), "serial_ms": statistics.median(serial),
+              "comm_ms": comm_ms}
+    gathered = [None] * group.world
+    if group.world > 1:
+        dist.all_gather_object(gathered, result)
+    else:
+        gathered = [result]
+    if group.rank == 0:
+        Path(args.result).write_text(json.dumps(gathered))
+    leave_group()
+
+
+def launch(engine: Path, n: int, args) -> list[dict]:
+    from xgbuild.runtime.launch import free_port
+    result = Path(tempfile.mkstemp(suffix=".json")[1])
+    port = free_port()
+    procs = []
+    for rank in range(n):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "--engine", str(engine), "--result",
+                                       str(result), "--device", args.device, "--steps", str(args.steps)], env=env))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"a rank failed ({codes}) for {engine.name} on {n}")
+    out = json.loads(result.read_text())
+    result.unlink()
+    return out
+
+
+# ------------------------------------------------------------------------------------- baselines
+
+def torch_baselines(args) -> dict:
+    """PyTorch eager and torch.compile for the matmul on one device (ms per step)."""
+    dev = "cuda" if args.device == "cuda" else "cpu"
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    a = torch.randn(args.size, args.size, device=dev, dtype=dtype)
+    b = torch.randn(args.size, args.size, device=dev, dtype=dtype)
+
+    def timed(fn) -> float:
+        for _ in range(3):
+            fn()
+        out = []
+        for _ in range(args.steps):
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            out.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(out)
+
+    res = {"eager_ms": timed(lambda: a @ b)}
+    try:
+        mm = torch.compile(lambda x, y: x @ y)
+        res["compile_ms"] = timed(lambda: mm(a, b))
+    except Exception as exc:     # torch.compile needs a compiler toolchain; report, don't fail
+        res["compile_error"] = str(exc).splitlines()[0][:120]
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpus", default="1,2,4")
+    p.add_argument("--size", type=int, default=16384)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--train-dims", default="T=8192,D=2048,F=8192,V=1024")
+    p.add_argument("--workloads", default="matmul-rows,matmul-contract,train")
+    p.add_argument("--target", default=None)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--json", default=str(REPO_ROOT / "out" / "bench_multi_gpu.json"))
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--engine", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    have = torch.cuda.device_count() if args.device == "cuda" else 64
+    counts = [n for n in map(int, args.gpus.split(",")) if n <= have]
+    if not counts:
+        raise SystemExit(f"no GPU count in {args.gpus} fits this host ({have} GPUs)")
+    from xgbuild.compiler.passes.shard import plan_of
+    from xgbuild.runtime.engine import Engine
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for workload in args.workloads.split(","):
+            base = None
+            for n in counts:
+                engine = build(Path(tmp), workload, n, args)
+                plan = plan_of(Engine.load(engine).graph, n)
+                ranks = launch(engine, n, args)
+                step = max(r["step_ms"] for r in ranks)
+                serial = max(r["serial_ms"] for r in ranks)
+                comm = max(r["comm_ms"] for r in ranks)
+                base = step if n == 1 else base
+                overlap = None if n == 1 or comm <= 0 else max(0.0, min(1.0, (serial - step) / comm))
+                rows.append({"workload": workload, "gpus": n, "step_ms": step, "serial_ms": serial, "comm_ms": comm,
+                             "efficiency": (base / (n * step)) if base else None, "overlap": overlap,
+                             "collectives": sum(1 for c in plan["collectives"] if c["op"] != "shard"),
+                             "bytes_per_gpu": plan["bytes_moved"]})
+    baselines = torch_baselines(args) if any(w.startswith("matmul") for w in args.workloads.split(",")) else {}
+    print(f"{'workload':<16} {'GPUs':>4} {'ms/step':>9} {'efficiency':>10} {'comm ms':>8} {'overlap':>8} "
+          f"{'collectives':>11} {'MB/GPU':>8}")
+    for r in rows:
+        eff = f"{100 * r['efficiency']:.0f}%" if r["efficiency"] else "-"
+        ov = f"{100 * r['overlap']:.0f}%" if r["overlap"] is not None else "-"
+        print(f"{r['workload']:<16} {r['gpus']:>4} {r['step_ms']:>9.2f} {eff:>10} {r['comm_ms']:>8.2f} {ov:>8} "
+              f"{r['collectives']:>11} {r['bytes_per_gpu'] / 1e6:>8.1f}")
+    if baselines:
+        print(f"matmul {args.size}^3 on one device: torch eager {baselines['eager_ms']:.2f} ms, torch.compile "
+              + (f"{baselines['compile_ms']:.2f} ms" if "compile_ms" in baselines else baselines.get("compile_error", "-")))
+    report = {"host": platform.node(), "device": args.device,
+              "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor(),
+              "torch": torch.__version__, "size": args.size, "train_dims": args.train_dims, "steps": args.steps,
+              "rows": rows, "torch_single_device": baselines}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""The entry point of one rank that `xgrun --nproc` starts: `xgrun` with a heartbeat.
+
+The heartbeat to the launcher starts first, before torch (seconds to import) loads, so the
+launcher can tell a slow start from a hung rank. Then it is plain `xgrun`, which reads the rank
+from RANK / WORLD_SIZE like under torchrun.
+"""
+
+from __future__ import annotations
+
+from ..runtime.launch import start_heartbeat
+from ..settings import SettingsError, dist_env
+
+
+def main() -> None:
+    try:
+        env = dist_env()
+    except SettingsError:
+        env = None          # xgrun reports the bad variable itself
+    if env is not None and env.heartbeat_fd is not None:
+        start_heartbeat(env.heartbeat_fd)
+    from .xgrun import main as xgrun_main
+    xgrun_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""Sharding plan files (`xgc --sharding plan.toml`): strategies by name, with no code change.
+
+The declarative form of the GT2 seed's signal configs. A plan maps names to strategies:
+
+    num_gpu = 4                    # optional; `--num-gpu` still wins
+    [values]
+    TOKENS = 0                     # an external input split along dim 0
+    EMB = "replicated"
+    [regions.layer1]               # a `with shard("layer1"):` block, or a function's name
+    strategy = "data"              # data | tensor | replicated   (pipeline: XG0507)
+    axis = 0                       # data: the dim split in each tensor the region reads
+    replicated = ["w"]             # data: tensors that stay whole (parameters)
+    [regions.mlp]
+    strategy = "tensor"
+    shard = { w1 = 1, w2 = 0 }     # tensor: name -> dim
+
+Owns: reading and validating the file (XG0506, XG0507) and checking its names against a checked
+program (XG0505 unknown, XG0503 conflicting with the source's shards, XG0500 indivisible). Lowering
+applies it: SHARD nodes where the region starts (ir/lower.py); `replicated` is a SHARD with no dim.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import CompileError
+from .codes import PLAN_BAD, PLAN_PIPELINE, PLAN_UNKNOWN, SHARD_CONFLICT, SHARD_INDIVISIBLE, Code
+
+STRATEGIES = ("data", "tensor", "replicated")
+
+
+@dataclass(frozen=True)
+class RegionPlan:
+    name: str
+    strategy: str
+    axis: int = 0
+    replicated: tuple[str, ...] = ()
+    shard: tuple[tuple[str, int], ...] = ()
+
+    def dims_for(self, names: list[str], ranks: dict[str, int]) -> dict[str, int | None]:
+        """What the region does to the tensors it reads: name -> dim split, or None (made whole)."""
+        if self.strategy == "replicated":
+            return {n: None for n in names}
+        if self.strategy == "tensor":
+            return {n: d for n, d in self.shard if n in names}
+        return {n: self.axis for n in names if n not in self.replicated and ranks.get(n, 0) > self.axis}
+
+
+@dataclass(frozen=True)
+class ShardingPlan:
+    name: str                                   # the file's name (engines are path-free)
+    text: bytes
+    num_gpu: int | None
+    values: tuple[tuple[str, int | None], ...]  # None: replicated
+    regions: tuple[RegionPlan, ...]
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text).hexdigest()
+
+    def region(self, name: str) -> RegionPlan | None:
+        return next((r for r in self.regions if r.name == name), None)
+
+
+def plan_error(code: Code, detail: str, where: str, help: str | None = None) -> CompileError:
+    text = f"error[{code.code}]: {code.fmt(detail=detail)}\n --> {where}" + (f"\n  = help: {help}" if help else "")
+    return CompileError(text, [])
+
+
+def load_plan(path: Path | str) -> ShardingPlan:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise plan_error(PLAN_BAD, f"cannot read the sharding plan: {exc.strerror or exc}", str(path)) from None
+    try:
+        doc = tomllib.loads(raw.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise plan_error(PLAN_BAD, f"the sharding plan is not TOML: {exc}", path.name) from None
+    unknown = set(doc) - {"num_gpu", "values", "regions"}
+    if unknown:
+        raise plan_error(PLAN_BAD, f"unknown key `{sorted(unknown)[0]}`", path.name,
+                         "a plan has `num_gpu`, a `[values]` table and `[regions.NAME]` tables")
+    num_gpu = doc.get("num_gpu")
+    if num_gpu is not None and (not isinstance(num_gpu, int) or isinstance(num_gpu, bool) or num_gpu < 1):
+        raise plan_error(PLAN_BAD, f"`num_gpu` must be a positive integer, got {num_gpu!r}", path.name)
+    values = []
+    for name, v in _table(doc, "values", path.name).items():
+        if v == "replicated":
+            values.append((name, None))
+        elif isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+            values.append((name, v))
+        else:
+            raise plan_error(PLAN_BAD, f"`values.{name}` must be a dimension (0, 1, ...) or \"replicated\", "
+                             f"got {v!r}", path.name)
+    regions = [_region(name, body, path.name) for name, body in _table(doc, "regions", path.name).items()]
+    return ShardingPlan(path.name, raw, num_gpu, tuple(sorted(values)), tuple(sorted(regions, key=lambda r: r.name)))
+
+
+def _table(doc: dict, key: str, where: str) -> dict:
+    t = doc.get(key, {})
+    if not isinstance(t, dict):
+        raise plan_error(PLAN_BAD, f"`{key}` must be a table (`[{key}]`)", where)
+    return t
+
+
+def _region(name: str, body: object, where: str) -> RegionPlan:
+    at = f"{where}: [regions.{name}]"
+    if not isinstance(body, dict):
+        raise plan_error(PLAN_BAD, f"`regions.{name}` must be a table", at)
+    strategy = body.get("strategy")
+    if strategy == "pipeline" or "stages" in body or "workers" in body:
+        raise plan_error(PLAN_PIPELINE, f"region `{name}` asks for pipeline stages (GPU subsets), which XG does "
+                         "not run yet", at, "use strategy \"data\", \"tensor\" or \"replicated\"")
+    if strategy not in STRATEGIES:
+        raise plan_error(PLAN_BAD, f"region `{name}` has strategy {strategy!r}", at,
+                         "strategies: " + ", ".join(f'"{s}"' for s in STRATEGIES))
+    allowed = {"strategy", "axis", "replicated"} if strategy == "data" else (
+        {"strategy", "shard"} if strategy == "tensor" else {"strategy"})
+    extra = sorted(set(body) - allowed)
+    if extra:
+        raise plan_error(PLAN_BAD, f"`{extra[0]}` does not apply to strategy \"{strategy}\"", at,
+                         "keys for it: " + ", ".join(f"`{k}`" for k in sorted(allowed)))
+    axis = body.get("axis", 0)
+    reps = body.get("replicated", [])
+    shard = body.get("shard", {})
+    if not isinstance(axis, int) or isinstance(axis, bool) or axis < 0:
+        raise plan_error(PLAN_BAD, f"`axis` must be a dimension (0, 1, ...), got {axis!r}", at)
+    if not isinstance(reps, list) or not all(isinstance(r, str) for r in reps):
+        raise plan_error(PLAN_BAD, "`replicated` must be a list of names", at)
+    if not isinstance(shard, dict) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in shard.values()):
+        raise plan_error(PLAN_BAD, "`shard` must map names to dimensions: `shard = { w1 = 1 }`", at)
+    if strategy == "tensor" and not shard:
+        raise plan_error(PLAN_BAD, f"region `{name}` is tensor-parallel but splits nothing", at,
+                         "say which tensors and dims: `shard = { w1 = 1, w2 = 0 }`")
+    return RegionPlan(name, strategy, axis, tuple(reps), tuple(sorted(shard.items())))
+
+
+def check_plan(plan: ShardingPlan, typed, num_gpu: int) -> None:
+    """The plan's names against the checked program `typed` (a frontend TypedProgram)."""
+    regions = {s.name for s in typed.shards if s.region}
+    funcs = {n: sig for n, sig in typed.funcs.items() if n != "main"}
+    source_shards = {(s.function, s.name): s.dim for s in typed.shards if not s.region}
+    for name, dim in plan.values:
+        where = f"{plan.name}: [values] {name}"
+        ty = typed.externals.get(name)
+        if ty is None:
+            raise plan_error(PLAN_UNKNOWN, f"the plan splits `{name}`, which is not an input of the program", where,
+                             "inputs: " + (", ".join(f"`{n}`" for n in sorted(typed.externals)) or "none"))
+        mine = source_shards.get(("main", name))
+        if mine is not None and mine != dim:
+            raise _conflict(name, mine, dim, where)
+        shape = getattr(ty, "shape", ())
+        if dim is not None and dim >= len(shape):
+            raise plan_error(PLAN_BAD, f"`{name}` has {len(shape)} dimensions; the plan splits dimension {dim}", where)
+        if dim is not None and isinstance(shape[dim], int) and shape[dim] % num_gpu:
+            raise CompileError(f"error[{SHARD_INDIVISIBLE.code}]: " + SHARD_INDIVISIBLE.fmt(
+                dim=dim, name=name, size=shape[dim], num_gpu=num_gpu) + f"\n --> {where}", [])
+    for r in plan.regions:
+        where = f"{plan.name}: [regions.{r.name}]"
+        if r.name not in regions and r.name not in funcs:
+            raise plan_error(PLAN_UNKNOWN, f"the plan names `{r.name}`, which is neither a `with shard(\"...\")` "
+                             "region nor a function of the program", where,
+                             "regions: " + (", ".join(f'"{n}"' for n in sorted(regions)) or "none") +
+                             "; functions: " + ", ".join(f"`{n}`" for n in sorted(funcs)))
+        if r.name in funcs:
+            params = [p for p, _ in funcs[r.name].params]
+            for n in [n for n, _ in r.shard] + list(r.replicated):
+                if n not in params:
+                    raise plan_error(PLAN_UNKNOWN, f"function `{r.name}` has no parameter `{n}`", where,
+                                     "its parameters: " + ", ".join(f"`{p}`" for p in params))
+            for n, d in r.shard:
+                mine = source_shards.get((r.name, n))
+                if mine is not None and mine != d:
+                    raise _conflict(n, mine, d, where)
+
+
+def _conflict(name: str, mine: int | None, theirs: int | None, where: str) -> CompileError:
+    second = theirs if theirs is not None else "none (the plan replicates it)"
+    return CompileError(f"error[{SHARD_CONFLICT.code}]: {SHARD_CONFLICT.fmt(name=name, first=mine, second=second)}"
+                        f"\n --> {where}\n  = help: the program's `with shard({name}, dim={mine})` and the plan "
+                        "disagree: keep one", [])

@@ -1,0 +1,298 @@
+"""The sharding pass: an SPMD plan for `NUM_GPU` ranks, with the collectives it needs.
+
+Needs: an inlined main graph in which a `SHARD(x, dim=d)` node says "from here on, x is split
+along d" (from `with shard(x, dim=d)` blocks and from a `--sharding` plan file, both placed by
+lowering; `dim=None`: "whole from here on"); inputs are replicated unless a SHARD splits them.
+
+Leaves: every value has one layout (ir/layout.py: replicated, sharded along a dim, or partial sum)
+and every node's input layouts match one of its local rules, so each rank runs the node on its own
+pieces. Where a consumer needs another layout the pass inserts exactly one conversion op per
+(value, layout): SHARD (a local slice, no traffic), ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER or
+ALL_TO_ALL. A contraction over a sharded dim gives partial sums; outputs are replicated or
+sharded (never partial: those are all-reduced). `infer_layouts` reads the plan back from the
+graph alone. With `NUM_GPU = 1` there is nothing to plan: SHARD nodes are dropped.
+
+It also checks that each GPU's share fits the target's HBM (XG0504).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ...hw import load_profile
+from ..ir.graph import Graph, Node, Op, Program, attrs_of, tree_ids, tree_map
+from ..ir.layout import (P, R, Layout, S, collective_bytes, infer_layouts, local_shape, nbytes, rules, shardable,
+                         split_inputs)
+from ..frontend.codes import SHARD_INDIVISIBLE, SHARD_MEMORY
+
+INF = float("inf")
+
+
+class ShardingError(Exception):
+    """A plan that cannot work (found after checking): a code, a message, where, and help."""
+
+    def __init__(self, code: str, message: str, src: tuple | None = None, help: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.src, self.help = code, src, help
+
+
+def shard(program: Program) -> Program:
+    n = program.num_gpu
+    graph = _drop_shards(program.main) if n == 1 else _Planner(program.main, n).run()
+    if program.target:
+        check_footprint(graph, n, program.target)
+    return replace(program, main=graph)
+
+
+def _drop_shards(g: Graph) -> Graph:
+    alias: dict[int, int] = {}
+    nodes = []
+    for node in g.nodes:
+        ins = tuple(alias.get(i, i) for i in node.inputs)
+        if node.op is Op.SHARD:
+            alias[node.id] = ins[0]
+            continue
+        nodes.append(replace(node, inputs=ins))
+    return g.with_nodes(nodes, tree_map(g.output, lambda i: alias.get(i, i)))
+
+
+class _Planner:
+    def __init__(self, g: Graph, n: int) -> None:
+        self.g, self.n = g, n
+        self.nodes: list[Node] = []
+        self.by_id: dict[int, Node] = {}
+        self.layout: dict[int, Layout] = {}
+        self.alias: dict[int, int] = {}
+        self.converted: dict[tuple[int, Layout], int] = {}
+        self.next_id = max((x.id for x in g.nodes), default=-1) + 1
+        self.out_ids = set(tree_ids(g.output))
+
+    def run(self) -> Graph:
+        for node in self.g.nodes:
+            node = replace(node, inputs=tuple(self.alias.get(i, i) for i in node.inputs))
+            if node.op is Op.SHARD:       # dim None: a plan's "replicated" region wants it whole
+                want = R if node.attr("dim") is None else S(node.attr("dim"))
+                self.alias[node.id] = self.convert(node.inputs[0], want, node.src)
+            elif node.op is Op.MEAN and self.mean_as_sum(node):
+                continue
+            else:
+                self.place(node)
+        out = tree_map(self.g.output, lambda i: self.alias.get(i, i))
+        # Partial sums never leave: an output is whole on every rank, or split (gathered by the runtime).
+        out = tree_map(out, lambda i: self.convert(i, R, None) if self.layout[i] == P else i)
+        return self.g.with_nodes(self.nodes, out)
+
+    # --- emitting -------------------------------------------------------------------------------
+    def emit(self, node: Node, layout: Layout) -> int:
+        self.nodes.append(node)
+        self.by_id[node.id] = node
+        self.layout[node.id] = layout
+        return node.id
+
+    def fresh(self, op: Op, inputs: tuple[int, ...], like: Node, layout: Layout, where, shape=None, **attrs) -> int:
+        nid = self.next_id
+        self.next_id += 1
+        node = Node(nid, op, inputs, like.dtype, like.shape if shape is None else shape, attrs_of(**attrs), where)
+        return self.emit(node, layout)
+
+    def convert(self, vid: int, want: Layout, src) -> int:
+        """`vid` laid out as `want`: itself, or one conversion op (made once per value and layout)."""
+        have = self.layout[vid]
+        if have == want:
+            return vid
+        key = (vid, want)
+        if key not in self.converted and have == P and want.kind == "S" and vid in self.out_ids:
+            # An output is all-reduced anyway: slice that (free) instead of a second reduction.
+            self.converted[key] = self.convert(self.convert(vid, R, src), want, src)
+        if key not in self.converted:
+            x = self.by_id[vid]
+            if want == R:
+                op, attrs = (Op.ALL_REDUCE, {"reduce": "sum"}) if have == P else (Op.ALL_GATHER, {"dim": have.dim})
+            elif have == R:
+                op, attrs = Op.SHARD, {"dim": want.dim}
+            elif have == P:
+                op, attrs = Op.REDUCE_SCATTER, {"dim": want.dim}
+            else:
+                op, attrs = Op.ALL_TO_ALL, {"src": have.dim, "dim": want.dim}    # src: the old split dim
+            if want.kind == "S" and not shardable(x.shape[want.dim], self.n):
+                raise ShardingError(SHARD_INDIVISIBLE.code, SHARD_INDIVISIBLE.message.format(
+                    dim=want.dim, name=_name(self.g, vid), size=x.shape[want.dim], num_gpu=self.n), src or x.src,
+                    f"shard a dimension divisible by {self.n}, or change `NUM_GPU`")
+            self.converted[key] = self.fresh(op, (vid,), x, want, src or x.src, **attrs)
+        return self.converted[key]
+
+    def cost(self, vid: int, want: Layout) -> float:
+        have = self.layout[vid]
+        if have == want or (have == R and want.kind == "S"):
+            return 0.0
+        if want == P:
+            return INF
+        share = _share(self.by_id[vid], self.n)
+        if have.kind == "S" and want.kind == "S":
+            return share / self.n
+        return 2 * share if (have == P and want == R) else share
+
+    # --- placing a node -------------------------------------------------------------------------
+    def place(self, node: Node) -> None:
+        have = tuple(self.layout[i] for i in node.inputs)
+        ins = [self.by_id[i] for i in node.inputs]
+        options = rules(node, ins, self.n)
+        if not options:
+            self.emit(node, R)
+            return
+        exact = next((out for want, out in options if want == have), None)
+        if exact is not None:
+            self.emit(node, exact)
+            return
+        best = None
+        for k, (want, out) in enumerate(options):
+            c = sum(self.cost(i, w) for i, w in zip(node.inputs, want))
+            if out == P:       # partial sums must be reduced later: count that now
+                c += _share(node, self.n)
+            rank = (c, {"S": 0, "P": 1, "R": 2}[out.kind], k)
+            if best is None or rank < best[0]:
+                best = (rank, want, out)
+        _, want, out = best
+        inputs = tuple(self.convert(i, w, node.src) for i, w in zip(node.inputs, want))
+        self.emit(replace(node, inputs=inputs), out)
+
+    def mean_as_sum(self, node: Node) -> bool:
+        """A mean over a split dim is a sum of partial sums times 1/count (the count is global)."""
+        x = self.by_id[node.inputs[0]]
+        lay = self.layout[x.id]
+        dim = node.attr("dim")
+        if lay.kind != "S" or (dim is not None and dim % len(x.shape) != lay.dim):
+            return False
+        dims = x.shape if dim is None else (x.shape[lay.dim],)
+        if not all(isinstance(d, int) for d in dims) or not node.dtype.startswith(("float", "bfloat")):
+            return False
+        count = 1
+        for d in dims:
+            count *= d
+        total = self.fresh(Op.SUM, node.inputs, node, P, node.src, shape=node.shape, dim=dim,
+                           keepdim=node.attr("keepdim", False) or None)
+        scale = self.fresh(Op.CONST, (), node, R, node.src, shape=(), value=1.0 / count)
+        self.alias[node.id] = self.fresh(Op.MUL, (total, scale), node, P, node.src)
+        return True
+
+
+def _name(g: Graph, vid: int) -> str:
+    return next((name for name, i in g.inputs if i == vid), f"%{vid}")
+
+
+def _share(node: Node, n: int) -> float:
+    size = nbytes(node, guess=True)
+    return size * (n - 1) / n if size else 0.0
+
+
+# --- the per-GPU memory check -------------------------------------------------------------------
+def footprint(graph: Graph, n: int) -> dict:
+    """Bytes one GPU holds: its pieces of the inputs, and the peak of intermediates alive at once
+    (in program order, each freed after its last use). Symbolic sizes are left out (unknown)."""
+    layouts = infer_layouts(graph, n)
+    outputs = set(tree_ids(graph.output))
+    last: dict[int, int] = {}
+    for k, node in enumerate(graph.nodes):
+        for i in node.inputs:
+            last[i] = k
+
+    split = {i: split_inputs(graph)[name] for name, i in graph.inputs if name in split_inputs(graph)}
+
+    def local(node: Node) -> int:
+        if node.op is Op.SHARD and node.inputs[0] in split:
+            return 0                  # the input itself, loaded as this GPU's slice
+        lay = S(split[node.id]) if node.id in split else layouts[node.id]
+        return nbytes(replace(node, shape=local_shape(node.shape, lay, n))) or 0
+
+    inputs = sum(local(graph.node(i)) for _, i in graph.inputs)
+    live = peak = 0
+    for k, node in enumerate(graph.nodes):
+        if node.op is not Op.INPUT:
+            live += local(node)
+            peak = max(peak, live)
+        for i in set(node.inputs):
+            if last.get(i) == k and i not in outputs and graph.node(i).op is not Op.INPUT:
+                live -= local(graph.node(i))
+    return {"inputs": inputs, "activations": peak, "total": inputs + peak}
+
+
+def check_footprint(graph: Graph, n: int, target: str) -> dict:
+    fp = footprint(graph, n)
+    profile = load_profile(target)
+    if fp["total"] > profile.hbm_bytes:
+        big = max(graph.inputs, key=lambda kv: nbytes(graph.node(kv[1])) or 0, default=None)
+        hint = (f"the largest input is `{big[0]}` ({_gb(nbytes(graph.node(big[1])) or 0)}); shard it "
+                f"(`with shard({big[0]}, dim=0)` or a --sharding plan) or raise NUM_GPU") if big else "raise NUM_GPU"
+        detail = (f"each of the {n} GPU{'s' if n > 1 else ''} needs {_gb(fp['total'])} (inputs {_gb(fp['inputs'])}, "
+                  f"intermediates at the peak {_gb(fp['activations'])}), more than the {profile.name}'s "
+                  f"{_gb(profile.hbm_bytes)} of HBM")
+        src = graph.node(big[1]).src if big else None
+        raise ShardingError(SHARD_MEMORY.code, SHARD_MEMORY.message.format(detail=detail), src, hint)
+    return fp
+
+
+def _gb(b: int) -> str:
+    return f"{b / 1e9:.1f} GB" if b >= 1e8 else f"{b / 1e6:.1f} MB"
+
+
+def plan_of(graph: Graph, n: int, target: str | None = None) -> dict:
+    """The plan as data (manifest, inspect, --emit ir-opt): layouts and collectives with bytes;
+    with a target, the time those bytes take at its interconnect's one-way bandwidth."""
+    layouts = infer_layouts(graph, n)
+    names = {i: name for name, i in graph.inputs}
+    collectives = []
+    for node in graph.nodes:
+        if node.op in (Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL):
+            collectives.append({"id": node.id, "op": node.op.value, "dim": node.attr("dim"),
+                                "from": str(layouts[node.inputs[0]]), "to": str(layouts[node.id]),
+                                "bytes": collective_bytes(node, n),
+                                "line": node.src[0] if node.src else None})
+    known = [c["bytes"] for c in collectives if c["bytes"] is not None]
+    link = {}
+    if target:
+        ic = load_profile(target).interconnect
+        # The datasheet figure counts both directions; a ring step sends one way.
+        link = {"interconnect": ic.kind, "predicted_comm_ms": sum(known) / (ic.bandwidth_bytes_per_s / 2) * 1e3}
+    return {**link,
+        "num_gpu": n,
+        "inputs": {names[i]: str(layouts[i]) for _, i in graph.inputs},
+        "outputs": [str(layouts[i]) for i in tree_ids(graph.output)],
+        "values": {str(k): str(v) for k, v in layouts.items() if v != R},
+        "collectives": collectives,
+        "bytes_moved": sum(known),
+        "bytes_unknown": len(known) != len(collectives),     # symbolic sizes: counted at run time
+    }
+
+
+def plan_lines(plan: dict) -> list[str]:
+    """The plan for people: inputs and outputs, then each collective with the bytes it moves."""
+    n = plan["num_gpu"]
+    moving = sum(1 for c in plan["collectives"] if c["op"] != "shard")
+    lines = [f"sharding plan over {n} GPU{'s' if n > 1 else ''}: {moving} collective{'s' if moving != 1 else ''} "
+             f"and {len(plan['collectives']) - moving} local slices, "
+             f"{_bytes(plan['bytes_moved'])} sent per GPU" + (" + symbolic sizes" if plan["bytes_unknown"] else "")]
+    whole = [name for name, lay in plan["inputs"].items() if lay == "R"]
+    if "predicted_comm_ms" in plan:
+        ms = plan["predicted_comm_ms"]
+        took = f"{ms:.2f} ms" if ms >= 0.1 else f"{ms * 1e3:.1f} us"
+        lines.append(f"  over {plan['interconnect']}: about {took} of transfers per step "
+                     "(bandwidth alone; latency and overlap not counted)")
+    for name, lay in plan["inputs"].items():
+        if lay != "R":
+            lines.append(f"  input  {name:<14} {lay}")
+    if whole:
+        lines.append(f"  inputs loaded whole (R): {', '.join(whole[:8])}" + (f" and {len(whole) - 8} more" if len(whole) > 8 else ""))
+    for k, lay in enumerate(plan["outputs"]):
+        lines.append(f"  output {k:<14} {lay}" + ("  (gathered to rank 0)" if lay.startswith("S") else ""))
+    for c in plan["collectives"]:
+        moved = "? bytes (symbolic)" if c["bytes"] is None else _bytes(c["bytes"])
+        where = f"  line {c['line']}" if c["line"] else ""
+        lines.append(f"  %{c['id']:<5} {c['op']:<15} {c['from']:>6} -> {c['to']:<6} {moved}{where}")
+    return lines
+
+
+def _bytes(b: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if b >= scale:
+            return f"{b / scale:.2f} {unit}"
+    return f"{b} B"

@@ -1,0 +1,161 @@
+"""Distributed runs, one rank's side: join the process group, run the engine's SPMD plan on this
+rank's shards, gather the outputs, leave.
+
+The group is torch.distributed's default one: gloo on CPUs, NCCL on GPUs (one GPU per rank,
+`cuda:LOCAL_RANK`). Every collective has the group's timeout, so a rank whose peer died or hung
+fails instead of waiting forever. (Under `xgrun --nproc` the rank's heartbeat to the launcher is
+started by cli/xgrun_rank.py, before torch loads.)
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+from ..compiler.ir.graph import tree_ids
+from ..compiler.ir.layout import infer_layouts
+from ..errors import EngineError, ExecutionError, InputError
+from ..settings import DistEnv
+from .dtypes import XG_NAMES
+from .engine import Engine, ResultValue, RunResult, _build, _flat
+from .spmd import Group, SpmdExecutor, split_inputs
+
+def init_group(env: DistEnv, device: str, timeout_s: float) -> Group:
+    """Join the run `env` describes; `device` is "cpu" (gloo) or "cuda" (NCCL, this rank's GPU)."""
+    if device == "cuda":
+        if not torch.cuda.is_available() or torch.cuda.device_count() <= env.local_rank:
+            raise EngineError(f"rank {env.rank} needs GPU {env.local_rank}, and this host has "
+                              f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+        torch.cuda.set_device(env.local_rank)
+    backend = "nccl" if device == "cuda" else "gloo"
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://{env.master_addr}:{env.master_port}", rank=env.rank,
+                                world_size=env.world_size, timeout=timedelta(seconds=timeout_s))
+    except (RuntimeError, ValueError) as exc:
+        raise ExecutionError(f"rank {env.rank} could not join the run at {env.master_addr}:{env.master_port}: "
+                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from None
+    return Group(env.rank, env.world_size, f"cuda:{env.local_rank}" if device == "cuda" else "cpu")
+
+
+def leave_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: Group, *, check: bool = True,
+             float64: bool = False, overlap: bool = True,
+             whole_shapes: Mapping[str, tuple[int, ...]] | None = None) -> tuple[RunResult, dict[str, torch.Tensor]]:
+    """Run `engine` on this rank. `external_values` are whole tensors, except those named in
+    `whole_shapes`, which are already this rank's slices (`tensor_io.load_tensor_shards`) of
+    tensors of those shapes. Returns the result with whole outputs (gathered on every rank) and
+    this rank's own pieces of them (for `--output-per-rank`)."""
+    planned = check_world(engine, group.world)
+    device = "cuda" if group.device.startswith("cuda") else "cpu"
+    if device == "cuda":
+        external_values = {k: _to(v, group.device) for k, v in (external_values or {}).items()}
+    inputs = engine.prepare_inputs(external_values, device)
+    whole_shapes = dict(whole_shapes or {})
+    split = split_inputs(engine.graph)
+    if set(whole_shapes) - set(split):
+        raise ExecutionError(f"inputs {sorted(set(whole_shapes) - set(split))} were loaded as slices, but the "
+                             "plan uses them whole")
+    t0 = time.perf_counter()
+    # Specialise on the whole shapes (meta tensors stand in for the slices: only shapes matter).
+    shapes = {k: (torch.empty(whole_shapes[k], dtype=v.dtype, device="meta") if k in whole_shapes else v)
+              for k, v in inputs.items()}
+    graph, env, cached = engine.specialised(shapes)
+    # Keep only this rank's slice of a split input (a copy, so the whole one can be freed).
+    local_inputs = {k: (v.chunk(group.world, split[k])[group.rank].clone() if k in split and k not in whole_shapes
+                        else v) for k, v in inputs.items()}
+    del inputs, shapes
+    executor = SpmdExecutor(group, float64=float64, check=check, overlap=overlap)
+    out = executor.run(graph, local_inputs, split)
+    layouts = infer_layouts(graph, group.world)
+    whole = {i: _gather(out.values[i], layouts[i].dim if layouts[i].kind == "S" else None, group)
+             for i in tree_ids(graph.output)}
+    total_ms = (time.perf_counter() - t0) * 1e3
+    metadata = {
+        "target": engine.manifest["target"], "num_gpu": planned, "engine_digest": engine.digest,
+        "device": device, "executor": executor.name + ("-float64" if float64 else ""), "check": check,
+        "rank": group.rank, "world_size": group.world, "split_inputs": split,
+        "specialization": {"symbols": dict(sorted(env.items())), "cached": cached,
+                           "inputs": {n: {"dtype": XG_NAMES[t.dtype], "shape": list(t.shape)}
+                                      for n, t in local_inputs.items()}},
+        "loaded_as_slices": sorted(whole_shapes),
+        "timings": {"total_ms": total_ms, "comm": executor.stats},
+    }
+    return (RunResult(_build(graph.output, whole), metadata, _flat(graph.output, whole)),
+            _flat(graph.output, out.values))
+
+
+def check_world(engine: Engine, world: int) -> int:
+    """The engine's NUM_GPU, if `world` ranks can run it (that many, or one process)."""
+    planned = engine.manifest["num_gpu"]
+    if world not in (1, planned):
+        raise EngineError(f"engine {engine.digest[:12]} is planned for NUM_GPU = {planned}, but the run has "
+                          f"{world} ranks: rebuild it with `xgc --num-gpu {world}` or run {planned} ranks")
+    return planned
+
+
+def _gather(x: torch.Tensor, dim: int | None, group: Group) -> torch.Tensor:
+    """A sharded output joined along its split dim (every rank takes part; all get the whole)."""
+    if dim is None or group.world == 1:
+        return x
+    wire = x.to(torch.uint8) if x.dtype is torch.bool else x.contiguous()
+    parts = [torch.empty_like(wire) for _ in range(group.world)]
+    try:
+        dist.all_gather(parts, wire)
+    except RuntimeError as exc:
+        raise ExecutionError(f"gathering an output on rank {group.rank} failed: "
+                             f"{str(exc).strip().splitlines()[0]}") from None
+    out = torch.cat(parts, dim)
+    return out.to(torch.bool) if x.dtype is torch.bool else out
+
+
+def _to(v: Any, device: str) -> Any:
+    return v.to(device) if isinstance(v, torch.Tensor) else v
+
+
+def run_ranks(engine: Engine, external_values: Mapping[str, Any] | None, nproc: int, *, device: str = "cpu",
+              check: bool = True, timeout_s: float = 300.0) -> RunResult:
+    """`xgrun --nproc N` from Python (`xg.run_engine(..., nproc=N)`): the engine and its inputs go
+    to a temporary directory, N ranks of this host run it, and rank 0's gathered outputs come back.
+    A failed rank is an ExecutionError naming it."""
+    from .launch import run_ranks as launch_ranks
+    from .tensor_io import load_tensors, save_tensors
+
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
+    check_world(engine, nproc)
+    values = engine.prepare_inputs({k: _to(v, "cpu") for k, v in (external_values or {}).items()}, "cpu")
+    with tempfile.TemporaryDirectory(prefix="xg-ranks-") as tmp:
+        engine.save(Path(tmp) / "engine.xge")
+        save_tensors(Path(tmp) / "inputs.safetensors", values)
+        done = launch_ranks(str(Path(tmp) / "engine.xge"), str(Path(tmp) / "inputs.safetensors"),
+                            str(Path(tmp) / "outputs.safetensors"), nproc, device=device, check=check,
+                            timeout_s=timeout_s)
+        if not done.ok:
+            raise ExecutionError(done.message)
+        tensors = load_tensors(Path(tmp) / "outputs.safetensors", role="outputs of the ranks")
+    metadata = {"target": engine.manifest["target"], "num_gpu": engine.manifest["num_gpu"],
+                "engine_digest": engine.digest, "device": device, "executor": f"spmd-{device}", "check": check,
+                "world_size": nproc}
+    return RunResult(_unflat(engine.graph.output, tensors, "out"), metadata, tensors)
+
+
+def _unflat(tree: dict, tensors: Mapping[str, torch.Tensor], prefix: str) -> Any:
+    """What `main` returned, rebuilt from the output file's names (engine._flat's scheme)."""
+    if "t" in tree:
+        t = tensors[prefix]
+        return t.item() if t.dim() == 0 else t
+    if "tuple" in tree:
+        return tuple(_unflat(item, tensors, f"{prefix}_{i}") for i, item in enumerate(tree["tuple"]))
+    if bool(tensors[f"{prefix}_ok"]):
+        return ResultValue(True, _unflat(tree["result"]["value"], tensors, f"{prefix}_value"), None)
+    return ResultValue(False, None, "error")     # the file keeps whether a Result is Ok, not which error

@@ -1,0 +1,199 @@
+"""The SPMD executor: one rank's part of a sharded engine, with real collectives.
+
+Every rank runs the same graph on its own pieces. The plan is read back from the graph
+(`ir.layout.infer_layouts`): each node is given its *local* shape (a sharded dim divided by the
+world size) and runs through the CPU reference executor's op implementations (torch; on the
+rank's GPU when the device is cuda). Collective ops go through `torch.distributed` (gloo on CPU,
+NCCL on GPU) asynchronously: a collective starts as soon as its input exists and is waited for
+only when a consumer needs its result, so it overlaps whatever compute does not depend on it (with
+NCCL the transfer runs on NCCL's own CUDA stream; `wait` only orders the compute stream after it).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from ..compiler.ir.graph import Graph, Node, Op, tree_ids
+from ..compiler.ir.layout import Layout, infer_layouts, local_shape, split_inputs
+from ..compiler.ir.serialize import where as src_text
+from ..errors import ExecutionError, InputError
+from .cpu import CpuExecutor, RunOutput
+
+
+@dataclass(frozen=True)
+class Group:
+    """This process's rank in an initialised default process group."""
+    rank: int
+    world: int
+    device: str = "cpu"          # "cpu" or "cuda:K"
+
+
+def local_graph(graph: Graph, world: int) -> tuple[Graph, dict[int, Layout]]:
+    """`graph` with each node's shape replaced by one rank's piece of it (shapes concrete)."""
+    layouts = infer_layouts(graph, world)
+    by_name = split_inputs(graph)
+    split = {nid: by_name[name] for name, nid in graph.inputs if name in by_name}
+    nodes = []
+    for n in graph.nodes:
+        lay = layouts[n.id]
+        if lay.kind == "S" and n.shape[lay.dim] % world:
+            line = f" (line {n.src[0]})" if n.src else ""
+            raise InputError(f"dimension {lay.dim} of %{n.id} (`{n.op.value}`{line}) has size {n.shape[lay.dim]}, "
+                             f"which {world} ranks do not divide")
+        if n.op is Op.INPUT and n.id in split:
+            lay = Layout("S", split[n.id])
+        nodes.append(replace(n, shape=local_shape(n.shape, lay, world)))
+    return graph.with_nodes(nodes), layouts
+
+
+class SpmdExecutor:
+    def __init__(self, group: Group, *, float64: bool = False, check: bool = True, overlap: bool = True) -> None:
+        self.group = group
+        self.ops = CpuExecutor(float64=float64, check=check, timings=False)
+        self.check = check
+        self.overlap = overlap       # False: finish each collective before going on (measures overlap)
+        self.name = "spmd-" + ("cuda" if group.device.startswith("cuda") else "cpu")
+        self.stats: dict = {}
+
+    def run(self, graph: Graph, inputs: dict[str, torch.Tensor], split: dict[str, int]) -> RunOutput:
+        """Run `graph` (global shapes) on this rank; `inputs` are whole, except those in `split`,
+        which are already this rank's slices. Returns this rank's pieces of the outputs."""
+        local, _ = local_graph(graph, self.group.world)
+        split_ids = {nid for name, nid in graph.inputs if name in split}
+        vals: dict[int, torch.Tensor] = {}
+        pending: dict[int, tuple] = {}
+        comm = {"collectives": 0, "wait_ms": 0.0, "issue_ms": 0.0}
+        t_start = time.perf_counter()
+
+        def value(i: int) -> torch.Tensor:
+            if i in pending:
+                work, finish, node = pending.pop(i)
+                t0 = time.perf_counter()
+                try:
+                    work.wait()
+                except RuntimeError as exc:
+                    raise ExecutionError(f"`{node.op.value}` (node %{node.id}){_at(node)} failed on rank "
+                                         f"{self.group.rank}: {_first_line(exc)}") from None
+                if not self.overlap and self.group.device != "cpu":
+                    torch.cuda.synchronize()     # serialised: the transfer ends before any later compute
+                comm["wait_ms"] += (time.perf_counter() - t0) * 1e3
+                vals[i] = finish()
+            return vals[i]
+
+        order = _comm_early(local)
+        outputs = set(tree_ids(local.output))
+        last_use = {i: n.id for n in order for i in n.inputs}
+        device = torch.device(self.group.device) if self.group.device != "cpu" else None
+        with torch.no_grad(), (device if device is not None else nullcontext()):
+            for n in order:
+                args = [value(i) for i in n.inputs]
+                if n.op is Op.SHARD and n.inputs[0] in split_ids:
+                    vals[n.id] = args[0]            # loaded as this rank's slice already
+                elif n.op in (Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL):
+                    t0 = time.perf_counter()
+                    started = self.collective(n, args[0])
+                    comm["issue_ms"] += (time.perf_counter() - t0) * 1e3
+                    if isinstance(started, torch.Tensor):
+                        vals[n.id] = started
+                    else:
+                        comm["collectives"] += 1
+                        pending[n.id] = (*started, n)
+                        if not self.overlap:
+                            value(n.id)
+                else:
+                    vals[n.id] = self.compute(n, args, inputs)
+                if not self.check:     # free what no later node reads (check mode keeps all, to trace NaNs)
+                    for i in n.inputs:
+                        if last_use.get(i) == n.id and i not in outputs:
+                            vals.pop(i, None)
+            outs = {i: value(i) for i in tree_ids(local.output)}
+            for i in list(pending):
+                value(i)
+        comm["total_ms"] = (time.perf_counter() - t_start) * 1e3
+        self.stats = comm
+        if self.check:
+            self.ops.guard(local, vals)
+        return RunOutput(outs, [])
+
+    def compute(self, n: Node, args: list[torch.Tensor], inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        try:
+            value = self.ops.eval(n, args, inputs)
+        except ExecutionError:
+            raise
+        except (RuntimeError, IndexError, ValueError, OverflowError) as exc:
+            raise ExecutionError(f"`{n.op.value}` (node %{n.id}){_at(n)} failed on rank {self.group.rank}: "
+                                 f"{_first_line(exc)}") from None
+        want = self.ops.dtype(n.dtype)
+        return value if value.dtype == want else value.to(want)
+
+    # --- collectives ----------------------------------------------------------------------------
+    def collective(self, n: Node, x: torch.Tensor) -> torch.Tensor | tuple[object, Callable[[], torch.Tensor]]:
+        """Start `n`'s collective on `x`: a finished tensor (local slices), or (work, finish)."""
+        world, rank = self.group.world, self.group.rank
+        if world == 1 and n.op is not Op.SHARD:
+            return x
+        if n.op is Op.SHARD:
+            return x.chunk(world, n.attr("dim"))[rank]
+        wire, back = _wire(x)
+        if n.op is Op.ALL_REDUCE:
+            buf = wire.clone()
+            return dist.all_reduce(buf, async_op=True), lambda: back(buf)
+        if n.op is Op.ALL_GATHER:
+            parts = [torch.empty_like(wire) for _ in range(world)]
+            work = dist.all_gather(parts, wire.contiguous(), async_op=True)
+            return work, lambda: back(torch.cat(parts, n.attr("dim")))
+        if n.op is Op.REDUCE_SCATTER:
+            chunks = [c.contiguous() for c in wire.chunk(world, n.attr("dim"))]
+            out = torch.empty_like(chunks[rank])
+            return dist.reduce_scatter(out, chunks, async_op=True), lambda: back(out)
+        # ALL_TO_ALL: send chunk r of my piece (split along the new dim) to rank r; join what
+        # arrives along the old dim, in rank order.
+        send = [c.contiguous() for c in wire.chunk(world, n.attr("dim"))]
+        recv = [torch.empty_like(c) for c in send]
+        work = dist.all_to_all(recv, send, async_op=True)
+        return work, lambda: back(torch.cat(recv, n.attr("src")))
+
+
+_MOVES = (Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL)
+
+
+def _comm_early(graph: Graph) -> list[Node]:
+    """The nodes in an order that starts each collective right after its input is computed (the
+    pass places it just before its first consumer), so the compute in between overlaps it. Every
+    rank derives the same order, so collectives are issued in the same sequence everywhere."""
+    waiting: dict[int, list[Node]] = {}
+    for n in graph.nodes:
+        if n.op in _MOVES:
+            waiting.setdefault(n.inputs[0], []).append(n)
+    order: list[Node] = []
+    for n in graph.nodes:
+        if n.op in _MOVES:
+            continue
+        ready = [n]
+        while ready:                 # a collective of a collective follows it at once too
+            m = ready.pop(0)
+            order.append(m)
+            ready.extend(waiting.pop(m.id, ()))
+    return order
+
+
+def _wire(x: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """Backends move numbers, not booleans: send bools as uint8 and turn them back."""
+    if x.dtype is torch.bool:
+        return x.to(torch.uint8), lambda t: t.to(torch.bool)
+    return x, lambda t: t
+
+
+def _at(n: Node) -> str:
+    return f" at {src_text(n.src)}" if n.src else ""
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
