@@ -54,7 +54,7 @@ def main_cmd(
             for spec in eng.signature:
                 shape = tuple(d if isinstance(d, int) else sizes.get(d, DEFAULT_DIM) for d in spec["shape"])
                 sig[spec["name"]] = (spec["dtype"], shape)
-            values = random_inputs(sig, seed)
+            values = random_inputs(sig, seed, {s["name"]: tuple(s["range"]) for s in eng.signature if "range" in s})
         if device == "cuda":
             eng.cuda_executor(check=check)       # a clear refusal before any tensor moves
             values = {k: v.to("cuda") for k, v in values.items()}
