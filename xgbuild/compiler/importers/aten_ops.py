@@ -45,6 +45,12 @@ def _pair(v: Any) -> tuple[int, int]:
     return (int(v), int(v))
 
 
+def _pads(v) -> tuple[int, int, int, int]:
+    """PyTorch's symmetric (h, w) padding as (top, bottom, left, right)."""
+    h, w = _pair(v)
+    return (h, h, w, w)
+
+
 def _out_dtype(node) -> str:
     return xg_dtype(node.meta["val"].dtype) or "float32"
 
@@ -406,7 +412,7 @@ def _conv2d(t, node, args, kwargs):
     dilation, groups = _pair(_arg(args, kwargs, 5, "dilation", 1)), int(_arg(args, kwargs, 6, "groups", 1))
     if isinstance(padding, str):
         raise ImportError_(f"conv2d padding={padding!r} (give the padding as numbers)")
-    return C.conv2d(t.b, x, w, bias, stride, _pair(padding), dilation, groups)
+    return C.conv2d(t.b, x, w, bias, stride, _pads(padding), dilation, groups)
 
 
 @op("aten.convolution")
@@ -414,14 +420,14 @@ def _convolution(t, node, args, kwargs):
     x, w, bias, stride, padding, dilation, transposed, _out_pad, groups = args[:9]
     if transposed or len(stride) != 2:
         raise ImportError_("transposed or non-2-D convolution")
-    return C.conv2d(t.b, x, w, bias, _pair(stride), _pair(padding), _pair(dilation), int(groups))
+    return C.conv2d(t.b, x, w, bias, _pair(stride), _pads(padding), _pair(dilation), int(groups))
 
 
 @op("aten.max_pool2d", "aten.max_pool2d_with_indices")
 def _max_pool(t, node, args, kwargs):
     k = _pair(args[1])
     stride = _arg(args, kwargs, 2, "stride") or k
-    out = C.pool2d(t.b, args[0], "max", k, _pair(stride), _pair(_arg(args, kwargs, 3, "padding", 0)),
+    out = C.pool2d(t.b, args[0], "max", k, _pair(stride), _pads(_arg(args, kwargs, 3, "padding", 0)),
                    _pair(_arg(args, kwargs, 4, "dilation", 1)), bool(_arg(args, kwargs, 5, "ceil_mode", False)))
     return (out, None) if "indices" in str(node.target.overloadpacket) else out
 
@@ -430,7 +436,7 @@ def _max_pool(t, node, args, kwargs):
 def _avg_pool(t, node, args, kwargs):
     k = _pair(args[1])
     stride = _arg(args, kwargs, 2, "stride") or k
-    return C.pool2d(t.b, args[0], "avg", k, _pair(stride), _pair(_arg(args, kwargs, 3, "padding", 0)),
+    return C.pool2d(t.b, args[0], "avg", k, _pair(stride), _pads(_arg(args, kwargs, 3, "padding", 0)),
                     ceil_mode=bool(_arg(args, kwargs, 4, "ceil_mode", False)),
                     count_include_pad=bool(_arg(args, kwargs, 5, "count_include_pad", True)),
                     divisor=_arg(args, kwargs, 6, "divisor_override"))

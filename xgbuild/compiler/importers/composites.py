@@ -230,11 +230,12 @@ def _tap(b: IRBuilder, x: Ref, kh: int, kw: int, ho: int, wo: int, stride: Seque
     return b.index(x, items)
 
 
-def conv2d(b: IRBuilder, x: Ref, w: Ref, bias: Ref | None, stride: Sequence[int], padding: Sequence[int],
+def conv2d(b: IRBuilder, x: Ref, w: Ref, bias: Ref | None, stride: Sequence[int], pads: Sequence[int],
            dilation: Sequence[int], groups: int) -> Ref:
+    """NCHW convolution; `pads` is (top, bottom, left, right)."""
     if b.rank(x) != 4:
         raise ImportError_(f"conv2d of a rank-{b.rank(x)} input (NCHW expected)")
-    x = pad2d(b, x, (padding[0], padding[0], padding[1], padding[1]))
+    x = pad2d(b, x, pads)
     n, c, h, wd = b.shape(x)
     o, cg, kh_n, kw_n = b.shape(w)
     if not all(isinstance(d, int) for d in (c, h, wd)):
@@ -263,21 +264,21 @@ def conv2d(b: IRBuilder, x: Ref, w: Ref, bias: Ref | None, stride: Sequence[int]
     return b.permute(acc, (0, 3, 1, 2))
 
 
-def pool2d(b: IRBuilder, x: Ref, kind: str, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+def pool2d(b: IRBuilder, x: Ref, kind: str, kernel: Sequence[int], stride: Sequence[int], pads: Sequence[int],
            dilation: Sequence[int] = (1, 1), ceil_mode: bool = False, count_include_pad: bool = True,
            divisor: int | None = None) -> Ref:
-    """max or avg pooling over the last two dims."""
+    """max or avg pooling over the last two dims; `pads` is (top, bottom, left, right)."""
     h, w = b.shape(x)[-2:]
     if not all(isinstance(d, int) for d in (h, w)):
         raise ImportError_("pooling over symbolic image sizes")
-    hp, wp = h + 2 * padding[0], w + 2 * padding[1]
+    hp, wp = h + pads[0] + pads[1], w + pads[2] + pads[3]
     ho = _out_size(hp, kernel[0], stride[0], dilation[0], ceil_mode)
     wo = _out_size(wp, kernel[1], stride[1], dilation[1], ceil_mode)
     if ceil_mode and ((ho - 1) * stride[0] + dilation[0] * (kernel[0] - 1) >= hp
                       or (wo - 1) * stride[1] + dilation[1] * (kernel[1] - 1) >= wp):
         raise ImportError_("pooling with ceil_mode where the last window leaves the input")
     fill = NEG_INF if kind == "max" else 0.0
-    xp = pad2d(b, _float(b, x), (padding[0], padding[0], padding[1], padding[1]), fill)
+    xp = pad2d(b, _float(b, x), pads, fill)
     acc = None
     for kh in range(kernel[0]):
         for kw in range(kernel[1]):
@@ -287,10 +288,10 @@ def pool2d(b: IRBuilder, x: Ref, kind: str, kernel: Sequence[int], stride: Seque
         return acc
     if divisor is not None:
         return b.binary(Op.DIV, acc, float(divisor))
-    if count_include_pad or not any(padding):
+    if count_include_pad or not any(pads):
         return b.binary(Op.DIV, acc, float(kernel[0] * kernel[1]))
     # Count only the real (unpadded) positions of each window.
-    ones = pad2d(b, b.full(1.0, b.dtype(acc), (h, w)), (padding[0], padding[0], padding[1], padding[1]))
+    ones = pad2d(b, b.full(1.0, b.dtype(acc), (h, w)), pads)
     count = None
     for kh in range(kernel[0]):
         for kw in range(kernel[1]):
