@@ -18,14 +18,15 @@ from .engine import Engine
 
 
 def build_model_engine(imported: Any, *, tune: str = "cache", kernels: bool = True,
-                       dims: Mapping[str, int] | None = None, progress: bool = False) -> Engine:
+                       dims: Mapping[str, int] | None = None, progress: bool = False,
+                       jobs: int | None = None) -> Engine:
     """The engine of an imported program: kernels for its target (unless `kernels=False`), tuned at
     `dims` (default: the sizes seen at capture) under `tune`, and its weights inside."""
     table = None
     if kernels:
         from ..tuner.link import kernels_for
         sizes = {**imported.example_dims, **dict(dims or {})}
-        table = kernels_for(imported, tune, sizes, progress=progress)
+        table = kernels_for(imported, tune, sizes, workers=jobs, progress=progress)
     return Engine.from_graph(imported.optimized.main, name=imported.name, source=imported.source,
                              target=imported.target, num_gpu=imported.num_gpu, passes=imported.passes,
                              kernels=table, weights=imported.weights, ranges=imported.ranges)

@@ -32,10 +32,11 @@ NP_DTYPES = {"float32": np.float32, "uint8": np.uint8, "int8": np.int8, "int16":
 
 
 class OnnxImportError(CompileError):
-    """The file is missing, unreadable, not ONNX, or not a model XG can import."""
+    """The file is missing, unreadable, not ONNX (`unreadable`), or not a model XG can import."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, unreadable: bool = False) -> None:
         super().__init__(f"error: {message}", [])
+        self.unreadable = unreadable
 
 
 @dataclass
@@ -190,18 +191,20 @@ def load_onnx(path: Path | str):
     import onnx
     path = Path(path)
     if not path.is_file():
-        raise OnnxImportError(f"cannot read {path}: no such file")
+        raise OnnxImportError(f"cannot read {path}: no such file", unreadable=True)
     try:
         model = onnx.load(str(path))
     except Exception as exc:  # noqa: BLE001 (protobuf raises several kinds on corrupt bytes)
         raise OnnxImportError(f"{path} is not a readable ONNX model ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else 'corrupt protobuf'})") from None
+                              f"{str(exc).splitlines()[0] if str(exc) else 'corrupt protobuf'})",
+                              unreadable=True) from None
     if not model.graph.node and not model.graph.output:
-        raise OnnxImportError(f"{path} holds no ONNX graph")
+        raise OnnxImportError(f"{path} holds no ONNX graph", unreadable=True)
     try:
         onnx.checker.check_model(model)
     except Exception as exc:  # noqa: BLE001 (onnx's ValidationError and friends)
-        raise OnnxImportError(f"{path} is not a valid ONNX model: {str(exc).splitlines()[0]}") from None
+        raise OnnxImportError(f"{path} is not a valid ONNX model: {str(exc).splitlines()[0]}",
+                              unreadable=True) from None
     return model
 
 

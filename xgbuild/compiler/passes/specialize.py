@@ -50,9 +50,11 @@ _ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, 
 
 def size_of(dim: str, env: dict[str, int]) -> int | str:
     """A symbolic size under `env`: a symbol, or an integer expression of symbols such as `4*batch`
-    (imported models reshape through such sizes); left as it is when something is unbound."""
-    if dim in env:
-        return env[dim]
+    (imported models reshape through such sizes); left as it is when something is unbound. An
+    expression is computed from its symbols even when `env` names it too (a tuning environment
+    gives every string dim a default size)."""
+    if dim.isidentifier():
+        return env.get(dim, dim)
 
     def ev(node: ast.AST) -> int:
         if isinstance(node, ast.Constant) and isinstance(node.value, int):
@@ -67,7 +69,7 @@ def size_of(dim: str, env: dict[str, int]) -> int | str:
     try:
         return ev(ast.parse(dim, mode="eval").body)
     except (SyntaxError, ValueError, RecursionError):
-        return dim
+        return env.get(dim, dim)
 
 
 def specialize(graph: Graph, env: dict[str, int]) -> Graph:
