@@ -111,6 +111,11 @@ def _binary(t, node, args, kwargs):
 _PY = {Op.ADD: operator.add, Op.SUB: operator.sub, Op.MUL: operator.mul, Op.DIV: operator.truediv}
 
 
+@op("aten.reciprocal")
+def _reciprocal(t, node, args, kwargs):
+    return t.b.binary(Op.DIV, 1.0, args[0])
+
+
 @op("aten.pow")
 def _pow(t, node, args, kwargs):
     x, e = args[0], args[1]

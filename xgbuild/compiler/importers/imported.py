@@ -8,6 +8,7 @@ in call order. `UnsupportedOps` is the one error that lists every op an importer
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -37,6 +38,8 @@ def finish(graph: Graph, *, name: str, source: str, weights: dict[str, torch.Ten
            verify_each: bool = False) -> ImportedProgram:
     """Run the pass pipeline on an imported graph (the same passes as `.xg` programs)."""
     lowered = Program(graph)
+    # The engine keeps the source under this name: archive entry names are [A-Za-z0-9._-] only.
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", name) or "model"
     optimized = run_pipeline(lowered, verify_each=verify_each)
     kept = {n for n, _ in optimized.main.inputs}
     return ImportedProgram(name, source, lowered, optimized, {k: v for k, v in weights.items() if k in kept},

@@ -62,6 +62,7 @@ class _Translator:
         self.ranges: dict[str, tuple[int, int]] = {}
         self.example_dims: dict[str, int] = {}
         self.unsupported: list[Unsupported] = []
+        self.aliases: dict[tuple, Ref] = {}         # (storage, shape, strides, dtype) -> weight input
 
     # --- sizes ----------------------------------------------------------------------------------
     def dim(self, d: Any) -> Dim:
@@ -121,10 +122,15 @@ class _Translator:
                                    f"`{spec.arg.name}`, which XG cannot import", [])
             name = spec.target if spec.target not in user_names else f"weight.{spec.target}"
             tensor = tensor.detach()
+            alias = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+            if tensor.numel() and alias in self.aliases:      # tied weights: one input, stored once
+                self.values[node.name] = self.aliases[alias]
+                continue
             if xg_dtype(tensor.dtype) is None:
                 raise CompileError(f"error: weight `{name}` has dtype {tensor.dtype}, which XG has no type for", [])
             self.weights[name] = tensor
             self.values[node.name] = self.b.input(name, xg_dtype(tensor.dtype), tuple(tensor.shape))
+            self.aliases[alias] = self.values[node.name]
 
     # --- the walk -------------------------------------------------------------------------------
     def where(self, node: torch.fx.Node) -> str:
@@ -132,7 +138,7 @@ class _Translator:
         if stack:
             path, cls = list(stack.values())[-1]
             cls_name = cls.rsplit(".", 1)[-1] if isinstance(cls, str) else getattr(cls, "__name__", str(cls))
-            return f"{path or self.name} ({cls_name})"
+            return f"{path} ({cls_name})" if path else f"{self.name} (top level)"
         return f"{self.name} (top level)"
 
     def line(self, node: torch.fx.Node) -> tuple:
@@ -238,6 +244,10 @@ def import_torch(model_or_fn: Any, example_inputs: Sequence[Any], *, dynamic_sha
         arg_names = [p for p in inspect.signature(fn).parameters]
     except (TypeError, ValueError):
         arg_names = []
+    for path, module in model.named_modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.training:
+            raise CompileError(f"error: module `{path}` ({type(module).__name__}) is in training mode: batch norm "
+                               "would update its statistics\n  = help: call model.eval() before xg.compile", [])
     args = tuple(x.detach().cpu() for x in example_inputs)
     ep = _capture(model, args, dynamic_shapes)
     dim_names = _dim_names(dynamic_shapes, arg_names)
