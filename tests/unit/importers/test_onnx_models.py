@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-import xg
 from xgbuild.compiler.importers.onnx_import import import_onnx
 from xgbuild.runtime.model_engine import ModelEngine, build_model_engine
 from zoo import NAMES, TOL, as_tuple, fresh_inputs, make, reference, rel_err

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..ir.graph import COMPARE, Dim, Graph, GraphBuilder, Op, Shape, attrs_of
+from ..ir.graph import COMPARE, Dim, Graph, GraphBuilder, Node, Op, Shape, attrs_of
 from ..ir.shapes import FLOATS, ShapeError, infer
 
 INTS = {"int8", "int16", "int32", "int64", "uint8"}
 _RANK = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
 
-Value = int | float | bool      # an IR node id (int) is told apart from a Python scalar by `is_node`
-
-
-class ImportError_(ValueError):
-    """An op the importer cannot express: carries the message the importer reports."""
+class TranslationError(ValueError):
+    """An op (or a use of one) that the importer cannot express in the IR: the reason, reported
+    with the op and where the model uses it."""
 
 
 class Ref(int):
@@ -72,12 +70,11 @@ class IRBuilder:
     def op(self, op: Op, inputs: Sequence[Ref], *, dtype: str | None = None, shape: Shape = (), **attrs: Any) -> Ref:
         """A node whose dtype and shape the IR's rules infer from its inputs."""
         ins = [(self.dtype(i), self.shape(i)) for i in inputs]
-        from ..ir.graph import Node
         probe = Node(-1, op, tuple(inputs), dtype or (ins[0][0] if ins else "float32"), tuple(shape), attrs_of(**attrs))
         try:
             dt, sh = infer(probe, ins)
         except ShapeError as exc:
-            raise ImportError_(f"`{op.value}`: {exc}") from None
+            raise TranslationError(f"`{op.value}`: {exc}") from None
         return self.add(op, inputs, dt, sh, **attrs)
 
     def input(self, name: str, dtype: str, shape: Shape) -> Ref:
@@ -118,7 +115,7 @@ class IRBuilder:
         """`a op b` with torch's promotion: a scalar takes the tensor's dtype unless it is a float
         meeting an integer tensor; two tensors meet at the wider dtype (or `dtype`, when given)."""
         if not is_node(a) and not is_node(b):
-            raise ImportError_(f"`{op.value}` of two scalars reached the IR")
+            raise TranslationError(f"`{op.value}` of two scalars reached the IR")
         if dtype is None:
             dtype = self._common(a, b)
         if op is Op.DIV and dtype not in FLOATS:
@@ -138,7 +135,8 @@ class IRBuilder:
         return dt
 
     def compare(self, op: Op, a: Any, b: Any) -> Ref:
-        assert op in COMPARE
+        if op not in COMPARE:
+            raise ValueError(f"internal: {op} is not a comparison")
         return self.binary(op, a, b)
 
     def where(self, cond: Ref, a: Any, b: Any) -> Ref:
@@ -169,7 +167,7 @@ class IRBuilder:
         r = self.rank(x)
         perm = [p % r for p in perm]
         if sorted(perm) != list(range(r)):
-            raise ImportError_(f"`permute` by {perm} of a rank-{r} tensor")
+            raise TranslationError(f"`permute` by {perm} of a rank-{r} tensor")
         current = list(range(r))
         for i, want in enumerate(perm):
             j = current.index(want)
@@ -214,7 +212,7 @@ class IRBuilder:
     # --- reductions ------------------------------------------------------------------------------
     def reduce(self, op: Op, x: Ref, dims: Sequence[int] | None, keepdim: bool) -> Ref:
         r = self.rank(x)
-        if op in (Op.SUM, Op.MEAN) and self.dtype(x) not in FLOATS and op is Op.MEAN:
+        if op is Op.MEAN and self.dtype(x) not in FLOATS:
             x = self.cast(x, "float32")
         if dims is None or len(dims) == 0:
             dims = list(range(r))

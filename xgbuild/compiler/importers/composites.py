@@ -18,9 +18,9 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from ..ir.graph import Dim, Op
+from ..ir.graph import Op
 from ..ir.shapes import FLOATS
-from .builder import IRBuilder, ImportError_, Ref
+from .builder import IRBuilder, TranslationError, Ref
 
 NEG_INF = float("-inf")
 
@@ -57,7 +57,7 @@ def gelu(b: IRBuilder, x: Ref, approximate: str = "none") -> Ref:
     if approximate == "none":
         return b.unary(Op.GELU, x)
     if approximate != "tanh":
-        raise ImportError_(f"gelu approximation {approximate!r} (supported: 'none', 'tanh')")
+        raise TranslationError(f"gelu approximation {approximate!r} (supported: 'none', 'tanh')")
     # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
     cube = b.binary(Op.MUL, b.binary(Op.MUL, x, x), x)
     inner = b.binary(Op.MUL, b.binary(Op.ADD, x, b.binary(Op.MUL, cube, 0.044715)), math.sqrt(2.0 / math.pi))
@@ -84,7 +84,7 @@ def layer_norm(b: IRBuilder, x: Ref, ndims: int, w: Ref | None, bias: Ref | None
     if ndims > 1:
         tail = shape[-ndims:]
         if not all(isinstance(d, int) for d in tail):
-            raise ImportError_("layer norm over symbolic dims")
+            raise TranslationError("layer norm over symbolic dims")
         y = b.reshape(x, shape[:-ndims] + (math.prod(tail),))
     mu = b.op(Op.MEAN, [y], dim=b.rank(y) - 1, keepdim=True)
     d = b.binary(Op.SUB, y, mu)
@@ -128,7 +128,7 @@ def attention(b: IRBuilder, q: Ref, k: Ref, v: Ref, mask: Ref | None, causal: bo
     e = b.shape(q)[-1]
     if scale is None:
         if not isinstance(e, int):
-            raise ImportError_("attention with a symbolic head size needs an explicit scale")
+            raise TranslationError("attention with a symbolic head size needs an explicit scale")
         scale = 1.0 / math.sqrt(e)
     scores = b.binary(Op.MUL, matmul(b, q, b.transpose(k, -2, -1)), float(scale))
     t, s = b.shape(q)[-2], b.shape(k)[-2]
@@ -168,9 +168,9 @@ def place(b: IRBuilder, x: Ref, dim: int, total: int, offset: int) -> Ref:
     dim %= r
     n = b.shape(x)[dim]
     if not isinstance(n, int):
-        raise ImportError_(f"padding or concatenating along the symbolic dim {n}")
+        raise TranslationError(f"padding or concatenating along the symbolic dim {n}")
     if b.dtype(x) not in FLOATS:
-        raise ImportError_(f"padding or concatenating {b.dtype(x)} tensors (floating-point only)")
+        raise TranslationError(f"padding or concatenating {b.dtype(x)} tensors (floating-point only)")
     if n == total and offset == 0:
         return x
     moved = b.transpose(x, dim, r - 1)
@@ -185,7 +185,7 @@ def cat(b: IRBuilder, xs: Sequence[Ref], dim: int) -> Ref:
     dim %= r
     sizes = [b.shape(x)[dim] for x in xs]
     if not all(isinstance(s, int) for s in sizes):
-        raise ImportError_(f"concatenating along a symbolic dim ({sizes})")
+        raise TranslationError(f"concatenating along a symbolic dim ({sizes})")
     total, out, offset = sum(sizes), None, 0
     for x, n in zip(xs, sizes):
         if n:
@@ -234,15 +234,15 @@ def conv2d(b: IRBuilder, x: Ref, w: Ref, bias: Ref | None, stride: Sequence[int]
            dilation: Sequence[int], groups: int) -> Ref:
     """NCHW convolution; `pads` is (top, bottom, left, right)."""
     if b.rank(x) != 4:
-        raise ImportError_(f"conv2d of a rank-{b.rank(x)} input (NCHW expected)")
+        raise TranslationError(f"conv2d of a rank-{b.rank(x)} input (NCHW expected)")
     x = pad2d(b, x, pads)
     n, c, h, wd = b.shape(x)
     o, cg, kh_n, kw_n = b.shape(w)
     if not all(isinstance(d, int) for d in (c, h, wd)):
-        raise ImportError_("conv2d with symbolic channels or image size")
+        raise TranslationError("conv2d with symbolic channels or image size")
     ho, wo = _out_size(h, kh_n, stride[0], dilation[0]), _out_size(wd, kw_n, stride[1], dilation[1])
     if ho < 1 or wo < 1:
-        raise ImportError_(f"conv2d kernel {kh_n}x{kw_n} larger than the padded input {h}x{wd}")
+        raise TranslationError(f"conv2d kernel {kh_n}x{kw_n} larger than the padded input {h}x{wd}")
     og = o // groups
     depthwise = groups > 1 and cg == 1 and og == 1
     acc = None
@@ -270,13 +270,13 @@ def pool2d(b: IRBuilder, x: Ref, kind: str, kernel: Sequence[int], stride: Seque
     """max or avg pooling over the last two dims; `pads` is (top, bottom, left, right)."""
     h, w = b.shape(x)[-2:]
     if not all(isinstance(d, int) for d in (h, w)):
-        raise ImportError_("pooling over symbolic image sizes")
+        raise TranslationError("pooling over symbolic image sizes")
     hp, wp = h + pads[0] + pads[1], w + pads[2] + pads[3]
     ho = _out_size(hp, kernel[0], stride[0], dilation[0], ceil_mode)
     wo = _out_size(wp, kernel[1], stride[1], dilation[1], ceil_mode)
     if ceil_mode and ((ho - 1) * stride[0] + dilation[0] * (kernel[0] - 1) >= hp
                       or (wo - 1) * stride[1] + dilation[1] * (kernel[1] - 1) >= wp):
-        raise ImportError_("pooling with ceil_mode where the last window leaves the input")
+        raise TranslationError("pooling with ceil_mode where the last window leaves the input")
     fill = NEG_INF if kind == "max" else 0.0
     xp = pad2d(b, _float(b, x), pads, fill)
     acc = None
@@ -305,7 +305,7 @@ def adaptive_avg_pool2d(b: IRBuilder, x: Ref, out: Sequence[int]) -> Ref:
     *lead, h, w = b.shape(x)
     oh, ow = out
     if not (isinstance(h, int) and isinstance(w, int)) or h % oh or w % ow:
-        raise ImportError_(f"adaptive average pooling of {h}x{w} to {oh}x{ow} (the output must divide the input)")
+        raise TranslationError(f"adaptive average pooling of {h}x{w} to {oh}x{ow} (the output must divide the input)")
     y = _float(b, x)
     if (oh, ow) == (1, 1):
         y = b.op(Op.MEAN, [b.reshape(y, tuple(lead) + (h * w,))], dim=len(lead), keepdim=False)
@@ -314,7 +314,3 @@ def adaptive_avg_pool2d(b: IRBuilder, x: Ref, out: Sequence[int]) -> Ref:
     r = b.rank(y)
     y = b.op(Op.MEAN, [y], dim=r - 1, keepdim=False)
     return b.op(Op.MEAN, [y], dim=r - 3, keepdim=False)
-
-
-def dims_ok(shape: Sequence[Dim]) -> bool:
-    return all(isinstance(d, (int, str)) for d in shape)

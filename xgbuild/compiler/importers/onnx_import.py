@@ -21,7 +21,7 @@ import torch
 
 from ...errors import CompileError
 from ..ir.graph import Dim
-from .builder import IRBuilder, ImportError_, Ref, is_node
+from .builder import IRBuilder, TranslationError, Ref, is_node
 from .imported import ImportedProgram, Unsupported, UnsupportedOps, finish
 
 # ONNX TensorProto element types -> XG dtypes
@@ -59,7 +59,7 @@ def ir_dim(d: Any) -> Dim:
         return int(d)
     if isinstance(d, sympy.Basic):
         return int(d) if d.is_Integer else str(d).replace(" ", "")
-    raise ImportError_(f"a size {d!r}")
+    raise TranslationError(f"a size {d!r}")
 
 
 class OnnxTranslator:
@@ -82,9 +82,9 @@ class OnnxTranslator:
         if is_node(v):
             return v
         if not isinstance(v, Static):
-            raise ImportError_(f"{hint} is missing")
+            raise TranslationError(f"{hint} is missing")
         if v.symbolic:
-            raise ImportError_("a symbolic shape used as tensor data")
+            raise TranslationError("a symbolic shape used as tensor data")
         key = id(v)
         if key in self._materialized:
             return self._materialized[key]
@@ -159,7 +159,7 @@ class OnnxTranslator:
             self.b.src = (0, 0, node.name or node.op_type)
             try:
                 outs = handler(self, node, args, attrs)
-            except ImportError_ as exc:
+            except TranslationError as exc:
                 self.unsupported.append(Unsupported(node.op_type, where, str(exc)))
                 continue
             outs = outs if isinstance(outs, (tuple, list)) else (outs,)
@@ -173,7 +173,7 @@ class OnnxTranslator:
             v = self.values.get(out.name)
             try:
                 leaves.append({"t": int(self.tensor(v, out.name))})
-            except ImportError_ as exc:
+            except TranslationError as exc:
                 raise OnnxImportError(f"graph output `{out.name}`: {exc}") from None
         return leaves[0] if len(leaves) == 1 else {"tuple": leaves}
 

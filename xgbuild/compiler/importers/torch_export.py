@@ -19,7 +19,7 @@ import torch
 from ...errors import CompileError, XGError
 from ..ir.graph import Dim
 from .aten_ops import TABLE
-from .builder import IRBuilder, ImportError_, Ref, is_node, xg_dtype
+from .builder import IRBuilder, TranslationError, Ref, is_node, xg_dtype
 from .imported import ImportedProgram, Unsupported, UnsupportedOps, finish
 
 
@@ -76,7 +76,7 @@ class _Translator:
             for sym, new in sorted(self.symbols.items(), key=lambda kv: -len(kv[0])):
                 text = re.sub(rf"\b{re.escape(sym)}\b", new, text)
             return text.replace(" ", "")
-        raise ImportError_(f"a size of type {type(d).__name__}")
+        raise TranslationError(f"a size of type {type(d).__name__}")
 
     def shape_of(self, node: torch.fx.Node) -> tuple[Dim, ...]:
         return tuple(self.dim(d) for d in node.meta["val"].shape)
@@ -170,14 +170,14 @@ class _Translator:
                 self.values[node.name] = None
                 continue
             if self.unsupported:
-                # Keep looking for unsupported ops; nothing built after the first one is used.
-                self.values[node.name] = _placeholder_value(node)
+                # Keep looking for more unsupported ops; nothing built after the first one is used.
+                self.values[node.name] = None
                 continue
             try:
                 self.values[node.name] = handler(self, node, list(args), dict(kwargs))
-            except ImportError_ as exc:
+            except TranslationError as exc:
                 self.unsupported.append(Unsupported(key, self.where(node), str(exc)))
-                self.values[node.name] = _placeholder_value(node)
+                self.values[node.name] = None
         assert output is not None
         return output
 
@@ -206,11 +206,6 @@ def _key(target: Any) -> str:
     if isinstance(target, torch._ops.OpOverload):
         return str(target.overloadpacket)          # "aten.linear"
     return f"{getattr(target, '__module__', '')}.{getattr(target, '__name__', str(target))}"
-
-
-def _placeholder_value(node: torch.fx.Node) -> Any:
-    """A stand-in after an unsupported op, so the walk can go on collecting them."""
-    return None
 
 
 def _capture(model: torch.nn.Module, args: tuple, dynamic_shapes: Any) -> torch.export.ExportedProgram:
@@ -268,4 +263,4 @@ def import_torch(model_or_fn: Any, example_inputs: Sequence[Any], *, dynamic_sha
                   verify_each=verify_each)
 
 
-__all__ = ["import_torch", "Ref"]
+__all__ = ["import_torch"]
