@@ -84,3 +84,11 @@ def test_function_and_tied_weights() -> None:
     gpt = xg.compile(*make("gpt")[:2], kernels=False)
     names = {t["name"] for t in gpt.manifest["weights"]["tensors"]}
     assert len(names & {"wte.weight", "head.weight"}) == 1           # tied: stored once
+
+
+def test_unused_buffers_stay_out_of_the_engine() -> None:
+    model, inputs, _ = make("resnet")
+    engine = xg.compile(model, inputs, kernels=False)
+    names = {t["name"] for t in engine.manifest["weights"]["tensors"]}
+    assert "stem.1.running_mean" in names
+    assert not any(n.endswith("num_batches_tracked") for n in names)

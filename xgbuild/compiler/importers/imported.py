@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ...errors import CompileError
-from ..ir.graph import Graph, Program
+from ..ir.graph import Graph, Program, renumber, tree_ids
 from ..passes import PASS_NAMES, run_pipeline
 
 
@@ -41,10 +41,22 @@ def finish(graph: Graph, *, name: str, source: str, weights: dict[str, torch.Ten
     # The engine keeps the source under this name: archive entry names are [A-Za-z0-9._-] only.
     name = re.sub(r"[^A-Za-z0-9._-]", "_", name) or "model"
     optimized = run_pipeline(lowered, verify_each=verify_each)
+    optimized = Program(_drop_unused_weights(optimized.main, set(weights)))
     kept = {n for n, _ in optimized.main.inputs}
     return ImportedProgram(name, source, lowered, optimized, {k: v for k, v in weights.items() if k in kept},
                            tuple(inputs), {k: v for k, v in ranges.items() if k in kept}, example_dims,
                            target, num_gpu)
+
+
+def _drop_unused_weights(graph: Graph, weights: set[str]) -> Graph:
+    """Weights no op reads (a BatchNorm's `num_batches_tracked`, unused parameters) stay out of the
+    engine; the caller's inputs stay in the signature even when unused, as for `.xg` programs."""
+    read = {i for n in graph.nodes for i in n.inputs} | set(tree_ids(graph.output))
+    dead = {nid for name, nid in graph.inputs if name in weights and nid not in read}
+    if not dead:
+        return graph
+    return renumber(graph.with_nodes([n for n in graph.nodes if n.id not in dead],
+                                     inputs=tuple((name, nid) for name, nid in graph.inputs if nid not in dead)))
 
 
 @dataclass(frozen=True)
