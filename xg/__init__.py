@@ -16,9 +16,10 @@ from xgbuild.compiler.driver import compile_file as _compile_file
 from xgbuild.compiler.frontend import CheckOptions
 from xgbuild.errors import CompileError, EngineError, ExecutionError, InputError, XGError
 from xgbuild.runtime.engine import Engine, ResultValue, RunResult
+from xgbuild.runtime.model_engine import ModelEngine
 
-__all__ = ["CompileError", "Engine", "EngineError", "ExecutionError", "InputError", "ResultValue", "RunResult",
-           "XGError", "compile_file", "load_engine", "run_engine"]
+__all__ = ["CompileError", "Engine", "EngineError", "ExecutionError", "InputError", "ModelEngine", "ResultValue",
+           "RunResult", "XGError", "compile", "compile_file", "load_engine", "load_model_engine", "run_engine"]
 
 
 def compile_file(path: Path | str, *, target: str | None = None, num_gpu: int | None = None,
@@ -45,6 +46,38 @@ def compile_file(path: Path | str, *, target: str | None = None, num_gpu: int | 
         from xgbuild.tuner.link import kernels_for
         table = kernels_for(compiled, tune, dict(dims or {}))
     return Engine.from_compiled(compiled, table)
+
+
+def compile(model_or_fn: Any, example_inputs: Any, target: str = "H100", num_gpu: int = 1, *,
+            dynamic_shapes: Any = None, tune: str = "cache", kernels: bool = True,
+            dims: Mapping[str, int] | None = None, fallback: str | None = None) -> ModelEngine:
+    """Compile a PyTorch model (or function) into an engine called like it: `engine(x)`.
+
+    Captured with `torch.export` at `example_inputs` (`dynamic_shapes` as torch.export takes it,
+    e.g. `({0: torch.export.Dim("batch")},)`), translated into XG's IR, then the same passes,
+    tuning (`tune`, `dims`), cache and packaging as `compile_file`. `engine.save(path)` writes an
+    `.xge` that `xgrun` runs; parameters and buffers travel inside it. An op XG cannot express is
+    a `CompileError` listing each one with the module that uses it."""
+    if fallback not in (None, "error"):
+        raise XGError(f"fallback={fallback!r} is not supported: an XG engine runs every op itself, with no "
+                      "Python model to call back into; unsupported ops are a compile error (fallback='error')")
+    if not isinstance(num_gpu, int) or isinstance(num_gpu, bool) or num_gpu < 1:
+        raise XGError(f"num_gpu must be a positive integer, got {num_gpu!r}")
+    from xgbuild.compiler.importers.torch_export import import_torch
+    from xgbuild.hw import HardwareProfileError, UnknownTargetError, load_profile
+    try:
+        target = load_profile(target).name
+    except (HardwareProfileError, UnknownTargetError) as exc:
+        raise XGError(str(exc)) from None
+    imported = import_torch(model_or_fn, example_inputs, dynamic_shapes=dynamic_shapes, target=target,
+                            num_gpu=num_gpu)
+    from xgbuild.runtime.model_engine import build_model_engine
+    return ModelEngine(build_model_engine(imported, tune=tune, kernels=kernels, dims=dims))
+
+
+def load_model_engine(path: Path | str) -> ModelEngine:
+    """Load an engine built by `xg.compile` (or `xgc model.onnx`), called with positional tensors."""
+    return ModelEngine.load(path)
 
 
 def load_engine(path: Path | str) -> Engine:

@@ -4,8 +4,11 @@
     xgc FILE.xg --out build/engine.xge [--target T] [--num-gpu N] [--sharding plan.toml] [--entry F]
     xgc FILE.xg --out build/engine.xge --kernels-from r0.json ...   link `xgbuild tune-shard` results
     xgc FILE.xg --emit ast|ir|ir-opt|ir-json|dot [--dump-after PASS]
+    xgc MODEL.onnx --out build/engine.xge [--target T] [--tune P] [--dim NAME=SIZE]   an ONNX model
+    xgc MODEL.onnx --check | --emit ir|ir-opt|ir-json|dot                              import only
 
-Exit codes: 0 ok (warnings allowed), 1 errors in the program, 2 usage, unreadable file or internal error.
+Exit codes: 0 ok (warnings allowed), 1 errors in the program (for ONNX: unsupported ops), 2 usage,
+unreadable file (a missing, corrupt or invalid .onnx included) or internal error.
 """
 
 from __future__ import annotations
@@ -67,6 +70,16 @@ def compile(
         fail("nothing to do: pass --check, --out FILE.xge, --emit STAGE or --dump-after PASS", EXIT_USAGE)
     if out is not None and out.suffix != ".xge":
         fail(f"--out names an engine file ending in .xge, got {str(out)!r}", EXIT_USAGE)
+    if tune not in ("measure", "cache", "predict", "strict"):
+        fail(f"--tune takes measure, cache, predict or strict, got {tune!r}", EXIT_USAGE)
+    if file.suffix.lower() == ".onnx":
+        if kernels_from or sharding is not None or entry != "main":
+            fail("--kernels-from, --sharding and --entry apply to .xg sources, not ONNX models", EXIT_USAGE)
+        from .xgc_onnx import compile_onnx
+        compile_onnx(file, check=check, out=out, emit=emit.value if emit else None, dump_after=dump_after,
+                     json_out=json_out, target=target, num_gpu=num_gpu, tune=tune, kernels=kernels, dims=dim,
+                     jobs=jobs, quiet=quiet)
+        return
     if not entry.isidentifier():
         fail(f"--entry names a function, got {entry!r}", EXIT_USAGE)
     options = CheckOptions(target=target, num_gpu=num_gpu, lib=lib, entry=entry)
@@ -126,8 +139,6 @@ def compile(
         from ..runtime.engine import Engine
         from .common import parse_dims
         dims = parse_dims(dim)
-        if tune not in ("measure", "cache", "predict", "strict"):
-            fail(f"--tune takes measure, cache, predict or strict, got {tune!r}", EXIT_USAGE)
         stats = None
         try:
             table = None

@@ -180,7 +180,8 @@ def _inputs_for(eng: Engine, inputs, seed: int, dim: list[str]) -> dict:
     for spec in eng.signature:
         shape = tuple(d if isinstance(d, int) else sizes.get(d, DEFAULT_DIM) for d in spec["shape"])
         sig[spec["name"]] = (spec["dtype"], shape)
-    return random_inputs(sig, seed)
+    # Integer inputs used as indices (imported models) are drawn inside their declared range.
+    return random_inputs(sig, seed, {s["name"]: tuple(s["range"]) for s in eng.signature if "range" in s})
 
 
 def main() -> None:

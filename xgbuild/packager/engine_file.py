@@ -33,7 +33,7 @@ def engine_entries(manifest: dict, program_blob: bytes, sources: dict[str, bytes
     entries = {"manifest.json": canonical_json(manifest), "program.json": program_blob}
     for name, data in sources.items():
         entries[f"sources/{name}"] = data
-    entries.update(files or {})          # kernels/…: cubins and PTX named by the manifest
+    entries.update(files or {})          # kernels/…: cubins and PTX; weights.safetensors (imported models)
     return entries
 
 
@@ -87,6 +87,9 @@ def read_engine(path: Path) -> EngineFile:
                 for what in ("cubin", "ptx"):
                     if sha256(entries[v[what]]) != v[f"{what}_sha256"]:
                         raise EngineError(f"{where}: {v[what]} does not match the digest in the manifest")
+        weights = manifest.get("weights")
+        if weights is not None and sha256(entries[weights["path"]]) != weights["sha256"]:
+            raise EngineError(f"{where}: {weights['path']} does not match the digest in the manifest")
         graph = loads(blob)
         verify(graph)
         sources = {s["path"].split("/", 1)[1]: entries[s["path"]] for s in manifest["sources"]}

@@ -42,16 +42,24 @@ def _output_sig(graph: Graph, tree: dict) -> dict:
 
 def build_manifest(*, graph: Graph, program_blob: bytes, target: str, num_gpu: int, sources: dict[str, bytes],
                    passes: list[str], shards: list[dict], kernels: list[dict] | None = None,
-                   launches: list[dict] | None = None, plan: dict | None = None) -> dict:
+                   launches: list[dict] | None = None, plan: dict | None = None, weights: dict | None = None,
+                   ranges: dict[str, list[int]] | None = None) -> dict:
+    """`plan`: the SPMD plan of a many-GPU engine; `weights` (imported models): {"path", "sha256",
+    "tensors": [{name, dtype, shape}]}, the INPUTs the engine binds itself, left out of the entry
+    signature; `ranges`: [lo, hi) of integer inputs used as indices (checked before a run)."""
     profile = load_profile(target)
-    return {
+    bound = {t["name"] for t in weights["tensors"]} if weights else set()
+    ranges = ranges or {}
+    inputs = [{"name": name, **_tensor_sig(graph, nid), **({"range": list(ranges[name])} if name in ranges else {})}
+              for name, nid in graph.inputs if name not in bound]
+    manifest = {
         "format_version": FORMAT_VERSION,
         "toolchain": {"xg": __version__, "triton": triton.__version__},
         "target": profile.name,
         "target_profile": profile.to_dict(),
         "num_gpu": num_gpu,
         "entry": {
-            "inputs": [{"name": name, **_tensor_sig(graph, nid)} for name, nid in graph.inputs],
+            "inputs": inputs,
             "output": _output_sig(graph, graph.output),
         },
         "sharding": shards,
@@ -61,3 +69,6 @@ def build_manifest(*, graph: Graph, program_blob: bytes, target: str, num_gpu: i
         "program": {"path": "program.json", "sha256": sha256(program_blob), "passes": passes},
         "sources": [{"path": f"sources/{name}", "sha256": sha256(data)} for name, data in sorted(sources.items())],
     }
+    if weights:
+        manifest["weights"] = weights
+    return manifest

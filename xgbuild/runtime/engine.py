@@ -24,6 +24,8 @@ from ..compiler.passes.specialize import SpecializationError, bind_symbols, spec
 from ..errors import EngineError, ExecutionError, InputError
 from ..packager.engine_file import EngineFile, make_engine_file, read_engine, save_engine_file
 from ..packager.manifest import build_manifest
+from ..packager.weights import PATH as WEIGHTS_PATH
+from ..packager.weights import load_weights, weights_blob
 from .cpu import CpuExecutor
 from .dtypes import XG_NAMES
 
@@ -49,26 +51,44 @@ class Engine:
     file: EngineFile
     _specialised: dict = field(default_factory=dict, repr=False)
     _cuda: dict = field(default_factory=dict, repr=False)        # arch -> CudaExecutor
+    _weights: dict = field(default_factory=dict, repr=False)     # device -> {name: tensor}
 
     # --- making and storing ---------------------------------------------------------------------
     @classmethod
     def from_compiled(cls, compiled: Compiled, kernels: Any = None) -> "Engine":
         """An engine of `compiled`; `kernels` (a tuner `KernelTable`) adds GPU kernels for the target."""
-        graph = compiled.optimized.main
-        sources = {compiled.name: compiled.source.encode()}
-        if compiled.plan is not None:
-            sources[compiled.plan.name] = compiled.plan.text
         shards = [{"function": s.function, "name": s.name, "dim": s.dim, "region": s.region}
                   for s in compiled.typed.shards]
+        # A --sharding plan file travels with the engine's sources.
+        extra = {compiled.plan.name: compiled.plan.text} if compiled.plan is not None else {}
+        return cls.from_graph(compiled.optimized.main, name=compiled.name, source=compiled.source,
+                              target=compiled.target, num_gpu=compiled.num_gpu, passes=compiled.passes,
+                              shards=shards, kernels=kernels, extra_sources=extra)
+
+    @classmethod
+    def from_graph(cls, graph: Graph, *, name: str, source: str, target: str, num_gpu: int, passes: Any,
+                   shards: list[dict] | None = None, kernels: Any = None,
+                   weights: Mapping[str, torch.Tensor] | None = None,
+                   ranges: Mapping[str, tuple[int, int]] | None = None,
+                   extra_sources: Mapping[str, bytes] | None = None) -> "Engine":
+        """An engine of an optimised graph. `weights` bind some of its INPUTs inside the engine (an
+        imported model's parameters); `ranges` bound integer inputs used as indices."""
+        sources = {name: source.encode(), **dict(extra_sources or {})}
         blob = dumps(graph)
         plan = None
-        if compiled.num_gpu > 1:
-            plan = {**plan_of(graph, compiled.num_gpu, compiled.target), "footprint": footprint(graph, compiled.num_gpu)}
-        manifest = build_manifest(graph=graph, program_blob=blob, target=compiled.target, num_gpu=compiled.num_gpu,
-                                  sources=sources, passes=list(compiled.passes), shards=shards, plan=plan,
+        if num_gpu > 1:
+            plan = {**plan_of(graph, num_gpu, target), "footprint": footprint(graph, num_gpu)}
+        files = dict(kernels.files) if kernels else {}
+        weights_entry = None
+        if weights:
+            wblob, weights_entry = weights_blob(dict(weights))
+            files[WEIGHTS_PATH] = wblob
+        manifest = build_manifest(graph=graph, program_blob=blob, target=target, num_gpu=num_gpu,
+                                  sources=sources, passes=list(passes), shards=list(shards or []), plan=plan,
                                   kernels=kernels.kernels if kernels else None,
-                                  launches=kernels.launches if kernels else None)
-        return cls(make_engine_file(manifest, graph, blob, sources, kernels.files if kernels else None))
+                                  launches=kernels.launches if kernels else None, weights=weights_entry,
+                                  ranges={k: list(v) for k, v in (ranges or {}).items()})
+        return cls(make_engine_file(manifest, graph, blob, sources, files or None))
 
     @classmethod
     def load(cls, path: Path | str) -> "Engine":
@@ -115,8 +135,28 @@ class Engine:
                                  "(XG never converts implicitly)")
             if t.device.type != device:
                 raise InputError(f"input `{name}` is on {t.device}, but the engine runs on {device}")
+            if "range" in spec and t.numel():
+                lo, hi = spec["range"]
+                tmin, tmax = int(t.min()), int(t.max())
+                if tmin < lo or tmax >= hi:
+                    bad = tmin if tmin < lo else tmax
+                    raise InputError(f"input `{name}` holds {bad}, outside [{lo}, {hi}): it indexes a table "
+                                     f"of {hi} rows")
             out[name] = t
+        out.update(self.weights(device))
         return out
+
+    def weights(self, device: str) -> dict[str, torch.Tensor]:
+        """The tensors the engine binds itself (imported models' parameters), on `device`, kept."""
+        entry = self.manifest.get("weights")
+        if not entry:
+            return {}
+        if device not in self._weights:
+            host = self._weights.get("cpu") or load_weights(self.file.entries[entry["path"]])
+            self._weights["cpu"] = host
+            if device != "cpu":
+                self._weights[device] = {k: v.to(device) for k, v in host.items()}
+        return self._weights[device]
 
     def specialised(self, inputs: Mapping[str, torch.Tensor]) -> tuple[Graph, dict, bool]:
         key = tuple((n, str(t.dtype), tuple(t.shape)) for n, t in sorted(inputs.items()))

@@ -39,23 +39,32 @@ def launch(compiled: Any, grid: tuple, args: list) -> None:
 def check_program(path: str, dims: dict[str, int], target: str = "H100", seed: int = 0) -> list[dict]:
     """Runs a program's kernels (tuned variants and generic ones, as an engine carries them) under the
     interpreter at `dims`, and compares every output with the float64 CPU reference."""
+    from ..compiler.driver import compile_file
+    from .engine import Engine
+    from .tensor_io import random_inputs
+
+    compiled = compile_file(path)
+    engine = Engine.from_compiled(compiled)
+    sig = {s["name"]: (s["dtype"], tuple(dims.get(d, 16) if isinstance(d, str) else d for d in s["shape"]))
+           for s in engine.signature}
+    return check_graph(compiled.optimized.main, random_inputs(sig, seed), dims, target)
+
+
+def check_graph(graph: Any, inputs: dict, dims: dict[str, int], target: str = "H100") -> list[dict]:
+    """`check_program` for a graph and its inputs (imported models pass their weights among them):
+    kernels tuned (predicted) at `dims`, run at the inputs' shapes, against the float64 reference."""
     import torch
 
     from ..compiler.codegen.build import load_function
     from ..compiler.codegen.triton_src import Variant, emit
-    from ..compiler.driver import compile_file
     from ..compiler.passes.specialize import bind_symbols, specialize
     from ..hw import load_profile
     from ..tuner.jobs import plan, tuning_env
     from ..tuner.space import default_config
     from ..tuner.tuner import Tuner
     from .cpu import CpuExecutor
-    from .engine import Engine
     from .gpu import Compiled, KernelExecutor, KernelPlan
-    from .tensor_io import random_inputs
 
-    compiled = compile_file(path)
-    graph = compiled.optimized.main
     jobs, launches = plan(graph, tuning_env(graph, dims))
     tuner = Tuner(load_profile(target), policy="predict")
     variants: dict[str, list[Compiled]] = {}
@@ -68,10 +77,6 @@ def check_program(path: str, dims: dict[str, int], target: str = "H100", seed: i
         variants[job.ident] = out
     specs = {job.ident: job.spec for job in jobs}
     plans = [KernelPlan(specs[ident], b, variants[ident]) for ident, b in launches]
-    engine = Engine.from_compiled(compiled)
-    sig = {s["name"]: (s["dtype"], tuple(dims.get(d, 16) if isinstance(d, str) else d for d in s["shape"]))
-           for s in engine.signature}
-    inputs = random_inputs(sig, seed)
     sg = specialize(graph, bind_symbols(graph, {k: tuple(v.shape) for k, v in inputs.items()}))
     chosen: list[str] = []
 

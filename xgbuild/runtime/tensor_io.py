@@ -315,12 +315,14 @@ def _write_atomic(path: Path, where: str, write: Callable[[BinaryIO], None]) -> 
 
 # ------------------------------------------------------------------------- random inputs, describe
 
-def random_inputs(signature: Mapping[str, tuple[str, tuple[int, ...]]], seed: int) -> dict[str, torch.Tensor]:
+def random_inputs(signature: Mapping[str, tuple[str, tuple[int, ...]]], seed: int,
+                  ranges: Mapping[str, tuple[int, int]] | None = None) -> dict[str, torch.Tensor]:
     """Seeded inputs for `{name: (xg dtype, shape)}`: the same bits for the same seed on any machine.
 
     Floats are standard normal rounded to float32 then cast; ints uniform in [-8, 8) (uint8 in
     [0, 16)); bools fair coin flips. Each input has its own generator, seeded from sha256 of
-    (seed, name), so adding or renaming one input leaves the others' values unchanged.
+    (seed, name), so adding or renaming one input leaves the others' values unchanged. An integer
+    input with a range [lo, hi) in `ranges` (indices into a table) is drawn uniformly from it.
     """
     out = {}
     for name, (dtype_name, shape) in signature.items():
@@ -337,6 +339,8 @@ def random_inputs(signature: Mapping[str, tuple[str, tuple[int, ...]]], seed: in
             t = torch.randint(0, 2, shape, generator=g, dtype=torch.int64).to(torch.bool)
         else:
             low, high = (0, 16) if dtype == torch.uint8 else (-8, 8)
+            if ranges and name in ranges:
+                low, high = ranges[name]
             t = torch.randint(low, high, shape, generator=g, dtype=torch.int64).to(dtype)
         out[name] = t
     return out

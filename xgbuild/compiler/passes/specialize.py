@@ -8,6 +8,8 @@ shape; the result is cached by the engine.
 
 from __future__ import annotations
 
+import ast
+import operator
 from dataclasses import replace
 
 from ..ir.graph import Graph, Op
@@ -43,12 +45,39 @@ def bind_symbols(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> dict[str, 
     return env
 
 
+_ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
+
+
+def size_of(dim: str, env: dict[str, int]) -> int | str:
+    """A symbolic size under `env`: a symbol, or an integer expression of symbols such as `4*batch`
+    (imported models reshape through such sizes); left as it is when something is unbound. An
+    expression is computed from its symbols even when `env` names it too (a tuning environment
+    gives every string dim a default size)."""
+    if dim.isidentifier():
+        return env.get(dim, dim)
+
+    def ev(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in env:
+            return env[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITH:
+            return _ARITH[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        raise ValueError(dim)
+    try:
+        return ev(ast.parse(dim, mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError):
+        return env.get(dim, dim)
+
+
 def specialize(graph: Graph, env: dict[str, int]) -> Graph:
     known: dict[int, tuple[str, tuple]] = {}
     nodes = []
     for n in graph.nodes:
         if n.op in _SOURCES:
-            shape = tuple(env.get(d, d) if isinstance(d, str) else d for d in n.shape)
+            shape = tuple(size_of(d, env) if isinstance(d, str) else d for d in n.shape)
             unresolved = [d for d in shape if isinstance(d, str)]
             if unresolved:
                 raise SpecializationError(f"the size {unresolved[0]} of a `{n.op.value}` is not fixed by the inputs")

@@ -1,0 +1,313 @@
+"""The ATen op table: one translation per op packet (`aten.linear`, …) into Graph IR.
+
+Each entry takes (translator, fx node, args, kwargs) with fx nodes already replaced by their IR
+values (a `Ref`, a Python scalar, a size, or a tuple of these) and returns the op's value. Shapes
+the IR cannot infer by itself (view, expand, arange) come from the node's `meta["val"]`. Both the
+high-level ops `torch.export` records and the core ATen ops `run_decompositions` leaves are here;
+shape, source, convolution and pooling ops are in aten_shape_ops.py.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+from ..ir.graph import Op
+from ..ir.shapes import FLOATS
+from . import composites as C
+from .builder import TranslationError, Ref, is_node, xg_dtype
+
+TABLE: dict[str, Callable] = {}
+
+
+def op(*names: str):
+    def deco(fn):
+        for n in names:
+            TABLE[n] = fn
+        return fn
+    return deco
+
+
+def _arg(args: list, kwargs: dict, i: int, name: str, default: Any = None) -> Any:
+    if len(args) > i:
+        return args[i]
+    return kwargs.get(name, default)
+
+
+def _tensor(v: Any, what: str) -> Ref:
+    if not is_node(v):
+        raise TranslationError(f"{what} is not a tensor ({type(v).__name__})")
+    return v
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    if isinstance(v, (list, tuple)):
+        return (int(v[0]), int(v[-1]))
+    return (int(v), int(v))
+
+
+def _pads(v) -> tuple[int, int, int, int]:
+    """PyTorch's symmetric (h, w) padding as (top, bottom, left, right)."""
+    h, w = _pair(v)
+    return (h, h, w, w)
+
+
+def _out_dtype(node) -> str:
+    return xg_dtype(node.meta["val"].dtype) or "float32"
+
+
+# --- element-wise ---------------------------------------------------------------------------------
+_UNARY = {"aten.relu": Op.RELU, "aten.sigmoid": Op.SIGMOID, "aten.tanh": Op.TANH, "aten.exp": Op.EXP,
+          "aten.log": Op.LOG, "aten.sqrt": Op.SQRT, "aten.rsqrt": Op.RSQRT, "aten.neg": Op.NEG,
+          "aten.abs": Op.ABS, "aten.erf": Op.ERF, "aten.silu": Op.SILU, "aten.logical_not": Op.NOT,
+          "aten.bitwise_not": Op.NOT}
+
+
+def _unary(t, node, args, kwargs):
+    return t.b.unary(_UNARY[str(node.target.overloadpacket)], _tensor(args[0], "the operand"))
+
+
+for _name in _UNARY:
+    TABLE[_name] = _unary
+
+
+@op("aten.relu_", "aten.hardtanh")
+def _relu_like(t, node, args, kwargs):
+    if str(node.target.overloadpacket) == "aten.hardtanh":
+        return _clamp(t, args[0], _arg(args, kwargs, 1, "min_val", -1.0), _arg(args, kwargs, 2, "max_val", 1.0))
+    return t.b.unary(Op.RELU, args[0])
+
+
+@op("aten.gelu")
+def _gelu(t, node, args, kwargs):
+    return C.gelu(t.b, args[0], kwargs.get("approximate", args[1] if len(args) > 1 else "none"))
+
+
+_BINARY = {"aten.add": Op.ADD, "aten.sub": Op.SUB, "aten.mul": Op.MUL, "aten.div": Op.DIV,
+           "aten.maximum": Op.MAXIMUM, "aten.minimum": Op.MINIMUM, "aten.eq": Op.EQ, "aten.ne": Op.NE,
+           "aten.lt": Op.LT, "aten.le": Op.LE, "aten.gt": Op.GT, "aten.ge": Op.GE,
+           "aten.logical_and": Op.AND, "aten.logical_or": Op.OR, "aten.bitwise_and": Op.AND,
+           "aten.bitwise_or": Op.OR, "aten.fmod": Op.MOD}
+
+
+@op(*_BINARY, "aten.rsub")
+def _binary(t, node, args, kwargs):
+    name = str(node.target.overloadpacket)
+    a, b = args[0], args[1]
+    if name == "aten.rsub":
+        a, b, name = b, a, "aten.sub"
+    alpha = kwargs.get("alpha", 1)
+    if alpha != 1:
+        b = t.b.binary(Op.MUL, b, alpha) if is_node(b) else b * alpha
+    if name == "aten.div" and kwargs.get("rounding_mode") is not None:
+        raise TranslationError(f"division with rounding_mode={kwargs['rounding_mode']!r}")
+    o = _BINARY[name]
+    if o in (Op.AND, Op.OR):
+        return t.b.op(o, [t.b.cast(a, "bool"), t.b.cast(b, "bool")])
+    if not is_node(a) and not is_node(b):
+        return _PY[o](a, b)
+    return t.b.binary(o, a, b, dtype=None if o in (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE) else _out_dtype(node))
+
+
+_PY = {Op.ADD: operator.add, Op.SUB: operator.sub, Op.MUL: operator.mul, Op.DIV: operator.truediv}
+
+
+@op("aten.reciprocal")
+def _reciprocal(t, node, args, kwargs):
+    return t.b.binary(Op.DIV, 1.0, args[0])
+
+
+@op("aten.pow")
+def _pow(t, node, args, kwargs):
+    x, e = args[0], args[1]
+    if not is_node(x) or is_node(e):
+        raise TranslationError("pow with a tensor exponent (only a constant exponent is supported)")
+    if e == 2:
+        return t.b.binary(Op.MUL, x, x)
+    if e == 1:
+        return x
+    if e == 0.5:
+        return t.b.unary(Op.SQRT, x)
+    if e == -0.5:
+        return t.b.unary(Op.RSQRT, x)
+    if e == 3:
+        return t.b.binary(Op.MUL, t.b.binary(Op.MUL, x, x), x)
+    if e == -1:
+        return t.b.binary(Op.DIV, 1.0, x)
+    raise TranslationError(f"pow with exponent {e} (supported: -1, 0.5, -0.5, 1, 2, 3)")
+
+
+def _clamp(t, x, lo, hi):
+    if lo is not None:
+        x = t.b.binary(Op.MAXIMUM, x, lo)
+    if hi is not None:
+        x = t.b.binary(Op.MINIMUM, x, hi)
+    return x
+
+
+@op("aten.clamp", "aten.clip")
+def _clamp_op(t, node, args, kwargs):
+    return _clamp(t, args[0], _arg(args, kwargs, 1, "min"), _arg(args, kwargs, 2, "max"))
+
+
+@op("aten.where")
+def _where(t, node, args, kwargs):
+    return t.b.where(args[0], args[1], args[2])
+
+
+@op("aten.masked_fill")
+def _masked_fill(t, node, args, kwargs):
+    x, mask, value = args
+    if is_node(value):
+        raise TranslationError("masked_fill with a tensor value")
+    return t.b.where(t.b.cast(mask, "bool"), float(value) if t.b.dtype(x) in FLOATS else value, x)
+
+
+@op("aten._to_copy", "aten.to", "aten.type_as")
+def _to(t, node, args, kwargs):
+    return t.b.cast(args[0], _out_dtype(node))
+
+
+@op("aten.dropout", "aten.alpha_dropout", "aten.feature_dropout")
+def _dropout(t, node, args, kwargs):
+    train = _arg(args, kwargs, 2, "train", False)
+    if train and _arg(args, kwargs, 1, "p", 0.0) > 0:
+        raise TranslationError("dropout in training mode (call model.eval() before xg.compile)")
+    return args[0]
+
+
+@op("aten.clone", "aten.contiguous", "aten.alias", "aten.detach", "aten.lift_fresh_copy", "aten.lift_fresh")
+def _identity(t, node, args, kwargs):
+    return args[0]
+
+
+# --- contractions ---------------------------------------------------------------------------------
+@op("aten.linear")
+def _linear(t, node, args, kwargs):
+    return C.linear(t.b, args[0], args[1], _arg(args, kwargs, 2, "bias"))
+
+
+@op("aten.matmul", "aten.mm", "aten.bmm")
+def _matmul(t, node, args, kwargs):
+    return C.matmul(t.b, args[0], args[1])
+
+
+@op("aten.addmm")
+def _addmm(t, node, args, kwargs):
+    bias, x, w = args[:3]
+    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+    out = C.matmul(t.b, x, w)
+    if alpha != 1:
+        out = t.b.binary(Op.MUL, out, alpha)
+    if beta != 0:
+        out = t.b.binary(Op.ADD, out, bias if beta == 1 else t.b.binary(Op.MUL, bias, beta))
+    return out
+
+
+@op("aten.t")
+def _t(t, node, args, kwargs):
+    return t.b.transpose(args[0], 0, 1) if t.b.rank(args[0]) == 2 else args[0]
+
+
+@op("aten.scaled_dot_product_attention")
+def _sdpa(t, node, args, kwargs):
+    q, k, v = args[:3]
+    mask = _arg(args, kwargs, 3, "attn_mask")
+    p = _arg(args, kwargs, 4, "dropout_p", 0.0)
+    if p:
+        raise TranslationError("attention dropout (dropout_p > 0)")
+    if kwargs.get("enable_gqa"):
+        raise TranslationError("grouped-query attention (enable_gqa=True)")
+    return C.attention(t.b, q, k, v, mask, bool(_arg(args, kwargs, 5, "is_causal", False)),
+                       _arg(args, kwargs, 6, "scale"))
+
+
+# --- normalisation, softmax -----------------------------------------------------------------------
+@op("aten.layer_norm")
+def _layer_norm(t, node, args, kwargs):
+    x, shape = args[0], args[1]
+    return C.layer_norm(t.b, x, len(shape), _arg(args, kwargs, 2, "weight"), _arg(args, kwargs, 3, "bias"),
+                        float(_arg(args, kwargs, 4, "eps", 1e-5)))
+
+
+@op("aten.native_layer_norm")
+def _native_layer_norm(t, node, args, kwargs):
+    x, shape, w, bias, eps = args[:5]
+    return (C.layer_norm(t.b, x, len(shape), w, bias, float(eps)), None, None)
+
+
+@op("aten.rms_norm")
+def _rms_norm(t, node, args, kwargs):
+    x, shape = args[0], args[1]
+    eps = _arg(args, kwargs, 3, "eps")
+    if eps is None:
+        eps = 1.1920928955078125e-07       # torch's default: the float32 machine epsilon
+    return C.rms_norm(t.b, x, len(shape), _arg(args, kwargs, 2, "weight"), float(eps))
+
+
+@op("aten.batch_norm")
+def _batch_norm(t, node, args, kwargs):
+    x, w, bias, mean, var, training = args[:6]
+    eps = args[7] if len(args) > 7 else kwargs.get("eps", 1e-5)
+    if training:
+        raise TranslationError("batch norm in training mode (call model.eval() before xg.compile)")
+    if mean is None or var is None:
+        raise TranslationError("batch norm without running statistics")
+    return C.batch_norm(t.b, x, w, bias, mean, var, float(eps))
+
+
+@op("aten._native_batch_norm_legit_no_training")
+def _bn_no_training(t, node, args, kwargs):
+    x, w, bias, mean, var, _momentum, eps = args[:7]
+    return (C.batch_norm(t.b, x, w, bias, mean, var, float(eps)), None, None)
+
+
+@op("aten.softmax", "aten._softmax", "aten.log_softmax", "aten._log_softmax")
+def _softmax(t, node, args, kwargs):
+    log = "log" in str(node.target.overloadpacket)
+    return t.b.cast(C.softmax(t.b, args[0], int(args[1]), log), _out_dtype(node))
+
+
+@op("aten.embedding")
+def _embedding(t, node, args, kwargs):
+    table, idx = args[0], args[1]
+    name = t.b.node(idx).attr("name") if t.b.node(idx).op is Op.INPUT else None
+    if name is not None and name in t.inputs:
+        size = t.b.shape(table)[0]
+        lo, hi = t.ranges.get(name, (0, size))
+        t.ranges[name] = (max(lo, 0), min(hi, size))
+    return C.embedding(t.b, table, idx)
+
+
+# --- reductions -----------------------------------------------------------------------------------
+def _dims(v) -> list[int] | None:
+    if v is None:
+        return None
+    return [int(v)] if isinstance(v, int) else [int(d) for d in v]
+
+
+@op("aten.mean", "aten.sum", "aten.amax", "aten.amin")
+def _reduce(t, node, args, kwargs):
+    name = str(node.target.overloadpacket)
+    kind = {"aten.mean": Op.MEAN, "aten.sum": Op.SUM, "aten.amax": Op.MAX, "aten.amin": Op.MIN}[name]
+    dims = _dims(_arg(args, kwargs, 1, "dim"))
+    keep = bool(_arg(args, kwargs, 2, "keepdim", False))
+    out = t.b.reduce(kind, args[0], dims, keep)
+    return t.b.cast(out, _out_dtype(node))
+
+
+# --- bookkeeping ops that compute nothing ---------------------------------------------------------
+@op("aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
+    "aten._assert_async", "aten.sym_constrain_range")
+def _nothing(t, node, args, kwargs):
+    return None
+
+
+@op("aten.sym_size", "aten.sym_numel", "_operator.mul", "_operator.add", "_operator.sub",
+    "_operator.floordiv", "torch.sym_int", "torch.sym_max", "torch.sym_min")
+def _size(t, node, args, kwargs):
+    val = node.meta.get("val")
+    return t.dim(val) if val is not None else None
+
+
+from . import aten_shape_ops  # noqa: E402,F401  (registers the shape, source and conv ops)

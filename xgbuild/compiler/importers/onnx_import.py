@@ -1,0 +1,223 @@
+"""ONNX in: an `.onnx` file (through the `onnx` package) into XG's Graph IR.
+
+Every ONNX value is either a graph tensor (an IR node) or a static value known at import time
+(`Static`: initializers, constants, and whatever is computed from them and from shapes alone,
+symbolic dims included, as sympy expressions). Static values fold at import; one that reaches a
+tensor op becomes a weight INPUT (large) or a CONST (a scalar). Graph inputs that are not
+initializers are the engine's inputs; `dim_param`s become IR symbols. Every op the table in
+`onnx_ops.py` lacks is reported at once, with the node that uses it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sympy
+import torch
+
+from ...errors import CompileError
+from ..ir.graph import Dim
+from .builder import IRBuilder, TranslationError, Ref, is_node
+from .imported import ImportedProgram, Unsupported, UnsupportedOps, finish
+
+# ONNX TensorProto element types -> XG dtypes
+ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
+               10: "float16", 11: "float64", 16: "bfloat16"}
+NP_DTYPES = {"float32": np.float32, "uint8": np.uint8, "int8": np.int8, "int16": np.int16, "int32": np.int32,
+             "int64": np.int64, "bool": np.bool_, "float16": np.float16, "float64": np.float64}
+
+
+class OnnxImportError(CompileError):
+    """The file is missing, unreadable, not ONNX (`unreadable`), or not a model XG can import."""
+
+    def __init__(self, message: str, unreadable: bool = False) -> None:
+        super().__init__(f"error: {message}", [])
+        self.unreadable = unreadable
+
+
+@dataclass
+class Static:
+    """A value known at import time: a numpy array (object dtype when it holds symbolic dims)."""
+    array: np.ndarray
+    dtype: str                          # the XG dtype it has in the model
+
+    @property
+    def symbolic(self) -> bool:
+        return self.array.dtype == object and any(not _is_int(v) for v in self.array.reshape(-1))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) or (isinstance(v, sympy.Basic) and v.is_Integer)
+
+
+def ir_dim(d: Any) -> Dim:
+    if isinstance(d, (int, np.integer)):
+        return int(d)
+    if isinstance(d, sympy.Basic):
+        return int(d) if d.is_Integer else str(d).replace(" ", "")
+    raise TranslationError(f"a size {d!r}")
+
+
+class OnnxTranslator:
+    def __init__(self, model, name: str) -> None:
+        self.model = model
+        self.name = name
+        self.b = IRBuilder("main")
+        self.values: dict[str, Any] = {}
+        self.weights: dict[str, torch.Tensor] = {}
+        self.inputs: list[str] = []
+        self.ranges: dict[str, tuple[int, int]] = {}
+        self.example_dims: dict[str, int] = {}
+        self.unsupported: list[Unsupported] = []
+        self._materialized: dict[int, Ref] = {}
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+
+    # --- values ---------------------------------------------------------------------------------
+    def tensor(self, v: Any, hint: str = "value") -> Ref:
+        """An IR node for `v`: static values become CONSTs (scalars) or weight INPUTs."""
+        if is_node(v):
+            return v
+        if not isinstance(v, Static):
+            raise TranslationError(f"{hint} is missing")
+        if v.symbolic:
+            raise TranslationError("a symbolic shape used as tensor data")
+        key = id(v)
+        if key in self._materialized:
+            return self._materialized[key]
+        arr = np.asarray(v.array.astype(NP_DTYPES.get(v.dtype, np.float32)))
+        if arr.ndim == 0 and v.dtype != "bfloat16":
+            ref = self.b.const(arr.item(), v.dtype)
+        else:
+            name = self._weight_name(hint)
+            self.weights[name] = torch.from_numpy(np.ascontiguousarray(arr).copy())
+            ref = self.b.input(name, v.dtype, tuple(arr.shape))
+        self._materialized[key] = ref
+        return ref
+
+    def _weight_name(self, hint: str) -> str:
+        base = re.sub(r"[^\w.]", "_", hint) or "const"
+        name, i = base, 1
+        taken = set(self.weights) | set(self.inputs)
+        while name in taken:
+            name, i = f"{base}_{i}", i + 1
+        return name
+
+    def shape(self, v: Any) -> tuple:
+        if isinstance(v, Static):
+            return tuple(v.array.shape)
+        return self.b.shape(v)
+
+    def dtype(self, v: Any) -> str:
+        return v.dtype if isinstance(v, Static) else self.b.dtype(v)
+
+    # --- the walk -------------------------------------------------------------------------------
+    def run(self) -> dict:
+        from onnx import numpy_helper
+        g = self.model.graph
+        inits = {t.name for t in g.initializer}
+        for t in g.initializer:
+            arr = numpy_helper.to_array(t)
+            dt = ONNX_DTYPES.get(t.data_type)
+            if dt is None:
+                raise OnnxImportError(f"initializer `{t.name}` has ONNX element type {t.data_type}, which XG "
+                                      "has no dtype for")
+            self.values[t.name] = Static(arr, dt)
+        for inp in g.input:
+            if inp.name in inits:
+                continue
+            tt = inp.type.tensor_type
+            dt = ONNX_DTYPES.get(tt.elem_type)
+            if dt is None:
+                raise OnnxImportError(f"input `{inp.name}` has ONNX element type {tt.elem_type}, which XG has "
+                                      "no dtype for")
+            dims: list[Dim] = []
+            for axis, d in enumerate(tt.shape.dim):
+                if d.HasField("dim_value"):
+                    dims.append(int(d.dim_value))
+                else:
+                    sym = re.sub(r"\W", "_", d.dim_param) if d.dim_param else f"{inp.name}_{axis}"
+                    dims.append(sym)
+            name = re.sub(r"[^\w.]", "_", inp.name)
+            self.values[inp.name] = self.b.input(name, dt, tuple(dims))
+            self.inputs.append(name)
+        from .onnx_ops import TABLE
+        for node in g.node:
+            where = f"node `{node.name or node.output[0]}`"
+            handler = TABLE.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+            if handler is None:
+                op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+                self.unsupported.append(Unsupported(op, where))
+                continue
+            if self.unsupported:
+                continue
+            args = [self.values.get(i) if i else None for i in node.input]
+            attrs = _attrs(node)
+            self.b.src = (0, 0, node.name or node.op_type)
+            try:
+                outs = handler(self, node, args, attrs)
+            except TranslationError as exc:
+                self.unsupported.append(Unsupported(node.op_type, where, str(exc)))
+                continue
+            outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+            for name, v in zip(node.output, outs):
+                if name:
+                    self.values[name] = v
+        if self.unsupported:
+            return {}
+        leaves = []
+        for out in g.output:
+            v = self.values.get(out.name)
+            try:
+                leaves.append({"t": int(self.tensor(v, out.name))})
+            except TranslationError as exc:
+                raise OnnxImportError(f"graph output `{out.name}`: {exc}") from None
+        return leaves[0] if len(leaves) == 1 else {"tuple": leaves}
+
+
+def _attrs(node) -> dict[str, Any]:
+    from onnx import helper
+    out = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        out[a.name] = v.decode() if isinstance(v, bytes) else v
+    return out
+
+
+def load_onnx(path: Path | str):
+    import onnx
+    path = Path(path)
+    if not path.is_file():
+        raise OnnxImportError(f"cannot read {path}: no such file", unreadable=True)
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:  # noqa: BLE001 (protobuf raises several kinds on corrupt bytes)
+        raise OnnxImportError(f"{path} is not a readable ONNX model ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else 'corrupt protobuf'})",
+                              unreadable=True) from None
+    if not model.graph.node and not model.graph.output:
+        raise OnnxImportError(f"{path} holds no ONNX graph", unreadable=True)
+    try:
+        onnx.checker.check_model(model)
+    except Exception as exc:  # noqa: BLE001 (onnx's ValidationError and friends)
+        raise OnnxImportError(f"{path} is not a valid ONNX model: {str(exc).splitlines()[0]}",
+                              unreadable=True) from None
+    return model
+
+
+def import_onnx(path: Path | str, *, target: str = "H100", num_gpu: int = 1, dims: dict[str, int] | None = None,
+                verify_each: bool = False) -> ImportedProgram:
+    model = load_onnx(path)
+    name = Path(path).name
+    t = OnnxTranslator(model, name)
+    output = t.run()
+    if t.unsupported:
+        raise UnsupportedOps(f"{name}", t.unsupported)
+    graph = t.b.build(output)
+    from onnx import helper
+    source = helper.printable_graph(model.graph)
+    return finish(graph, name=name, source=source, weights=t.weights, inputs=t.inputs, ranges=t.ranges,
+                  example_dims=dict(dims or {}), target=target, num_gpu=num_gpu, verify_each=verify_each)

@@ -1,0 +1,91 @@
+"""Engines of imported models, called like the model: `engine(x)` takes and returns torch tensors.
+
+`build_model_engine` links kernels for an `ImportedProgram` (PyTorch or ONNX) exactly as `xgc`
+does for `.xg` programs (same tuner, cache and packaging) and binds the weights inside the
+engine. `ModelEngine` wraps the `Engine`: positional inputs are checked against the captured
+signature (count, dtype, shape, device), with errors naming the input, expected vs got.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from ..errors import InputError, XGError
+from .engine import Engine
+
+
+def build_model_engine(imported: Any, *, tune: str = "cache", kernels: bool = True,
+                       dims: Mapping[str, int] | None = None, progress: bool = False,
+                       jobs: int | None = None) -> Engine:
+    """The engine of an imported program: kernels for its target (unless `kernels=False`), tuned at
+    `dims` (default: the sizes seen at capture) under `tune`, and its weights inside."""
+    table = None
+    if kernels:
+        from ..tuner.link import kernels_for
+        sizes = {**imported.example_dims, **dict(dims or {})}
+        table = kernels_for(imported, tune, sizes, workers=jobs, progress=progress)
+    return Engine.from_graph(imported.optimized.main, name=imported.name, source=imported.source,
+                             target=imported.target, num_gpu=imported.num_gpu, passes=imported.passes,
+                             kernels=table, weights=imported.weights, ranges=imported.ranges)
+
+
+def _sig_text(spec: dict) -> str:
+    return f"{spec['name']}: {spec['dtype']}{list(spec['shape'])}"
+
+
+class ModelEngine:
+    """An engine called with positional torch tensors, as the model was."""
+
+    def __init__(self, engine: Engine, check: bool = True) -> None:
+        self.engine = engine
+        self.check = check
+
+    @classmethod
+    def load(cls, path: Path | str) -> "ModelEngine":
+        return cls(Engine.load(path))
+
+    def save(self, path: Path | str) -> str:
+        """Write the `.xge` (weights inside); `xgrun` runs it. Returns the bundle digest."""
+        return self.engine.save(path)
+
+    @property
+    def manifest(self) -> dict:
+        return self.engine.manifest
+
+    @property
+    def digest(self) -> str:
+        return self.engine.digest
+
+    @property
+    def signature(self) -> list[dict]:
+        return self.engine.signature
+
+    def __call__(self, *inputs: Any) -> Any:
+        sig = self.signature
+        if len(inputs) != len(sig):
+            takes = ", ".join(_sig_text(s) for s in sig)
+            raise InputError(f"the engine takes {len(sig)} input{'s' if len(sig) != 1 else ''} ({takes}), "
+                             f"got {len(inputs)}")
+        devices = set()
+        for spec, x in zip(sig, inputs):
+            if not isinstance(x, torch.Tensor):
+                raise InputError(f"input `{spec['name']}` is a {type(x).__name__}; the engine expects a tensor "
+                                 f"({spec['dtype']}{list(spec['shape'])})")
+            devices.add(x.device.type)
+        if len(devices) > 1:
+            raise InputError(f"inputs are on several devices ({', '.join(sorted(devices))}); put them on one")
+        device = devices.pop() if devices else "cpu"
+        if device not in ("cpu", "cuda"):
+            raise XGError(f"inputs on {device} are not supported (cpu or cuda)")
+        result = self.engine.run({s["name"]: x for s, x in zip(sig, inputs)}, device=device, check=self.check)
+        out = self.engine.graph.output
+        if "t" in out:
+            return result.tensors["out"]
+        return tuple(result.tensors[f"out_{i}"] for i in range(len(out["tuple"])))
+
+    def __repr__(self) -> str:
+        return (f"ModelEngine({', '.join(_sig_text(s) for s in self.signature)}; target "
+                f"{self.manifest['target']}, digest {self.digest[:12]})")
