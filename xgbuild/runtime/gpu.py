@@ -20,7 +20,8 @@ import torch
 
 from ..compiler.codegen.schedule import VIEWS
 from ..compiler.codegen.spec import Binding, KernelSpec
-from ..compiler.codegen.triton_src import Variant
+from ..compiler.codegen.triton_src import Variant, unindex_params
+from ..compiler.ir.serialize import where as src_text
 from ..compiler.ir.graph import Graph, Node, Op, tree_ids
 from ..errors import ExecutionError
 from .cpu import CpuExecutor, RunOutput, index_view
@@ -111,11 +112,21 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
         kdom = tuple(domain[d] for d in b.perm)
         rows = kdom[:spec.row_dims]
     elif spec.kind == "matmul":
-        a_node = graph.node(node.inputs[0])
-        K = int(a_node.shape[-1])
-        M, N = int(domain[-2]), int(domain[-1])
-        batch = domain[:-2]
-        kdom = domain
+        # A vector operand is a matrix of one row (A) or one column (B): the kernel's domain is
+        # always batch + (M, N), and values shaped like the product gain that size-1 dim.
+        a_shape, b_shape = (tuple(graph.node(i).shape) for i in node.inputs[:2])
+        a_vec, b_vec = len(a_shape) == 1, len(b_shape) == 1
+        K = int(a_shape[-1])
+        M = 1 if a_vec else int(a_shape[-2])
+        N = 1 if b_vec else int(b_shape[-1])
+        batch = domain[:len(domain) - (not a_vec) - (not b_vec)]
+        kdom = batch + (M, N)
+
+        def to_kdom(x: torch.Tensor) -> torch.Tensor:
+            x = _align(x, domain)
+            if a_vec:
+                x = x.unsqueeze(len(batch))
+            return x.unsqueeze(-1) if b_vec else x
     else:
         kdom = domain
 
@@ -123,9 +134,15 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
         t = value(nid)
         if level == "scalar":
             aligned = t.reshape(())
+        elif level == "gather":
+            aligned = t                         # an unindex input, read in its own shape
         elif spec.kind == "matmul" and j in spec.matmul:
             want = batch + ((M, K) if j == spec.matmul[0] else (K, N))
+            if j == spec.matmul[1] and b_vec:
+                t = t.reshape(K, 1)
             aligned = _align(t, want)
+        elif spec.kind == "matmul":
+            aligned = to_kdom(t)
         elif spec.kind == "rowwise":
             if level == "row":
                 if t.dim() == len(domain) and t.shape[-1] == 1:
@@ -139,7 +156,7 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
         if level == "scalar":
             layouts.append(("dense", ()))
             continue
-        dense = aligned.is_contiguous()
+        dense = aligned.is_contiguous() and level != "gather"
         layouts.append(("dense" if dense else tuple(aligned.stride()), tuple(aligned.shape)))
         for d, s in enumerate(aligned.stride()):
             ints[f"p{j}_s{d}"] = int(s)
@@ -151,6 +168,9 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
 
     if spec.kind == "elementwise":
         ints["numel"] = math.prod(kdom)
+        for k, n in enumerate(spec.nodes):
+            if n.op == "unindex":
+                ints.update(_unindex_ints(k, n, kdom, tensors, graph.node(b.outputs[0]) if b.outputs else None))
     elif spec.kind == "rowwise":
         ints["R"], ints["C"] = math.prod(rows), math.prod(kdom[spec.row_dims:])
     else:
@@ -158,6 +178,26 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
     for d, size in enumerate(batch if spec.kind == "matmul" else kdom):   # the sizes kernels unravel
         ints[f"d{d}"] = int(size)
     return Launch(tensors, ints, layouts)
+
+
+def _unindex_ints(k: int, n, shape: tuple, tensors: dict, node: Node | None) -> dict[str, int]:
+    """An `unindex` node's slice and index arguments; run-time indices read back to the host and
+    bounds-checked as the CPU executor checks them (0 on meta tensors, where only layouts matter)."""
+    items = dict(n.attrs)["items"]
+
+    def index(pos: int) -> int:
+        t = tensors[f"p{n.args[pos][1]}"]
+        return 0 if t.device.type == "meta" else int(t.item())
+
+    out = unindex_params(k, items, shape, index)
+    for a, item in enumerate(items):
+        if item[0] != "s":
+            at, size = out[f"u{k}_{a}_at"], int(shape[a])
+            if not -size <= at < size:
+                where = f" at {src_text(node.src)}" if node is not None and node.src else ""
+                raise ExecutionError(f"index {at} is out of bounds for dimension {a} of size {size}{where}")
+            out[f"u{k}_{a}_at"] = at % size
+    return out
 
 
 def holds(c: Compiled, launch: Launch, spec: KernelSpec) -> bool:

@@ -92,6 +92,8 @@ class JobData:
             shape = tuple(n.shape)
             if n.dtype in FLOAT_DTYPES:
                 t = torch.randn(shape, generator=g, dtype=torch.float32).to(dt)
+            elif self._is_index(nid):
+                t = torch.zeros(shape, dtype=dt)      # a run-time index: 0 is in bounds of any dim
             elif n.dtype == "bool":
                 t = torch.randint(0, 2, shape, generator=g).bool()
             elif n.dtype == "uint8":
@@ -100,6 +102,9 @@ class JobData:
                 t = torch.randint(-8, 8, shape, generator=g).to(dt)
             self._bases[nid] = t
         return self._bases[nid]
+
+    def _is_index(self, nid: int) -> bool:
+        return any(n.op in (Op.INDEX, Op.UNINDEX) and nid in n.inputs[1:] for n in self.job.graph.nodes)
 
     def value_fn(self, device: str | torch.device) -> Values:
         """The job's operand values on `device` (run-time indices of views taken as 0)."""

@@ -34,6 +34,33 @@ def main() {
     return y, I / 3, I % 3, abs(X) >= 0.5, transpose(X) + 1.0, sigmoid(X) * erf(X), maximum(X, -X)
 }
 """),
+    # The gradient of indexed reads (`unindex`): constant, negative-step, strided and run-time
+    # indices, bf16, fused with a consumer.
+    # (Fixed sizes: the IR does not add gradients of differently sliced symbolic dims.)
+    "unindex": (None, """extern Tensor[float32, 6, 8] X
+extern Tensor[bfloat16, 5, 7, 3] Y
+extern int64 I
+def f(Tensor[float32, 6, 8] x, int64 i) -> float32 {
+    return sum(x[1] * x[1]) + sum(x[::-1, 2] * 3.0) + sum(x[1:5:2, ::3]) + sum(x[i % 3, 2:7])
+}
+def g(Tensor[bfloat16, 5, 7, 3] y) -> float32 {
+    return sum(cast(y[-2, 1::2], float32) * 2.0)
+}
+def main() {
+    return grad(f, wrt=x)(X, I) + X, grad(g, wrt=y)(Y)
+}
+"""),
+    # Vector operands (a row of A, a column of B) and integer products (wrapping like torch's).
+    "vector_int_matmul": (None, """extern Tensor[float32, D] A
+extern Tensor[float32, D, F] B
+extern Tensor[float32, F] C
+extern Tensor[float32, B, F, D] E
+extern Tensor[int32, T, D] I
+extern Tensor[int32, D, F] J
+def main() {
+    return A @ B, relu(B @ C + 1.0), (A @ B) @ C, E @ A + 2.0, I @ J + 3
+}
+"""),
     "batched": (None, """extern Tensor[float32, B, T, D] X
 extern Tensor[float32, D, F] W
 extern Tensor[float32, F] C
