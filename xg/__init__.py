@@ -22,15 +22,19 @@ __all__ = ["CompileError", "Engine", "EngineError", "ExecutionError", "InputErro
 
 
 def compile_file(path: Path | str, *, target: str | None = None, num_gpu: int | None = None,
-                 tune: str = "cache", kernels: bool = True, dims: Mapping[str, int] | None = None) -> Engine:
+                 tune: str = "cache", kernels: bool = True, dims: Mapping[str, int] | None = None,
+                 entry: str = "main") -> Engine:
     """Compile an `.xg` file into an engine (raises `CompileError` with rendered diagnostics).
 
     Like `xgc --out`: GPU kernels for the target are tuned under `tune` (measure | cache | predict |
     strict) at the sizes `dims` gives symbolic dims (1024 otherwise); `kernels=False` makes a
-    CPU-only engine. The same source and winners give the same bytes as `xgc`."""
+    CPU-only engine; `entry` names the function the engine runs (another than `main` takes the
+    engine's inputs as its parameters). The same source and winners give the same bytes as `xgc`."""
     if num_gpu is not None and (not isinstance(num_gpu, int) or num_gpu < 1):
         raise XGError(f"num_gpu must be a positive integer, got {num_gpu!r}")
-    compiled = _compile_file(path, CheckOptions(target=target, num_gpu=num_gpu))
+    if not isinstance(entry, str) or not entry.isidentifier():
+        raise XGError(f"entry must name a function, got {entry!r}")
+    compiled = _compile_file(path, CheckOptions(target=target, num_gpu=num_gpu, entry=entry))
     table = None
     if kernels:
         from xgbuild.tuner.link import kernels_for

@@ -71,3 +71,27 @@ def parse_dims(specs: list[str]) -> dict[str, int]:
             fail(f"--dim takes NAME=SIZE with a positive size, got {spec!r}", EXIT_USAGE)
         out[name] = int(value)
     return out
+
+
+def exit_code_for(diagnostics) -> int:
+    """The exit code of a check or compile that produced `diagnostics`."""
+    codes = {d.code for d in diagnostics if d.severity.value == "error"}
+    if not codes:
+        return EXIT_OK
+    # An unreadable file or a bug in XG is not a mistake in the program.
+    return EXIT_USAGE if codes & {"XG0007", "XG0900"} else EXIT_PROGRAM
+
+
+def compile_or_exit(file, options, *, warnings: bool = True):
+    """Compile a source file for a command that builds from it; diagnostics go to stderr and a
+    failure exits with `exit_code_for` (1 for a wrong program, 2 for an unreadable file)."""
+    from ..compiler.driver import compile_file
+    from ..errors import CompileError
+    try:
+        compiled = compile_file(file, options)
+    except CompileError as exc:
+        sys.stderr.write(str(exc) + "\n")
+        raise typer.Exit(exit_code_for(exc.diagnostics) or EXIT_PROGRAM)
+    if warnings and compiled.check.diagnostics:
+        sys.stderr.write(compiled.check.render() + "\n")
+    return compiled

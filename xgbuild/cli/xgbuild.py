@@ -1,4 +1,5 @@
-"""`xgbuild`: XG's toolbox: `explain` diagnostic codes, the `cache`, and (later) `inspect`, `tune`."""
+"""`xgbuild`: XG's toolbox: `explain` diagnostic codes, `inspect` engines, the `cache`, and `tune` (with
+its build-system steps `jobs` and `tune-shard`)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from pathlib import Path
 import typer
 
 from ..compiler.frontend.diagnostics import explain as explain_code
-from . import cache_cmd
+from . import cache_cmd, tune_cmd
 from .common import fail, make_app, run
 
-app = make_app("XG build tools: explain diagnostics, manage the artifact cache.")
+app = make_app("XG build tools: explain diagnostics, inspect engines, tune kernels, manage the artifact cache.")
 app.add_typer(cache_cmd.app, name="cache")
+tune_cmd.register(app)
 
 
 @app.command()

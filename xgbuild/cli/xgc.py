@@ -2,6 +2,7 @@
 
     xgc FILE.xg --check [--json]                       type-check only
     xgc FILE.xg --out build/engine.xge [--target T] [--num-gpu N]
+    xgc FILE.xg --out build/engine.xge --kernels-from r0.json ...   link `xgbuild tune-shard` results
     xgc FILE.xg --emit ast|ir|ir-opt|ir-json|dot [--dump-after PASS]
 
 Exit codes: 0 ok (warnings allowed), 1 errors in the program, 2 usage, unreadable file or internal error.
@@ -20,7 +21,7 @@ import typer
 from ..compiler.frontend import CheckOptions, check_file
 from ..compiler.passes import PASS_NAMES
 from ..errors import CompileError, XGError
-from .common import EXIT_OK, EXIT_PROGRAM, EXIT_USAGE, emit_json, fail, make_app, run
+from .common import EXIT_PROGRAM, EXIT_USAGE, emit_json, exit_code_for, fail, make_app, run
 
 app = make_app("Compile an XG program (.xg) into an engine bundle (.xge), or check it.")
 
@@ -31,14 +32,6 @@ class Emit(str, Enum):
     ir_opt = "ir-opt"
     ir_json = "ir-json"
     dot = "dot"
-
-
-def _exit_code(diagnostics) -> int:
-    codes = {d.code for d in diagnostics if d.severity.value == "error"}
-    if not codes:
-        return EXIT_OK
-    # An unreadable file or a bug in XG is not a mistake in the program.
-    return EXIT_USAGE if codes & {"XG0007", "XG0900"} else EXIT_PROGRAM
 
 
 @app.command()
@@ -52,6 +45,8 @@ def compile(
     target: Optional[str] = typer.Option(None, "--target", help="GPU profile from hw/ (overrides TARGET_GPU)"),
     num_gpu: Optional[int] = typer.Option(None, "--num-gpu", min=1, help="GPUs to plan for (overrides NUM_GPU)"),
     lib: bool = typer.Option(False, "--lib", help="a library file: no `main` required (with --check)"),
+    entry: str = typer.Option("main", "--entry", help="the entry function; another than `main` takes the "
+                              "engine's inputs as its parameters"),
     tune: str = typer.Option("cache", "--tune", help="kernel tuning: measure | cache | predict | strict"),
     kernels: bool = typer.Option(True, "--kernels/--no-kernels", help="build GPU kernels for the target "
                                  "(--no-kernels: a CPU-only engine)"),
@@ -59,6 +54,9 @@ def compile(
                                   "(default 1024); the engine runs at any size"),
     jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes compiling kernels (default: CPUs, at most 8)"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress bar or tuning summary"),
+    kernels_from: list[Path] = typer.Option([], "--kernels-from", metavar="RESULT",
+                                            help="link kernels from these `xgbuild tune-shard` results "
+                                                 "instead of tuning and compiling (repeat per shard)"),
 ) -> None:
     """Check FILE, print one of its stages, or build its engine."""
     if dump_after is not None and dump_after not in PASS_NAMES:
@@ -67,14 +65,16 @@ def compile(
         fail("nothing to do: pass --check, --out FILE.xge, --emit STAGE or --dump-after PASS", EXIT_USAGE)
     if out is not None and out.suffix != ".xge":
         fail(f"--out names an engine file ending in .xge, got {str(out)!r}", EXIT_USAGE)
-    options = CheckOptions(target=target, num_gpu=num_gpu, lib=lib)
+    if not entry.isidentifier():
+        fail(f"--entry names a function, got {entry!r}", EXIT_USAGE)
+    options = CheckOptions(target=target, num_gpu=num_gpu, lib=lib, entry=entry)
     if check or (lib and not out):
         result = check_file(file, options)
         if json_out:
             emit_json(result.to_json())
         elif result.diagnostics:
             sys.stderr.write(result.render() + "\n")
-        raise typer.Exit(_exit_code(result.diagnostics))
+        raise typer.Exit(exit_code_for(result.diagnostics))
     # Imported here, not at the top: `--check` stays free of the engine and torch imports.
     from ..compiler.driver import compile_file
     from ..compiler.frontend.ast_dump import dump as dump_ast
@@ -86,7 +86,7 @@ def compile(
             emit_json({"ok": False, "diagnostics": [d.to_json() for d in exc.diagnostics]})
         else:
             sys.stderr.write(str(exc) + "\n")
-        raise typer.Exit(_exit_code(exc.diagnostics) or EXIT_PROGRAM)
+        raise typer.Exit(exit_code_for(exc.diagnostics) or EXIT_PROGRAM)
     warnings = compiled.check.diagnostics
     if warnings and not json_out:
         sys.stderr.write(compiled.check.render() + "\n")
@@ -111,7 +111,13 @@ def compile(
         stats = None
         try:
             table = None
-            if kernels:
+            if kernels_from and not kernels:
+                fail("--kernels-from links GPU kernels; it cannot be combined with --no-kernels", EXIT_USAGE)
+            if kernels_from:
+                from ..tuner.steps import link_results
+                table = link_results(compiled, dims, list(kernels_from))
+                stats = table.stats
+            elif kernels:
                 from ..tuner.link import kernels_for
                 table = kernels_for(compiled, tune, dims, jobs, progress=not quiet and not json_out)
                 stats = table.stats

@@ -32,12 +32,12 @@ class Compiled:
     passes: tuple[str, ...] = field(default=tuple(PASS_NAMES))
 
 
-def _finish(result: CheckResult, name: str, stop_after: str | None, verify_each: bool) -> Compiled:
+def _finish(result: CheckResult, name: str, stop_after: str | None, verify_each: bool, entry: str) -> Compiled:
     if not result.ok or result.program is None:
         raise CompileError(result.render(), result.diagnostics)
     typed = result.program
     try:
-        lowered = lower(typed)
+        lowered = lower(typed, entry)
     except LoweringError as exc:
         raise CompileError(f"error: {exc}", result.diagnostics) from None
     try:
@@ -60,9 +60,9 @@ def _located(result: CheckResult, code: str, message: str, src: tuple | None) ->
 
 def compile_source(text: str, name: str = "program.xg", options: CheckOptions = CheckOptions(), *,
                    stop_after: str | None = None, verify_each: bool = False) -> Compiled:
-    return _finish(check_source(text, name, options), name, stop_after, verify_each)
+    return _finish(check_source(text, name, options), name, stop_after, verify_each, options.entry)
 
 
 def compile_file(path: Path | str, options: CheckOptions = CheckOptions(), *,
                  stop_after: str | None = None, verify_each: bool = False) -> Compiled:
-    return _finish(check_file(path, options), str(path), stop_after, verify_each)
+    return _finish(check_file(path, options), str(path), stop_after, verify_each, options.entry)

@@ -117,7 +117,7 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     # Readers (xgrun, a parallel build, Bazel) must see the old bundle or the complete new one, never
     # a prefix. So: write a temp file in the same directory (os.replace is atomic only within one
     # file system), fsync it (else after a crash the rename can reach the disk before the bytes, and
@@ -165,7 +165,7 @@ def write_bundle(path: Path, entries: Mapping[str, bytes], *,
                                f"cap of {max_total_size}")
     digest = digest_of_index(index)
     compressed = frame.compress(stream)
-    _atomic_write(path, compressed + frame.seal(compressed, digest))
+    atomic_write(path, compressed + frame.seal(compressed, digest))
     return digest
 
 

@@ -23,7 +23,7 @@ from ..errors import CompileError
 from ..hw import GpuProfile
 from ..runtime.cuda import KernelBinary
 from ..runtime.gpu import Compiled, KernelPlan
-from .jobs import plan, tuning_env
+from .jobs import Job, plan, tuning_env
 from .progress import TuneProgress
 from .space import default_config
 from .tuner import Compiler, Measurer, Tuner, TuneError, Winner
@@ -37,22 +37,19 @@ class KernelTable:
     stats: dict = field(default_factory=dict)
 
 
-def arch_of(profile: GpuProfile) -> int:
-    major, minor = profile.compute_capability
-    return major * 10 + minor
-
-
-def build_kernels(graph: Graph, profile: GpuProfile, *, policy: str = "cache", dims: dict[str, int] | None = None,
-                  cache: Any = None, measurers: list[Measurer] | None = None, workers: int | None = None,
-                  progress: bool = False, budget_s: float | None = None) -> KernelTable:
-    t0 = time.perf_counter()
+def plan_jobs(graph: Graph, dims: dict[str, int] | None) -> tuple[list[Job], list[tuple[str, Binding]]]:
+    """The program's tuning jobs and launches at the tuning shape, or a CompileError naming what
+    has no GPU code."""
     try:
-        jobs, launches = plan(graph, tuning_env(graph, dims))
+        return plan(graph, tuning_env(graph, dims))
     except ScheduleError as exc:
         raise CompileError(f"error: no GPU code for this program: {exc}", []) from None
-    arch = arch_of(profile)
-    compiler = Compiler(arch, cache, workers or min(8, os.cpu_count() or 1))
-    # One tuner per local GPU of the target's model: jobs fan out, one worker per GPU.
+
+
+def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: str = "cache", cache: Any = None,
+              measurers: list[Measurer] | None = None, compiler: Compiler | None = None,
+              progress: bool = False, budget_s: float | None = None) -> dict[str, Winner]:
+    """A winner per job (by ident). Jobs fan out over the measurers, one worker per local GPU."""
     tuners = [Tuner(profile, policy=policy, cache=cache, measurer=m, budget_s=budget_s, compiler=compiler)
               for m in (measurers or [None])]
     winners: dict[str, Winner] = {}
@@ -60,85 +57,116 @@ def build_kernels(graph: Graph, profile: GpuProfile, *, policy: str = "cache", d
     queue = list(jobs)
     lock = threading.Lock()
     errors: list[BaseException] = []
-    try:
-        with TuneProgress(len(jobs), enabled=progress) as bar:
-            def worker(tuner: Tuner) -> None:
-                while True:
-                    with lock:
-                        if not queue or errors:
-                            return
-                        job = queue.pop(0)
-                    try:
-                        w = tuner.tune(job)
-                    except TuneError as exc:
-                        with lock:
-                            if policy == "strict":
-                                missing.append(f"{job.ident} (key {tuner.key(job).digest[:16]})")
-                            else:
-                                errors.append(exc)
-                        continue
-                    except BaseException as exc:  # noqa: BLE001 (re-raised below, on the main thread)
-                        with lock:
-                            errors.append(exc)
+    with TuneProgress(len(jobs), enabled=progress) as bar:
+        def worker(tuner: Tuner) -> None:
+            while True:
+                with lock:
+                    if not queue or errors:
                         return
-                    with lock:
-                        winners[job.ident] = w
-                        bar.advance(job.ident, w.source, w.ms)
-            if len(tuners) == 1:
-                worker(tuners[0])
-            else:
-                threads = [threading.Thread(target=worker, args=(t,)) for t in tuners]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-            if errors:
-                raise errors[0]
-        if missing:
-            raise TuneError(f"--tune=strict: {len(missing)} of {len(jobs)} jobs have no cached winner for "
-                            f"{profile.name}:\n  " + "\n  ".join(missing))
-        pending = []
-        for job in jobs:
-            w = winners[job.ident]
-            generic_cfg = default_config(job.problem)
-            for cfg, variant in ((w.config, job.fast_variant(w.config)), (generic_cfg, Variant.generic())):
+                    job = queue.pop(0)
                 try:
-                    em = emit(job.spec, cfg, variant)
-                except NotImplementedError as exc:
-                    raise CompileError(f"error: no GPU code for kernel {job.spec.name}: {exc}", []) from None
-                pending.append((job, cfg, variant, em, compiler.submit(em, cfg["num_warps"], cfg["num_stages"])))
-        entries: dict[str, dict] = {}
-        files: dict[str, bytes] = {}
-        for job, cfg, variant, em, fut in pending:
+                    w = tuner.tune(job)
+                except TuneError as exc:
+                    with lock:
+                        if policy == "strict":
+                            missing.append(f"{job.ident} (key {tuner.key(job).digest[:16]})")
+                        else:
+                            errors.append(exc)
+                    continue
+                except BaseException as exc:  # noqa: BLE001 (re-raised below, on the main thread)
+                    with lock:
+                        errors.append(exc)
+                    return
+                with lock:
+                    winners[job.ident] = w
+                    bar.advance(job.ident, w.source, w.ms)
+        if len(tuners) == 1:
+            worker(tuners[0])
+        else:
+            threads = [threading.Thread(target=worker, args=(t,)) for t in tuners]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        if errors:
+            raise errors[0]
+    if missing:
+        raise TuneError(f"--tune=strict: {len(missing)} of {len(jobs)} jobs have no cached winner for "
+                        f"{profile.name}:\n  " + "\n  ".join(missing))
+    return winners
+
+
+def compile_winners(jobs: list[Job], winners: dict[str, Winner], compiler: Compiler
+                    ) -> tuple[dict[str, dict], dict[str, bytes]]:
+    """Each job's manifest entry (its tuned and generic variants) and the cubin/PTX files they name."""
+    arch = compiler.arch
+    pending = []
+    for job in jobs:
+        w = winners[job.ident]
+        generic_cfg = default_config(job.problem)
+        for cfg, variant in ((w.config, job.fast_variant(w.config)), (generic_cfg, Variant.generic())):
             try:
-                kb, ptx = fut.result()
-            except Exception as exc:  # noqa: BLE001
-                text = [x for x in str(exc).splitlines() if x.strip()] or [type(exc).__name__]
-                raise CompileError(f"error: Triton could not compile kernel {job.spec.name} for sm_{arch}: "
-                                   f"{text[-1]} ({text[0]})", []) from None
-            entry = entries.setdefault(job.ident, {
-                "id": job.ident, "name": job.spec.name, "kind": job.spec.kind, "spec": job.spec.canonical(),
-                "tuning": {**winners[job.ident].to_json(), "shape": job.shape_part()["sizes"]},
-                "variants": []})
-            i = len(entry["variants"])
-            base = f"kernels/{job.spec.name}.{hashlib.sha256(job.ident.encode()).hexdigest()[:8]}.{i}.sm{arch}"
-            files[base + ".cubin"] = kb.cubin
-            files[base + ".ptx"] = ptx.encode()
-            entry["variants"].append({
-                "variant": variant.to_json(), "config": cfg, "params": [list(p) for p in em.params],
-                "div16": em.div16, **kb.metadata(),
-                "cubin": base + ".cubin", "cubin_sha256": hashlib.sha256(kb.cubin).hexdigest(),
-                "ptx": base + ".ptx", "ptx_sha256": hashlib.sha256(ptx.encode()).hexdigest()})
+                em = emit(job.spec, cfg, variant)
+            except NotImplementedError as exc:
+                raise CompileError(f"error: no GPU code for kernel {job.spec.name}: {exc}", []) from None
+            pending.append((job, cfg, variant, em, compiler.submit(em, cfg["num_warps"], cfg["num_stages"])))
+    entries: dict[str, dict] = {}
+    files: dict[str, bytes] = {}
+    for job, cfg, variant, em, fut in pending:
+        try:
+            kb, ptx = fut.result()
+        except Exception as exc:  # noqa: BLE001
+            text = [x for x in str(exc).splitlines() if x.strip()] or [type(exc).__name__]
+            raise CompileError(f"error: Triton could not compile kernel {job.spec.name} for sm_{arch}: "
+                               f"{text[-1]} ({text[0]})", []) from None
+        entry = entries.setdefault(job.ident, {
+            "id": job.ident, "name": job.spec.name, "kind": job.spec.kind, "spec": job.spec.canonical(),
+            "tuning": {**winners[job.ident].to_json(), "shape": job.shape_part()["sizes"]},
+            "variants": []})
+        i = len(entry["variants"])
+        base = f"kernels/{job.spec.name}.{hashlib.sha256(job.ident.encode()).hexdigest()[:8]}.{i}.sm{arch}"
+        files[base + ".cubin"] = kb.cubin
+        files[base + ".ptx"] = ptx.encode()
+        entry["variants"].append({
+            "variant": variant.to_json(), "config": cfg, "params": [list(p) for p in em.params],
+            "div16": em.div16, **kb.metadata(),
+            "cubin": base + ".cubin", "cubin_sha256": hashlib.sha256(kb.cubin).hexdigest(),
+            "ptx": base + ".ptx", "ptx_sha256": hashlib.sha256(ptx.encode()).hexdigest()})
+    return entries, files
+
+
+def assemble(jobs: list[Job], launches: list[tuple[str, Binding]], entries: dict[str, dict],
+             files: dict[str, bytes], stats: dict | None = None) -> KernelTable:
+    """The kernel table: a pure function of the plan and the compiled winners."""
+    missing = [job.ident for job in jobs if job.ident not in entries]
+    if missing:
+        raise CompileError(f"error: no tuned kernel for {len(missing)} of {len(jobs)} jobs: "
+                           + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+                           + "; were the tuning results made from another version of this program?", [])
+    kernels = [entries[job.ident] for job in jobs]
+    named = {v[kind] for k in kernels for v in k["variants"] for kind in ("cubin", "ptx")}
+    table_launches = [{"kernel": ident, "binding": b.to_json()} for ident, b in launches]
+    return KernelTable(kernels, table_launches, {p: b for p, b in files.items() if p in named}, dict(stats or {}))
+
+
+def build_kernels(graph: Graph, profile: GpuProfile, *, policy: str = "cache", dims: dict[str, int] | None = None,
+                  cache: Any = None, measurers: list[Measurer] | None = None, workers: int | None = None,
+                  progress: bool = False, budget_s: float | None = None) -> KernelTable:
+    t0 = time.perf_counter()
+    jobs, launches = plan_jobs(graph, dims)
+    compiler = Compiler(profile.sm, cache, workers or min(8, os.cpu_count() or 1))
+    try:
+        winners = tune_jobs(jobs, profile, policy=policy, cache=cache, measurers=measurers, compiler=compiler,
+                            progress=progress, budget_s=budget_s)
+        entries, files = compile_winners(jobs, winners, compiler)
     finally:
         compiler.close()
-    kernels = [entries[job.ident] for job in jobs]
-    table_launches = [{"kernel": ident, "binding": b.to_json()} for ident, b in launches]
     sources = [w.source for w in winners.values()]
     stats = {"jobs": len(jobs), "launches": len(launches), "seconds": time.perf_counter() - t0,
              "compiled": compiler.compiled, "compile_cache_hits": compiler.hits,
              "measured": sources.count("measured"), "cache": sources.count("cache"),
              "predicted": sources.count("predicted")}
-    return KernelTable(kernels, table_launches, files, stats)
+    return assemble(jobs, launches, entries, files, stats)
 
 
 def plans_from_manifest(manifest: dict, entries: dict[str, bytes]) -> list[KernelPlan]:
@@ -165,23 +193,9 @@ def kernels_for(compiled: Any, policy: str = "cache", dims: dict[str, int] | Non
     (the settings' local store and remote tier): what `xgc --out` and `xg.compile_file` link."""
     import sys
 
-    from ..cache import Cache
-    from ..cache.errors import CacheError
     from ..hw import load_profile
-    from ..settings import Settings
+    from .steps import gpu_lease, tuning_context
     profile = load_profile(compiled.target)
-    measurers: list = []
-    if policy == "measure":
-        from .cuda_measure import local_measurers
-        measurers = local_measurers(profile)
-    try:
-        cache = Cache.open(Settings.from_env())
-    except (CacheError, OSError) as exc:
-        sys.stderr.write(f"warning: the XG cache is unavailable ({exc}); building without it\n")
-        cache = None
-    try:
+    with tuning_context(profile, policy) as (cache, measurers), gpu_lease(measurers):
         return build_kernels(compiled.optimized.main, profile, policy=policy, dims=dims, cache=cache,
                              measurers=measurers, workers=workers, progress=progress and sys.stderr.isatty())
-    finally:
-        if cache is not None:
-            cache.close()

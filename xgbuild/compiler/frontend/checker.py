@@ -15,7 +15,7 @@ from . import ast as A
 from . import ranges as R
 from .builtins import SPECS, BuiltinChecker
 from .codes import (BAD_DECL, BAD_DIM, BAD_NUM_GPU, COND_NOT_BOOL, DEFAULT_DTYPE, DUPLICATE, MAIN_PARAMS,
-                    MISSING_RETURN, NO_MAIN, NOT_CALLABLE, OVERRIDE, RECURSION, RESULT_UNUSED, RETURN_MISMATCH,
+                    MISSING_RETURN, NO_ENTRY, NO_MAIN, NOT_CALLABLE, OVERRIDE, RECURSION, RESULT_UNUSED, RETURN_MISMATCH,
                     SHARD_BAD, SHARD_INDIVISIBLE, SHARD_UNKNOWN, UNKNOWN_TARGET, UNKNOWN_TYPE, UNREACHABLE, UNUSED_VAR)
 from .diagnostics import Diagnostics
 from .exprs import UNIT, ExprChecker
@@ -58,6 +58,7 @@ class CheckOptions:
     num_gpu: int | None = None      # --num-gpu, overriding NUM_GPU
     lib: bool = False               # a library file: no `main` required
     hw_dir: object = None           # where GPU profiles live (None: the settings default)
+    entry: str = "main"             # --entry: the function the engine runs
 
 
 class FunctionChecker(ExprChecker, BuiltinChecker):
@@ -482,11 +483,16 @@ class ProgramChecker:
                     continue
                 self.funcs[name] = self.signature(decl)
         self.hardware(target_decl, num_decl)
-        main = self.funcs.get("main")
+        entry = self.options.entry
+        main = self.funcs.get(entry)
         if main is None and not self.options.lib:
-            self.diags.error(NO_MAIN, Span(0, 0), path=self.diags.source.name,
-                             help="add an entry point: `def main() { ... }`")
-        elif main is not None and main.params:
+            if entry == "main":
+                self.diags.error(NO_MAIN, Span(0, 0), path=self.diags.source.name,
+                                 help="add an entry point: `def main() { ... }`")
+            else:
+                self.diags.error(NO_ENTRY, Span(0, 0), name=entry, path=self.diags.source.name,
+                                 help=f"functions here: {', '.join(sorted(self.funcs)) or 'none'}")
+        elif main is not None and main.params and entry == "main":
             self.diags.error(MAIN_PARAMS, main.node.name_span)
         for sig in self.funcs.values():
             if sig.node.origin is not None:

@@ -90,6 +90,12 @@ time by `xg.run_engine(engine, external_values={...})` or `xgrun --inputs`. Decl
 with `extern Tensor[float32, 64, 32] P`.
 """)
 
+NO_ENTRY = _code("XG0017", "missing entry function", "no function `{name}` in {path} to use as the entry point", """
+An engine runs its entry point: `main` unless another is named (`xgc --entry NAME`, Bazel's
+`xg_engine(entry = "NAME")`). An entry other than `main` takes the engine's inputs as its
+parameters (tensors and scalars), in order, named as the parameters are.
+""")
+
 BAD_IMPORT = _code("XG0016", "bad import", "{detail}", """
 `import std.nn` loads `std/nn.xg` from XG's standard library; `import mylib` loads `mylib.xg`
 beside the importing file (`import a.b` loads `a/b.xg`). A module holds functions and constants

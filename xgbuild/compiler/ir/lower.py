@@ -15,7 +15,7 @@ from typing import Any, Union
 from ..frontend import ast as A
 from ..frontend.checker import TypedProgram
 from ..frontend.types import NAMED_ERRORS, FloatLiteral, IntLiteral, ResultType, TensorType, TupleType, Type
-from .graph import Graph, GraphBuilder, Op, Program, attrs_of, tree_ids
+from .graph import Graph, GraphBuilder, Node, Op, Program, attrs_of, tree_ids
 from .shapes import index_shape
 
 TAG_DTYPE = "int32"
@@ -61,17 +61,32 @@ _UNARY_BUILTINS = {"erf": Op.ERF, "exp": Op.EXP, "log": Op.LOG, "sqrt": Op.SQRT,
 _REDUCE = {"sum": Op.SUM, "mean": Op.MEAN, "max": Op.MAX, "min": Op.MIN}
 
 
-def lower(tp: TypedProgram) -> Program:
+def lower(tp: TypedProgram, entry: str = "main") -> Program:
     functions: dict[str, Graph] = {}
-    for name in _call_order(tp):
+    for name in _call_order(tp, entry):
         if name != "main":
             functions[name] = FunctionLowering(tp, name, functions).run()
-    main = FunctionLowering(tp, "main", functions).run()
-    return Program(main, functions)
+    if entry == "main":
+        return Program(FunctionLowering(tp, "main", functions).run(), functions)
+    return Program(_entry_graph(tp, entry, functions[entry]), functions)
 
 
-def _call_order(tp: TypedProgram) -> list[str]:
-    """Callees before callers, only what `main` reaches."""
+def _entry_graph(tp: TypedProgram, entry: str, fn: Graph) -> Graph:
+    """The engine's graph for an entry other than `main`: the function's parameters become the
+    engine's inputs, named as the parameters are."""
+    params = tp.funcs[entry].params
+    bad = [f"`{name}: {ty}`" for name, ty in params if not isinstance(ty, TensorType)]
+    if bad or len(params) != len(fn.params):
+        raise LoweringError(f"the entry function `{entry}` takes {', '.join(bad) or 'a structured parameter'}; "
+                            f"an entry's parameters are its engine's inputs and must be tensors or scalars")
+    names = {nid: name for nid, (name, _ty) in zip(fn.params, params)}
+    nodes = [Node(n.id, Op.INPUT, (), n.dtype, n.shape, attrs_of(name=names[n.id]), n.src) if n.id in names else n
+             for n in fn.nodes]
+    return Graph("main", tuple(nodes), tuple((names[nid], nid) for nid in fn.params), fn.output)
+
+
+def _call_order(tp: TypedProgram, entry: str = "main") -> list[str]:
+    """Callees before callers, only what the entry reaches."""
     calls: dict[str, set[str]] = {}
     for sig in tp.funcs.values():
         calls[sig.name] = set()
@@ -96,7 +111,7 @@ def _call_order(tp: TypedProgram) -> list[str]:
             visit(callee)
         order.append(name)
 
-    visit("main")
+    visit(entry)
     return order
 
 

@@ -1,0 +1,114 @@
+"""The actions of rules_xg: check, jobs, tune-shard and link, each one XG command.
+
+Each runs `python3 -m <module>` from the XG toolchain in the execution root, with XG's own files
+and the sources as declared inputs, so Bazel's key of an action is exactly what its output depends
+on. The tuning fan-out: `jobs` splits an engine's tuning jobs into a fixed number of shard files
+(by a stable hash of each job), one `tune` action per shard tunes and compiles its jobs, and `link`
+builds the engine from the results without tuning or compiling anything.
+"""
+
+load(":toolchain.bzl", "xg_toolchain_of")
+
+# Why "no-sandbox": the XG cache (local SQLite store + remote tier) lives outside the execution
+# root and is reached from inside the actions; results never depend on it (a hit returns the bytes a
+# miss would compute), it only saves work. Python's bytecode cache then also survives between runs.
+_LOCAL = {"no-sandbox": "1"}
+
+# A measuring action needs a GPU of the target's model on the host that runs it: never send it to
+# a remote executor that cannot promise one (a cluster selects GPU pools with exec_properties).
+_MEASURE = {"no-sandbox": "1", "requires-gpu": "1", "no-remote-exec": "1"}
+
+def _run(ctx, *, module, args, inputs, outputs, mnemonic, progress, requirements = _LOCAL):
+    tc = xg_toolchain_of(ctx)
+    ctx.actions.run(
+        executable = tc.python,
+        arguments = ["-m", module, args],
+        inputs = depset(inputs, transitive = [tc.compiler]),
+        outputs = outputs,
+        mnemonic = mnemonic,
+        progress_message = progress,
+        execution_requirements = requirements,
+        # Python writes no .pyc next to sources it reads through the execution root's links.
+        env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"},
+    )
+
+def check_action(ctx, src, deps, out):
+    """Type-checks one library file; `out` is a stamp that exists only if the check passed."""
+    tc = xg_toolchain_of(ctx)
+    ctx.actions.run_shell(
+        command = '"$1" -m xgbuild.cli.xgc "$2" --check --lib && : > "$3"',
+        arguments = [tc.python.path, src.path, out.path],
+        inputs = depset([src], transitive = [deps, tc.compiler]),
+        tools = [tc.python],
+        outputs = [out],
+        mnemonic = "XgCheck",
+        progress_message = "Checking XG library %s" % src.short_path,
+        execution_requirements = _LOCAL,
+        env = {"PYTHONDONTWRITEBYTECODE": "1"},
+    )
+
+def _common_flags(args, build):
+    if build.target:
+        args.add("--target", build.target)
+    if build.num_gpu:
+        args.add("--num-gpu", build.num_gpu)
+    if build.entry != "main":
+        args.add("--entry", build.entry)
+    for name, size in sorted(build.dims.items()):
+        args.add("--dim", "%s=%s" % (name, size))
+
+def jobs_action(ctx, build, inputs, shards):
+    args = ctx.actions.args()
+    args.add("jobs", build.src)
+    _common_flags(args, build)
+    for shard in shards:
+        args.add("--out", shard)
+    args.add("--quiet")  # the link action shows the program's warnings; once is enough
+    _run(
+        ctx,
+        module = "xgbuild.cli.xgbuild",
+        args = args,
+        inputs = inputs,
+        outputs = shards,
+        mnemonic = "XgJobs",
+        progress = "Planning the tuning jobs of %s" % ctx.label,
+    )
+
+def tune_action(ctx, build, shard, result, index):
+    args = ctx.actions.args()
+    args.add("tune-shard", shard)
+    args.add("--tune", build.tune)
+    args.add("--out", result)
+    args.add("--jobs", 1)  # Bazel runs the shards in parallel already
+    args.add("--quiet")
+    _run(
+        ctx,
+        module = "xgbuild.cli.xgbuild",
+        args = args,
+        inputs = [shard],
+        outputs = [result],
+        mnemonic = "XgTune",
+        progress = "Tuning %s shard %d/%d (--tune=%s)" % (ctx.label, index + 1, build.shards, build.tune),
+        requirements = _MEASURE if build.tune == "measure" else _LOCAL,
+    )
+
+def link_action(ctx, build, inputs, results, out):
+    args = ctx.actions.args()
+    args.add(build.src)
+    _common_flags(args, build)
+    args.add("--out", out)
+    if build.kernels:
+        for result in results:
+            args.add("--kernels-from", result)
+    else:
+        args.add("--no-kernels")
+    args.add("--quiet")
+    _run(
+        ctx,
+        module = "xgbuild.cli.xgc",
+        args = args,
+        inputs = inputs + results,
+        outputs = [out],
+        mnemonic = "XgLink",
+        progress = "Linking XG engine %s" % out.short_path,
+    )

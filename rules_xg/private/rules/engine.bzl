@@ -1,0 +1,113 @@
+"""`xg_engine`: an `.xge` engine bundle from XG sources, its kernels tuned as a fan-out of actions."""
+
+load("//rules_xg/private:actions.bzl", "jobs_action", "link_action", "tune_action")
+load("//rules_xg/private:providers.bzl", "XgEngineInfo", "XgInfo", "XgSettingInfo")
+load("//rules_xg/private:toolchain.bzl", "TOOLCHAIN_TYPE")
+
+def _main_src(ctx):
+    if ctx.file.src:
+        return ctx.file.src
+    if len(ctx.files.srcs) == 1:
+        return ctx.files.srcs[0]
+    fail("%s: say which file holds the entry point with `src` (`srcs` has %d files and no `src` is given)" %
+         (ctx.label, len(ctx.files.srcs)))
+
+def _dims(ctx):
+    for name, size in ctx.attr.dims.items():
+        if not size.isdigit() or int(size) < 1:
+            fail("%s: dims[%s] = %s is not a positive integer" % (ctx.label, repr(name), repr(size)))
+    return ctx.attr.dims
+
+def engine_build(ctx):
+    """The description of one engine build, from a rule's attributes and the build settings."""
+    shards = ctx.attr.shards or ctx.attr._shards[XgSettingInfo].value
+    return struct(
+        src = _main_src(ctx),
+        target = ctx.attr.target or ctx.attr._target[XgSettingInfo].value,
+        tune = ctx.attr._tune[XgSettingInfo].value,
+        num_gpu = ctx.attr.num_gpu,
+        entry = ctx.attr.entry,
+        dims = _dims(ctx),
+        kernels = ctx.attr.kernels,
+        shards = shards,
+    )
+
+def declare_engine(ctx, out):
+    """Declares the jobs, tune and link actions that produce the engine `out`; the XgEngineInfo."""
+    build = engine_build(ctx)
+    srcs = depset([build.src] + ctx.files.srcs, transitive = [d[XgInfo].srcs for d in ctx.attr.deps])
+    inputs = srcs.to_list()
+    results = []
+    if build.kernels:
+        prefix = "%s.tune/" % ctx.label.name
+        shards = [ctx.actions.declare_file("%sshard-%d.json" % (prefix, i)) for i in range(build.shards)]
+        jobs_action(ctx, build, inputs, shards)
+        for i, shard in enumerate(shards):
+            result = ctx.actions.declare_file("%sresult-%d.json" % (prefix, i))
+            tune_action(ctx, build, shard, result, i)
+            results.append(result)
+    link_action(ctx, build, inputs, results, out)
+    return XgEngineInfo(engine = out, target = build.target, tune = build.tune, results = results)
+
+def _xg_engine_impl(ctx):
+    out = ctx.actions.declare_file(ctx.label.name + ".xge")
+    info = declare_engine(ctx, out)
+    return [
+        info,
+        DefaultInfo(files = depset([out])),
+        OutputGroupInfo(tuning = depset(info.results)),
+    ]
+
+ENGINE_ATTRS = {
+    "src": attr.label(
+        allow_single_file = [".xg"],
+        doc = "The .xg file holding the entry point. May be left out when `srcs` has one file.",
+    ),
+    "srcs": attr.label_list(
+        allow_files = [".xg"],
+        doc = "More .xg files of this engine (modules `src` imports that are not in a library).",
+    ),
+    "deps": attr.label_list(
+        providers = [XgInfo],
+        doc = "`xg_library` targets the sources import.",
+    ),
+    "entry": attr.string(
+        default = "main",
+        doc = "The entry function. `main` takes the engine's inputs as externals; another function's " +
+              "parameters become the engine's inputs.",
+    ),
+    "num_gpu": attr.int(
+        default = 0,
+        doc = "GPUs to plan for; 0 keeps the source's `NUM_GPU` (1 if it has none).",
+    ),
+    "target": attr.string(
+        default = "",
+        doc = "A GPU profile from hw/ for this engine alone; empty: the `//rules_xg:target` setting " +
+              "(the configs set it), and if that is empty too, the source's `TARGET_GPU`.",
+    ),
+    "dims": attr.string_dict(
+        doc = "Sizes of symbolic dims to tune the kernels at, e.g. {\"T\": \"8192\"} (1024 otherwise). " +
+              "The engine runs at any size; these are the sizes it is fastest at.",
+    ),
+    "kernels": attr.bool(
+        default = True,
+        doc = "Build GPU kernels for the target. False: a CPU-only engine (no tuning actions).",
+    ),
+    "shards": attr.int(
+        default = 0,
+        doc = "Tuning actions for this engine; 0: the `//rules_xg:tune_shards` setting.",
+    ),
+    "_target": attr.label(default = "//rules_xg:target"),
+    "_tune": attr.label(default = "//rules_xg:tune"),
+    "_shards": attr.label(default = "//rules_xg:tune_shards"),
+}
+
+xg_engine = rule(
+    implementation = _xg_engine_impl,
+    attrs = ENGINE_ATTRS,
+    toolchains = [TOOLCHAIN_TYPE],
+    provides = [XgEngineInfo],
+    doc = "Builds `<name>.xge`. The kernels' tuning fans out into `shards` cached actions (output " +
+          "group `tuning` holds their results); linking is a pure function of sources and winners, " +
+          "so equal inputs give byte-identical engines.",
+)

@@ -1,0 +1,110 @@
+"""The Bazel workspace as a user drives it: offline builds through bazel and bazelisk, the configs,
+`bazel test //...`, diagnostics in Bazel's output, bad settings, and the GPU tags of measuring."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from .conftest import BAZELISK, PYTHON, REPO, explain
+
+pytestmark = pytest.mark.timeout(1800)
+
+
+def inspect(engine) -> dict:
+    res = subprocess.run([str(PYTHON), "-m", "xgbuild.cli.xgbuild", "inspect", str(engine), "--json"],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_train_engine_for_gb200_through_bazel_and_bazelisk(repo_workspace):
+    """The user's command, offline: sm_100 kernels for GB200, whichever front end runs Bazel."""
+    engines = []
+    for bazel in ("bazel", BAZELISK):
+        if bazel == BAZELISK and not BAZELISK.exists():
+            pytest.fail(f"{BAZELISK} is missing: tools/setup.sh installs bazelisk from npm")
+        res = repo_workspace.run("build", "--config=ci", "//models:train_engine", "--config=gb200", bazel=bazel)
+        assert res.returncode == 0, explain(res)
+        engine = repo_workspace.bin("models/train_engine.xge")
+        engines.append(engine.read_bytes())
+        manifest = inspect(engine)
+        assert manifest["target"] == "GB200"
+        archs = {v["arch"] for k in manifest["kernels"] for v in k["variants"]}
+        assert manifest["kernels"] and archs == {100}, archs
+        assert {k["tuning"]["source"] for k in manifest["kernels"]} <= {"predicted", "cache"}
+    assert engines[0] == engines[1]
+
+
+def test_bazel_test_all_prints_a_summary_line():
+    res = subprocess.run([str(REPO / "tools" / "bazel-test")], cwd=REPO, capture_output=True, text=True,
+                         timeout=1800)
+    assert res.returncode == 0, explain(res)
+    line = [x for x in res.stdout.splitlines() if x.startswith("bazel: ")][-1]
+    m = re.fullmatch(r"bazel: (\d+) passed, (\d+) failed", line)
+    assert m and int(m.group(1)) >= 6 and m.group(2) == "0", line
+
+
+def test_a_type_error_fails_the_build_with_the_diagnostic(make_checkout):
+    ws = make_checkout("typeerror")
+    pkg = ws.root / "broken"
+    pkg.mkdir()
+    (pkg / "bad.xg").write_text("def main() {\n    x = 1 + 2.5\n    return x\n}\n")
+    (pkg / "BUILD").write_text('load("//rules_xg:defs.bzl", "xg_engine", "xg_library")\n'
+                               'xg_engine(name = "bad", src = "bad.xg")\n'
+                               'xg_library(name = "badlib", srcs = ["bad.xg"])\n')
+    for target in ("//broken:bad", "//broken:badlib"):
+        res = ws.build(target)
+        assert res.returncode != 0
+        out = res.stderr + res.stdout
+        assert re.search(r"error\[XG\d{4}\]", out), explain(res)
+        assert "--> broken/bad.xg:2:" in out, explain(res)
+        assert "Traceback" not in out
+
+
+def test_unknown_target_fails_analysis_listing_the_allowed_ones(repo_workspace):
+    res = repo_workspace.build("//examples:mlp", "--//rules_xg:target=Z100", "--nobuild")
+    assert res.returncode != 0
+    out = res.stderr
+    assert "'Z100' is not an allowed value" in out, explain(res)
+    for name in ("'GB200'", "'H100'", "'A100'"):
+        assert name in out
+    res = repo_workspace.build("//examples:mlp", "--//rules_xg:tune=fastest", "--nobuild")
+    assert res.returncode != 0 and "'fastest' is not an allowed value" in res.stderr, explain(res)
+    res = repo_workspace.build("//examples:mlp", "--//rules_xg:tune_shards=0", "--nobuild")
+    assert res.returncode != 0 and "out of range" in res.stderr, explain(res)
+
+
+def test_configs_cover_every_gpu_profile_and_name_real_targets():
+    from xgbuild.hw import known_targets
+    rc = (REPO / ".bazelrc").read_text()
+    build = (REPO / "rules_xg" / "BUILD").read_text()
+    for name in known_targets():
+        assert f"build:{name.lower()} --//rules_xg:target={name}\n" in rc, name
+        assert f'"{name}",' in build, name
+    listed = re.findall(r'^        "([A-Z0-9]+)",$', build.split('name = "tune"')[0], re.M)
+    assert sorted(listed) == sorted(known_targets())
+    for config in ("cache", "ci"):
+        assert f"build:{config} " in rc
+    assert "build --incompatible_strict_action_env" in rc
+
+
+def _tune_actions(ws, *flags: str) -> str:
+    res = ws.run("aquery", "--config=ci", *flags, 'mnemonic("XgTune", //examples:mlp)', "--output=text")
+    assert res.returncode == 0, explain(res)
+    return res.stdout
+
+
+def test_measuring_actions_ask_for_a_gpu_and_stay_local(repo_workspace):
+    measure = _tune_actions(repo_workspace, "--config=measure", "--config=h100")
+    assert measure.count("Mnemonic: XgTune") == 4
+    for key in ("requires-gpu", "no-remote-exec"):
+        assert measure.count(key) == 4, measure[:3000]
+    assert "--tune measure" in measure
+    cached = _tune_actions(repo_workspace, "--config=h100")
+    assert "requires-gpu" not in cached and "--tune cache" in cached
+    shards = _tune_actions(repo_workspace, "--//rules_xg:tune_shards=2")
+    assert shards.count("Mnemonic: XgTune") == 2
