@@ -49,7 +49,11 @@ def cfg(bm, bn, bk, w, s, tma=0, programs=0, x3=0, g=8):
 def half_configs(sms: int) -> list[dict]:
     tiles = [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4),
              (128, 128, 64, 4, 4), (64, 256, 64, 4, 4)]
-    return [cfg(*t, tma=tma, programs=p) for t in tiles for tma in (0, 1) for p in (0, sms)]
+    # Other k-depths and stage counts of the large tiles, plain template only.
+    more = [(128, 256, 32, 8, 4), (128, 256, 32, 8, 5), (128, 256, 128, 8, 2), (128, 128, 128, 8, 3),
+            (128, 128, 128, 4, 3), (256, 128, 64, 8, 4), (256, 128, 32, 8, 5), (128, 128, 32, 4, 5),
+            (128, 256, 64, 8, 3, 0, 0, 0, 16), (128, 256, 64, 8, 3, 0, 0, 0, 4)]
+    return [cfg(*t, tma=tma, programs=p) for t in tiles for tma in (0, 1) for p in (0, sms)] + [cfg(*t) for t in more]
 
 
 def fp32_configs(sms: int) -> list[dict]:
