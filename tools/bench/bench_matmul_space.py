@@ -69,6 +69,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--json", default="bench_matmul_space.json")
+    ap.add_argument("--tiles", default=None,
+                    help='configs to time instead of the built-in lists: "BM,BN,BK,warps,stages[,TMA,PROGRAMS,TF32X3,GROUP_M];..."')
     args = ap.parse_args()
     name = torch.cuda.get_device_name(0)
     target = next(t for t in ("H200", "H100", "B200", "A100") if t in name)
@@ -92,7 +94,9 @@ def main() -> int:
             ref = data.reference("cuda")
             out_dt = [job.spec.nodes[k].dtype for k in job.spec.outputs]
             p = job.problem
-            cands = configs(sms)
+            cands = configs(sms) if not args.tiles else [cfg(*(int(x) for x in t.split(","))) for t in args.tiles.split(";")]
+            if args.tiles and job.spec.operands[job.spec.matmul[0]][0] == "float32":
+                cands = [c for c in cands if c["BLOCK_K"] <= 64]
             futs = []
             for c in cands:
                 v = job.fast_variant(c)

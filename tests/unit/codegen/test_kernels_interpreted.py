@@ -99,6 +99,8 @@ TOL = {"float32": 1e-5, "bfloat16": 2e-2, "float64": 1e-12}
 def test_kernels_match_float64_reference(tmp_path: Path, name: str, dims: dict) -> None:
     report = _run(tmp_path, name, dims)
     assert report
+    # The second input set replays the first run's launches unless a run-time index forbids it.
+    assert any(out["replayed"] for out in report) == (name != "unindex")
     for out in report:
         if out["dtype"] in TOL:
             assert out["rel_err"] < TOL[out["dtype"]], out
