@@ -26,6 +26,7 @@ from ..compiler.ir.graph import Graph, Node, Op, tree_ids
 from ..errors import ExecutionError
 from .cpu import CpuExecutor, RunOutput, index_view
 from .dtypes import TORCH_DTYPES
+from .replay import MAX_REPLAYS, Replay, recipe
 
 INT32_MAX = 2**31 - 1
 
@@ -257,18 +258,6 @@ def choose(plan: KernelPlan, launch: Launch) -> Compiled:
     raise ExecutionError(f"internal: no variant of kernel {plan.spec.name} accepts this launch")
 
 
-@dataclass
-class _Replay:
-    """One run's launches, replayed while the inputs keep their shapes, strides, dtypes and 16-byte
-    alignment: which variant holds, the grids and every integer argument depend on nothing else.
-    Pointer arguments are named by source (an input, or a kernel's output), never kept."""
-    graph: Graph
-    steps: list[tuple[Compiled, tuple, list, list]]    # (variant, grid, recipe, output shapes/dtypes)
-
-
-MAX_REPLAYS = 8
-
-
 class KernelExecutor:
     """Runs a specialised graph with an engine's kernels; `launch(compiled, grid, args)` does the rest.
 
@@ -283,7 +272,7 @@ class KernelExecutor:
         self.launch = launch
         self.device = device
         self.replay = replay
-        self._replays: dict[tuple, _Replay] = {}
+        self._replays: dict[tuple, Replay] = {}
         self._dynamic: dict[int, tuple[Graph, bool]] = {}
 
     def run(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
@@ -292,15 +281,7 @@ class KernelExecutor:
         if known is not None and known.graph is graph:
             return self._replay(graph, known, inputs)
 
-        def base(n: Node) -> torch.Tensor:
-            if n.op is Op.INPUT:
-                t = inputs[n.attr("name")]
-                return t if t.is_contiguous() else t.contiguous()
-            if n.op is Op.CONST:
-                return torch.tensor(n.attr("value"), dtype=TORCH_DTYPES[n.dtype], device=self.device)
-            raise ExecutionError(f"internal: %{n.id} (`{n.op.value}`) is read before a kernel writes it")
-
-        value = Values(graph, base)
+        value = Values(graph, self._base(inputs))
         sources: dict[int, tuple] = {t.data_ptr(): ("in", name) for name, t in inputs.items()}
         steps: list | None = [] if key is not None and len(sources) == len(inputs) else None
         for index, plan in enumerate(self.plans):
@@ -317,13 +298,24 @@ class KernelExecutor:
             if steps is not None:
                 for i, t in enumerate(outs):
                     sources[t.data_ptr()] = ("out", index, i) if t.data_ptr() not in sources else ("?",)
-                recipe = _recipe(args, sources)
-                steps = None if recipe is None else steps + [(chosen, grid, recipe, shapes)]
+                rec = recipe(args, sources)
+                steps = None if rec is None else steps + [(chosen, grid, rec, shapes)]
         if steps is not None:
             if len(self._replays) >= MAX_REPLAYS:
                 self._replays.pop(next(iter(self._replays)))
-            self._replays[key] = _Replay(graph, steps)
+            self._replays[key] = Replay(graph, steps)
         return {nid: value(nid) for nid in tree_ids(graph.output)}
+
+    def _base(self, inputs: dict[str, torch.Tensor]) -> Callable[[Node], torch.Tensor]:
+        """Values that no kernel computes: inputs (contiguous) and constants."""
+        def base(n: Node) -> torch.Tensor:
+            if n.op is Op.INPUT:
+                t = inputs[n.attr("name")]
+                return t if t.is_contiguous() else t.contiguous()
+            if n.op is Op.CONST:
+                return torch.tensor(n.attr("value"), dtype=TORCH_DTYPES[n.dtype], device=self.device)
+            raise ExecutionError(f"internal: %{n.id} (`{n.op.value}`) is read before a kernel writes it")
+        return base
 
     def _key(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> tuple | None:
         dynamic = self._dynamic.get(id(graph))
@@ -335,39 +327,21 @@ class KernelExecutor:
         return (id(graph),) + tuple((name, tuple(t.shape), tuple(t.stride()), t.dtype, t.device,
                                      t.data_ptr() % 16) for name, t in sorted(inputs.items()))
 
-    def _replay(self, graph: Graph, known: _Replay, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
+    def _replay(self, graph: Graph, known: Replay, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
         produced: list[list[torch.Tensor]] = []
-        for chosen, grid, recipe, shapes in known.steps:
+        for chosen, grid, rec, shapes in known.steps:
             outs = [torch.empty(shape, dtype=dt, device=self.device) for shape, dt in shapes]
             produced.append(outs)
             args = [inputs[r[1]] if r[0] == "in" else produced[r[1]][r[2]] if r[0] == "out" else r[1]
-                    for r in recipe]
+                    for r in rec]
             if all(grid):
                 self.launch(chosen, grid, args)
 
-        def base(n: Node) -> torch.Tensor:
-            raise ExecutionError(f"internal: %{n.id} (`{n.op.value}`) is not a kernel output")
-
-        value = Values(graph, lambda n: inputs[n.attr("name")] if n.op is Op.INPUT else base(n))
+        value = Values(graph, self._base(inputs))
         for plan, outs in zip(self.plans, produced):
             for nid, t in zip(plan.binding.outputs, outs):
                 value[nid] = t
         return {nid: value(nid) for nid in tree_ids(graph.output)}
-
-
-def _recipe(args: list, sources: dict[int, tuple]) -> list | None:
-    """Each argument by source: ("in", name), ("out", kernel, i) or ("int", value); None when a
-    pointer is not the start of an input or an output (a view at an offset, a copy)."""
-    out = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            src = sources.get(a.data_ptr())
-            if src is None or src[0] == "?":
-                return None
-            out.append(src)
-        else:
-            out.append(("int", a))
-    return out
 
 
 class CudaExecutor:

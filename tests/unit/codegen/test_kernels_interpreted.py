@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[3]
 PROGRAMS = {
     "norms": ("examples/norms.xg", None),
     "contract": ("examples/contract.xg", None),
+    "safe_div": ("examples/safe_div.xg", None),     # constants as outputs (also when replayed)
     "mlp_fp32": ("examples/mlp.xg", ("bfloat16", "float32")),
     "attention_fp32": ("examples/attention.xg", ("bfloat16", "float32")),
     "reductions": (None, """extern Tensor[float32, T, D] X
