@@ -125,3 +125,20 @@ def test_measured_build_then_warm_build_from_cache(tmp_path: Path, capsys) -> No
     engine = Engine.from_compiled(compiled, warm)
     compare(engine, {"T": 256, "D": 256, "F": 512}, seed=4)
     cache.close()
+
+
+def _interpreted_programs() -> dict:
+    import importlib.util
+    path = REPO / "tests" / "unit" / "codegen" / "test_kernels_interpreted.py"
+    spec = importlib.util.spec_from_file_location("xg_interpreted_programs", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.PROGRAMS
+
+
+@pytest.mark.parametrize("name", ["unindex", "vector_int_matmul"])
+def test_gradients_of_indexing_vector_and_integer_matmuls_on_cuda(name: str) -> None:
+    # The same programs the interpreter tests check on the CPU, on the GPU: every IR op has a kernel.
+    engine = build(compile_source(_interpreted_programs()[name][1]), dims={"T": 64, "D": 96, "F": 128, "B": 2})
+    compare(engine, {"T": 64, "D": 96, "F": 128, "B": 2}, seed=5)
+    compare(engine, {"T": 37, "D": 50, "F": 29, "B": 3}, seed=6)

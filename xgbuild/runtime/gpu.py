@@ -20,11 +20,13 @@ import torch
 
 from ..compiler.codegen.schedule import VIEWS
 from ..compiler.codegen.spec import Binding, KernelSpec
-from ..compiler.codegen.triton_src import Variant
+from ..compiler.codegen.triton_src import Variant, unindex_params
 from ..compiler.ir.graph import COLLECTIVE, Graph, Node, Op, tree_ids
+from ..compiler.ir.serialize import where as src_text
 from ..errors import ExecutionError
 from .cpu import CpuExecutor, RunOutput, index_view
 from .dtypes import TORCH_DTYPES
+from .replay import MAX_REPLAYS, Replay, recipe
 
 INT32_MAX = 2**31 - 1
 
@@ -111,11 +113,21 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
         kdom = tuple(domain[d] for d in b.perm)
         rows = kdom[:spec.row_dims]
     elif spec.kind == "matmul":
-        a_node = graph.node(node.inputs[0])
-        K = int(a_node.shape[-1])
-        M, N = int(domain[-2]), int(domain[-1])
-        batch = domain[:-2]
-        kdom = domain
+        # A vector operand is a matrix of one row (A) or one column (B): the kernel's domain is
+        # always batch + (M, N), and values shaped like the product gain that size-1 dim.
+        a_shape, b_shape = (tuple(graph.node(i).shape) for i in node.inputs[:2])
+        a_vec, b_vec = len(a_shape) == 1, len(b_shape) == 1
+        K = int(a_shape[-1])
+        M = 1 if a_vec else int(a_shape[-2])
+        N = 1 if b_vec else int(b_shape[-1])
+        batch = domain[:len(domain) - (not a_vec) - (not b_vec)]
+        kdom = batch + (M, N)
+
+        def to_kdom(x: torch.Tensor) -> torch.Tensor:
+            x = _align(x, domain)
+            if a_vec:
+                x = x.unsqueeze(len(batch))
+            return x.unsqueeze(-1) if b_vec else x
     else:
         kdom = domain
 
@@ -123,9 +135,15 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
         t = value(nid)
         if level == "scalar":
             aligned = t.reshape(())
+        elif level == "gather":
+            aligned = t                         # an unindex input, read in its own shape
         elif spec.kind == "matmul" and j in spec.matmul:
             want = batch + ((M, K) if j == spec.matmul[0] else (K, N))
+            if j == spec.matmul[1] and b_vec:
+                t = t.reshape(K, 1)
             aligned = _align(t, want)
+        elif spec.kind == "matmul":
+            aligned = to_kdom(t)
         elif spec.kind == "rowwise":
             if level == "row":
                 if t.dim() == len(domain) and t.shape[-1] == 1:
@@ -139,7 +157,7 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
         if level == "scalar":
             layouts.append(("dense", ()))
             continue
-        dense = aligned.is_contiguous()
+        dense = aligned.is_contiguous() and level != "gather"
         layouts.append(("dense" if dense else tuple(aligned.stride()), tuple(aligned.shape)))
         for d, s in enumerate(aligned.stride()):
             ints[f"p{j}_s{d}"] = int(s)
@@ -151,6 +169,9 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
 
     if spec.kind == "elementwise":
         ints["numel"] = math.prod(kdom)
+        for k, n in enumerate(spec.nodes):
+            if n.op == "unindex":
+                ints.update(_unindex_ints(k, n, kdom, tensors, graph.node(b.outputs[0]) if b.outputs else None))
     elif spec.kind == "rowwise":
         ints["R"], ints["C"] = math.prod(rows), math.prod(kdom[spec.row_dims:])
     else:
@@ -158,6 +179,26 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
     for d, size in enumerate(batch if spec.kind == "matmul" else kdom):   # the sizes kernels unravel
         ints[f"d{d}"] = int(size)
     return Launch(tensors, ints, layouts)
+
+
+def _unindex_ints(k: int, n, shape: tuple, tensors: dict, node: Node | None) -> dict[str, int]:
+    """An `unindex` node's slice and index arguments; run-time indices read back to the host and
+    bounds-checked as the CPU executor checks them (0 on meta tensors, where only layouts matter)."""
+    items = dict(n.attrs)["items"]
+
+    def index(pos: int) -> int:
+        t = tensors[f"p{n.args[pos][1]}"]
+        return 0 if t.device.type == "meta" else int(t.item())
+
+    out = unindex_params(k, items, shape, index)
+    for a, item in enumerate(items):
+        if item[0] != "s":
+            at, size = out[f"u{k}_{a}_at"], int(shape[a])
+            if not -size <= at < size:
+                where = f" at {src_text(node.src)}" if node is not None and node.src else ""
+                raise ExecutionError(f"index {at} is out of bounds for dimension {a} of size {size}{where}")
+            out[f"u{k}_{a}_at"] = at % size
+    return out
 
 
 def holds(c: Compiled, launch: Launch, spec: KernelSpec) -> bool:
@@ -218,15 +259,55 @@ def choose(plan: KernelPlan, launch: Launch) -> Compiled:
 
 
 class KernelExecutor:
-    """Runs a specialised graph with an engine's kernels; `launch(compiled, grid, args)` does the rest."""
+    """Runs a specialised graph with an engine's kernels; `launch(compiled, grid, args)` does the rest.
+
+    With `replay`, the first run at an input signature records its launches and later runs at that
+    signature replay them: no binding, variant checks or view arithmetic per launch (tens of
+    microseconds of Python each). Graphs with run-time indices, and runs whose kernels read a view
+    at an offset or a copy, are never recorded."""
 
     def __init__(self, plans: list[KernelPlan], launch: Callable[[Compiled, tuple, list], None],
-                 device: torch.device) -> None:
+                 device: torch.device, replay: bool = False) -> None:
         self.plans = plans
         self.launch = launch
         self.device = device
+        self.replay = replay
+        self._replays: dict[tuple, Replay] = {}
+        self._dynamic: dict[int, tuple[Graph, bool]] = {}
 
     def run(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
+        key = self._key(graph, inputs) if self.replay else None
+        known = self._replays.get(key) if key is not None else None
+        if known is not None and known.graph is graph:
+            return self._replay(graph, known, inputs)
+
+        value = Values(graph, self._base(inputs))
+        sources: dict[int, tuple] = {t.data_ptr(): ("in", name) for name, t in inputs.items()}
+        steps: list | None = [] if key is not None and len(sources) == len(inputs) else None
+        for index, plan in enumerate(self.plans):
+            shapes = [(tuple(graph.node(nid).shape), TORCH_DTYPES[graph.node(nid).dtype]) for nid in plan.binding.outputs]
+            outs = [torch.empty(shape, dtype=dt, device=self.device) for shape, dt in shapes]
+            launch = bind(plan, graph, value, outs)
+            chosen = choose(plan, launch)
+            grid = grid_for(chosen, plan.spec, launch)
+            args = arguments(chosen, launch)
+            if all(grid):
+                self.launch(chosen, grid, args)
+            for nid, t in zip(plan.binding.outputs, outs):
+                value[nid] = t
+            if steps is not None:
+                for i, t in enumerate(outs):
+                    sources[t.data_ptr()] = ("out", index, i) if t.data_ptr() not in sources else ("?",)
+                rec = recipe(args, sources)
+                steps = None if rec is None else steps + [(chosen, grid, rec, shapes)]
+        if steps is not None:
+            if len(self._replays) >= MAX_REPLAYS:
+                self._replays.pop(next(iter(self._replays)))
+            self._replays[key] = Replay(graph, steps)
+        return {nid: value(nid) for nid in tree_ids(graph.output)}
+
+    def _base(self, inputs: dict[str, torch.Tensor]) -> Callable[[Node], torch.Tensor]:
+        """Values that no kernel computes: inputs (contiguous) and constants."""
         def base(n: Node) -> torch.Tensor:
             if n.op is Op.INPUT:
                 t = inputs[n.attr("name")]
@@ -234,16 +315,30 @@ class KernelExecutor:
             if n.op is Op.CONST:
                 return torch.tensor(n.attr("value"), dtype=TORCH_DTYPES[n.dtype], device=self.device)
             raise ExecutionError(f"internal: %{n.id} (`{n.op.value}`) is read before a kernel writes it")
+        return base
 
-        value = Values(graph, base)
-        for plan in self.plans:
-            outs = [torch.empty(tuple(graph.node(nid).shape), dtype=TORCH_DTYPES[graph.node(nid).dtype],
-                                device=self.device) for nid in plan.binding.outputs]
-            launch = bind(plan, graph, value, outs)
-            chosen = choose(plan, launch)
-            grid = grid_for(chosen, plan.spec, launch)
+    def _key(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> tuple | None:
+        dynamic = self._dynamic.get(id(graph))
+        if dynamic is None or dynamic[0] is not graph:
+            dynamic = self._dynamic[id(graph)] = (graph, any(n.op in (Op.INDEX, Op.UNINDEX) and len(n.inputs) > 1
+                                                             for n in graph.nodes))
+        if dynamic[1]:
+            return None                 # run-time indices: the launch depends on their values
+        return (id(graph),) + tuple((name, tuple(t.shape), tuple(t.stride()), t.dtype, t.device,
+                                     t.data_ptr() % 16) for name, t in sorted(inputs.items()))
+
+    def _replay(self, graph: Graph, known: Replay, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
+        produced: list[list[torch.Tensor]] = []
+        for chosen, grid, rec, shapes in known.steps:
+            outs = [torch.empty(shape, dtype=dt, device=self.device) for shape, dt in shapes]
+            produced.append(outs)
+            args = [inputs[r[1]] if r[0] == "in" else produced[r[1]][r[2]] if r[0] == "out" else r[1]
+                    for r in rec]
             if all(grid):
-                self.launch(chosen, grid, arguments(chosen, launch))
+                self.launch(chosen, grid, args)
+
+        value = Values(graph, self._base(inputs))
+        for plan, outs in zip(self.plans, produced):
             for nid, t in zip(plan.binding.outputs, outs):
                 value[nid] = t
         return {nid: value(nid) for nid in tree_ids(graph.output)}
@@ -262,7 +357,7 @@ class CudaExecutor:
 
         def launch(c: Compiled, grid: tuple, args: list) -> None:
             self.launcher.launch(c.handle, grid, args)
-        self.kernels = KernelExecutor(plans, launch, self.device)
+        self.kernels = KernelExecutor(plans, launch, self.device, replay=True)
 
     def run(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> RunOutput:
         t0 = time.perf_counter()

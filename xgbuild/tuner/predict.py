@@ -57,8 +57,8 @@ def _scalar_peak(dtype: str, profile: GpuProfile) -> float:
 
 
 def _tensor_cores(dtype: str) -> bool:
-    """Whether a matmul on `dtype` operands runs on tensor cores (fp32 is exact FMA, no TF32)."""
-    return dtype in TENSOR_CORE_DTYPES
+    """Whether a matmul on `dtype` operands runs on tensor cores (fp32 is exact FMA unless 3xTF32)."""
+    return dtype in TENSOR_CORE_DTYPES or dtype == "tf32"
 
 
 def _matmul_peak(dtype: str, profile: GpuProfile) -> float:
@@ -76,17 +76,24 @@ def _matmul_peak(dtype: str, profile: GpuProfile) -> float:
     return measured * peak / profile.peak_flops.bf16
 
 
-def ceilings(problem: Problem, profile: GpuProfile) -> Ceilings:
-    """The bandwidth and FLOP/s ceilings for `problem` on `profile`."""
+def ceilings(problem: Problem, profile: GpuProfile, config: Config | None = None) -> Ceilings:
+    """The bandwidth and FLOP/s ceilings for `problem` on `profile` (under `config`: a 3xTF32
+    matmul runs three TF32 tensor-core products per useful one)."""
     bandwidth = profile.measured.copy_bandwidth_bytes_per_s or profile.hbm_bandwidth_bytes_per_s
     if problem.kind == "matmul":
+        if _tf32x3(config):
+            return Ceilings(bandwidth, _matmul_peak("tf32", profile) / 3)
         return Ceilings(bandwidth, _matmul_peak(problem.dtype, profile))
     return Ceilings(bandwidth, _scalar_peak(problem.dtype, profile))
 
 
-def floor_ms(problem: Problem, profile: GpuProfile) -> float:
+def _tf32x3(config: Config | None) -> bool:
+    return bool(config and config.get("TF32X3", 0))
+
+
+def floor_ms(problem: Problem, profile: GpuProfile, config: Config | None = None) -> float:
     """The roofline floor: max(flops / peak, bytes / bandwidth), in milliseconds."""
-    top = ceilings(problem, profile)
+    top = ceilings(problem, profile, config)
     return 1e3 * max(problem.flops / top.flops, problem.bytes / top.bandwidth)
 
 
@@ -205,7 +212,7 @@ def _smem_feed(p: Problem, c: Config, hw: GpuProfile, sm_peak: float) -> float:
     clock per SM); a small tile per issuer does few FLOPs per byte read and starves the math.
     """
     smem_rate = SMEM_BYTES_PER_CLOCK * hw.clock_boost_mhz * 1e6
-    if _tensor_cores(p.dtype):
+    if _tensor_cores(p.dtype) or _tf32x3(c):
         units, tm, tn = _mma_unit(c, hw)
         read = units * (tm + tn) * p.elem_bytes
         feed = min(1.0, 2 * c["BLOCK_M"] * c["BLOCK_N"] / read * smem_rate / sm_peak)
@@ -261,9 +268,9 @@ _MODELS = {"elementwise": _elementwise_s, "rowwise": _rowwise_s, "matmul": _matm
 
 def predict_ms(problem: Problem, config: Config, profile: GpuProfile) -> float:
     """Predicted run time of `problem` under `config` on `profile`, in ms (>= `floor_ms`)."""
-    top = ceilings(problem, profile)
+    top = ceilings(problem, profile, config)
     seconds = _MODELS[problem.kind](problem, config, profile, top)
-    return max(1e3 * seconds, floor_ms(problem, profile)) + LAUNCH_MS
+    return max(1e3 * seconds, floor_ms(problem, profile, config)) + LAUNCH_MS
 
 
 def rank(problem: Problem, configs: list[Config], profile: GpuProfile

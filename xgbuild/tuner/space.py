@@ -27,7 +27,7 @@ KINDS = ("elementwise", "rowwise", "matmul")
 PARAMS = {
     "elementwise": ("BLOCK",),
     "rowwise": ("BLOCK_N", "SINGLE"),
-    "matmul": ("BLOCK_K", "BLOCK_M", "BLOCK_N", "GROUP_M"),
+    "matmul": ("BLOCK_K", "BLOCK_M", "BLOCK_N", "GROUP_M", "TF32X3"),
 }
 
 # Search-space axes.
@@ -130,7 +130,7 @@ def default_config(problem: Problem) -> Config:
     # 64x64 tiles fit 99 KiB parts even for fp64 at 2 stages; BLOCK_K respects the k-slice rule.
     block_k = min(64, MAX_K_SLICE_BYTES // problem.elem_bytes)
     stages = 3 if problem.elem_bytes <= 4 else 2
-    return make_config(BLOCK_M=64, BLOCK_N=64, BLOCK_K=block_k, GROUP_M=MATMUL_GROUP_M,
+    return make_config(BLOCK_M=64, BLOCK_N=64, BLOCK_K=block_k, GROUP_M=MATMUL_GROUP_M, TF32X3=0,
                        num_warps=4, num_stages=stages)
 
 
@@ -145,9 +145,12 @@ def full_space(problem: Problem) -> list[Config]:
         looped = [make_config(BLOCK_N=b, SINGLE=0, num_warps=w, num_stages=1)
                   for b in ROW_LOOP_BLOCKS for w in ROW_LOOP_WARPS]
         return single + looped
-    return [make_config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=MATMUL_GROUP_M,
+    # float32 products: exact FMA (TF32X3=0) or three TF32 tensor-core products (see
+    # `_matmul_tf32x3` and the tuner's gate, which admits them only as accurate as float32's own).
+    x3s = (0, 1) if problem.dtype == "float32" else (0,)
+    return [make_config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=MATMUL_GROUP_M, TF32X3=x3,
                         num_warps=w, num_stages=s)
-            for bm in MATMUL_BLOCK_M for bn in MATMUL_BLOCK_N for bk in MATMUL_BLOCK_K
+            for x3 in x3s for bm in MATMUL_BLOCK_M for bn in MATMUL_BLOCK_N for bk in MATMUL_BLOCK_K
             for w in MATMUL_WARPS for s in MATMUL_STAGES]
 
 
@@ -265,10 +268,22 @@ def _matmul_regs(p: Problem, c: Config, hw: GpuProfile) -> str | None:
     return None
 
 
+def _matmul_tf32x3(p: Problem, c: Config, hw: GpuProfile) -> str | None:
+    if not c["TF32X3"]:
+        return None
+    if p.dtype != "float32":
+        return f"TF32X3 applies to float32 operands, not {p.dtype}"
+    if hw.peak_flops.tf32 <= 0:
+        return f"{hw.name} has no TF32 tensor cores"
+    if c["BLOCK_M"] < 64:
+        return "TF32X3 needs BLOCK_M >= 64 (warpgroup MMAs): three products on mma.sync do not pay"
+    return None
+
+
 RULES: dict[str, tuple[Rule, ...]] = {
     "elementwise": (_elementwise_block_vs_numel, _elementwise_per_thread),
     "rowwise": (_row_single_fits, _row_loop_block, _row_threads),
-    "matmul": (_matmul_tile_vs_problem, _matmul_k_slice, _matmul_smem, _matmul_regs),
+    "matmul": (_matmul_tf32x3, _matmul_tile_vs_problem, _matmul_k_slice, _matmul_smem, _matmul_regs),
 }
 
 
@@ -302,14 +317,22 @@ def prune(problem: Problem, configs: Iterable[Config], profile: GpuProfile, *,
     return kept, dropped
 
 
-def _best(problem: Problem, configs: list[Config], profile: GpuProfile, limit: int
+def _best(problem: Problem, configs: list[Config], profile: GpuProfile, limit: int, split: bool = True
           ) -> tuple[list[Config], list[tuple[Config, str]]]:
     """The `limit` best configs by predicted time, best first, and the rest with a reason."""
     from xgbuild.tuner.predict import rank  # predict imports this module for Problem
 
     ranked = [config for _, config in rank(problem, configs, profile)]
     chosen: set[str] = set()
-    if problem.kind == "matmul":
+    if split and problem.kind == "matmul" and any(c["TF32X3"] for c in ranked):
+        # Exact-product configs keep half the slots: the tuner's gate may reject every 3xTF32 one
+        # (short K, where float32's own error is tiny), and a job must still get a winner.
+        half = limit // 2
+        exact, _ = _best(problem, [c for c in configs if not c["TF32X3"]], profile, limit - half, False)
+        x3, _ = _best(problem, [c for c in configs if c["TF32X3"]], profile, half, False)
+        chosen = {config_key(c) for c in exact + x3}
+        limit = len(chosen)
+    if problem.kind == "matmul" and not chosen:
         per_shape: dict[tuple[int, int], int] = {}
         for config in ranked:
             shape = (config["BLOCK_M"], config["BLOCK_N"])

@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[3]
 PROGRAMS = {
     "norms": ("examples/norms.xg", None),
     "contract": ("examples/contract.xg", None),
+    "safe_div": ("examples/safe_div.xg", None),     # constants as outputs (also when replayed)
     "mlp_fp32": ("examples/mlp.xg", ("bfloat16", "float32")),
     "attention_fp32": ("examples/attention.xg", ("bfloat16", "float32")),
     "reductions": (None, """extern Tensor[float32, T, D] X
@@ -32,6 +33,33 @@ extern Tensor[bfloat16, D] G
 def main() {
     y = where(X > 0.0, tanh(X) * cast(G, float32), silu(X) - relu(X))
     return y, I / 3, I % 3, abs(X) >= 0.5, transpose(X) + 1.0, sigmoid(X) * erf(X), maximum(X, -X)
+}
+"""),
+    # The gradient of indexed reads (`unindex`): constant, negative-step, strided and run-time
+    # indices, bf16, fused with a consumer.
+    # (Fixed sizes: the IR does not add gradients of differently sliced symbolic dims.)
+    "unindex": (None, """extern Tensor[float32, 6, 8] X
+extern Tensor[bfloat16, 5, 7, 3] Y
+extern int64 I
+def f(Tensor[float32, 6, 8] x, int64 i) -> float32 {
+    return sum(x[1] * x[1]) + sum(x[::-1, 2] * 3.0) + sum(x[1:5:2, ::3]) + sum(x[i % 3, 2:7])
+}
+def g(Tensor[bfloat16, 5, 7, 3] y) -> float32 {
+    return sum(cast(y[-2, 1::2], float32) * 2.0)
+}
+def main() {
+    return grad(f, wrt=x)(X, I) + X, grad(g, wrt=y)(Y)
+}
+"""),
+    # Vector operands (a row of A, a column of B) and integer products (wrapping like torch's).
+    "vector_int_matmul": (None, """extern Tensor[float32, D] A
+extern Tensor[float32, D, F] B
+extern Tensor[float32, F] C
+extern Tensor[float32, B, F, D] E
+extern Tensor[int32, T, D] I
+extern Tensor[int32, D, F] J
+def main() {
+    return A @ B, relu(B @ C + 1.0), (A @ B) @ C, E @ A + 2.0, I @ J + 3
 }
 """),
     "batched": (None, """extern Tensor[float32, B, T, D] X
@@ -72,6 +100,8 @@ TOL = {"float32": 1e-5, "bfloat16": 2e-2, "float64": 1e-12}
 def test_kernels_match_float64_reference(tmp_path: Path, name: str, dims: dict) -> None:
     report = _run(tmp_path, name, dims)
     assert report
+    # The second input set replays the first run's launches unless a run-time index forbids it.
+    assert any(out["replayed"] for out in report) == (name != "unindex")
     for out in report:
         if out["dtype"] in TOL:
             assert out["rel_err"] < TOL[out["dtype"]], out

@@ -53,11 +53,29 @@ def test_product_written_anyway_is_not_given_an_epilogue() -> None:
     assert s.kernels[0].nodes == [s.kernels[0].anchor]
 
 
-def test_op_without_a_kernel_path_is_an_error() -> None:
-    # The gradient of an indexed read scatters into zeros (`unindex`): no GPU kernel yet.
+def test_unindex_starts_an_elementwise_kernel_that_consumers_join() -> None:
+    # The gradient of an indexed read places its input into zeros (`unindex`); it reads that input
+    # at other positions than its own, so it is never fused after it, but its consumers join it.
     src = ("extern Tensor[float32, 4, 6] X\ndef f(Tensor[float32, 4, 6] x) -> Tensor[float32] {\n"
-           "    return sum(x[1] * x[1])\n}\ndef main() {\n    return grad(f, wrt=x)(X)\n}\n")
-    with pytest.raises(ScheduleError, match=r"`unindex` has no GPU kernel yet"):
+           "    return sum(x[1] * x[1])\n}\ndef main() {\n    return grad(f, wrt=x)(X) + X\n}\n")
+    g = compile_source(src).optimized.main
+    s = schedule(g)
+    last = s.kernels[-1]
+    assert last.kind == "elementwise" and g.node(last.nodes[0]).op is Op.UNINDEX and len(last.nodes) > 1
+    assert all(g.node(i).op is not Op.UNINDEX for k in s.kernels[:-1] for i in k.nodes)
+
+
+def test_every_ir_op_has_a_kernel_path_or_is_a_view() -> None:
+    from xgbuild.compiler.codegen.schedule import ELEMENTWISE, ROW_ANCHORS, VIEWS
+    # Sources and function-level ops never reach the schedule: inputs and constants are read,
+    # PARAM/CALL/PROJ are gone after inlining.
+    covered = ELEMENTWISE | ROW_ANCHORS | VIEWS | {Op.MATMUL, Op.UNINDEX, Op.INPUT, Op.CONST}
+    assert set(Op) - covered == {Op.PARAM, Op.CALL, Op.PROJ}
+
+
+def test_op_without_a_kernel_path_is_an_error() -> None:
+    src = "extern Tensor[float32] X\ndef main() {\n    return softmax(X, dim=0)\n}\n"
+    with pytest.raises(ScheduleError, match=r"`softmax` over a dimension other than the last"):
         schedule(compile_source(src).optimized.main)
 
 

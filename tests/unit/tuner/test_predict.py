@@ -17,7 +17,7 @@ GEMM = matmul(4096, 4096, 4096)
 
 
 def gemm_config(bm: int, bn: int, bk: int = 64, warps: int = 8, stages: int = 3) -> dict:
-    return space.make_config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps,
+    return space.make_config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, TF32X3=0, num_warps=warps,
                              num_stages=stages)
 
 
@@ -42,15 +42,31 @@ def test_best_candidate_for_a_large_gemm_is_a_large_tile():
 @pytest.mark.parametrize("problem", PROBLEMS, ids=IDS)
 def test_prediction_never_beats_the_roofline(gpu, problem):
     target = profile(gpu)
-    top = predict.ceilings(problem, target)
-    floor = 1e3 * max(problem.flops / top.flops, problem.bytes / top.bandwidth)
     # Datasheet ceilings are at least the measured ones, so their floor is lower still.
     datasheet = 1e3 * problem.bytes / target.hbm_bandwidth_bytes_per_s
     for config in space.full_space(problem):
         if space.prune(problem, [config], target)[0]:
+            # A 3xTF32 config's ceiling is the tensor cores' TF32 rate over three products.
+            top = predict.ceilings(problem, target, config)
+            floor = 1e3 * max(problem.flops / top.flops, problem.bytes / top.bandwidth)
             ms = predict_ms(problem, config, target)
             assert ms >= floor >= datasheet * (1 - 1e-12)
-            assert ms >= floor_ms(problem, target)
+            assert ms >= floor_ms(problem, target, config)
+            if config.get("TF32X3"):
+                tf32 = predict._matmul_peak("tf32", target)
+                assert top.flops == pytest.approx(tf32 / 3) and ms >= 1e3 * problem.flops * 3 / tf32
+
+
+def test_tf32x3_only_for_float32_on_tensor_core_targets_and_never_crowds_out_exact_products():
+    for gpu in CHECKED:
+        target = profile(gpu)
+        for problem in PROBLEMS:
+            cands = candidates(problem, target)
+            x3 = [c for c in cands if c.get("TF32X3")]
+            if problem.kind != "matmul" or problem.dtype != "float32":
+                assert not x3
+            else:
+                assert x3 and len(cands) - len(x3) >= len(x3)
 
 
 def test_measured_ceilings_are_used_when_present():

@@ -87,7 +87,7 @@ def test_matmul_candidates_are_a_fraction_of_the_space(gpu):
 
 def test_smem_overflow_is_dropped_with_a_reason():
     problem = matmul(4096, 4096, 4096)
-    big = space.make_config(BLOCK_M=256, BLOCK_N=256, BLOCK_K=128, GROUP_M=8, num_warps=8,
+    big = space.make_config(BLOCK_M=256, BLOCK_N=256, BLOCK_K=128, GROUP_M=8, TF32X3=0, num_warps=8,
                             num_stages=4)
     kept, dropped = prune(problem, [big], profile("H100"))
     assert kept == []
@@ -98,7 +98,7 @@ def test_smem_overflow_is_dropped_with_a_reason():
 
 def test_smem_limit_depends_on_the_profile():
     # 128x128x64 bf16 over 4 stages: 128 KiB + headroom; fits Hopper's 227 KiB, not Ada's 99 KiB.
-    config = space.make_config(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8,
+    config = space.make_config(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, TF32X3=0, num_warps=8,
                                num_stages=4)
     problem = matmul(4096, 4096, 4096)
     assert prune(problem, [config], profile("H100"))[0] == [config]
@@ -122,13 +122,13 @@ def test_limit_cut_is_reported():
 
 def test_register_and_tile_rules():
     problem = matmul(4096, 4096, 4096)
-    too_many_regs = space.make_config(BLOCK_M=256, BLOCK_N=128, BLOCK_K=32, GROUP_M=8,
+    too_many_regs = space.make_config(BLOCK_M=256, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, TF32X3=0,
                                       num_warps=4, num_stages=2)
     _, [(_, reason)] = prune(problem, [too_many_regs], profile("H100"))
     assert reason.startswith("accumulator takes 256 registers per thread")
 
     small = matmul(8, 20, 16)
-    wide = space.make_config(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, num_warps=4,
+    wide = space.make_config(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, TF32X3=0, num_warps=4,
                              num_stages=2)
     _, [(_, reason)] = prune(small, [wide], profile("H100"))
     assert reason == "BLOCK_M 32 > 16, the most a size of 8 needs"

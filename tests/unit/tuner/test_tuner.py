@@ -177,10 +177,9 @@ def test_cubins_are_built_for_the_target_arch(graph, target: str, arch: int) -> 
 
 
 def test_unsupported_program_is_a_compile_error() -> None:
-    src = ("extern Tensor[float32, 4, 6] X\ndef f(Tensor[float32, 4, 6] x) -> Tensor[float32] {\n"
-           "    return sum(x[1] * x[1])\n}\ndef main() {\n    return grad(f, wrt=x)(X)\n}\n")
+    src = "extern Tensor[bool, 4, 6] X\nextern Tensor[bool, 6, 3] Y\ndef main() {\n    return X @ Y\n}\n"
     g = compile_source(src).optimized.main
-    with pytest.raises(CompileError, match="no GPU code.*`unindex`"):
+    with pytest.raises(CompileError, match="no GPU code.*no GPU matmul for bool"):
         build_kernels(g, load_profile("H100"), policy="predict")
 
 
@@ -204,3 +203,46 @@ def test_time_budget_counts_measuring_and_keeps_the_best_so_far(job) -> None:
     # Candidates are tried in predicted order; after the first measurement the budget is spent.
     assert len(fake.seen) == 1 and w.source == "measured"
     assert all(w.rejected[k] == "time budget spent" for k in fake.times if k not in fake.seen)
+
+
+# --- reduced-precision products must be as accurate as float32's own -----------------------------
+
+GEMM32 = "extern Tensor[float32, M, K] A\nextern Tensor[float32, K, N] B\ndef main() {\n    return A @ B\n}\n"
+
+
+class PrecisionMeasurer:
+    """3xTF32 candidates are the fastest; their outputs are float64's plus `scale` times float32
+    eager's own error (so scale > 1 is less accurate than float32, however far within 1e-4)."""
+    gpu_name = "NVIDIA H100 80GB HBM3 (fake)"
+    device = "cpu"
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    def measure(self, job, variant, config, emitted, binary, data):
+        ref, ref32 = data.reference(), data.reference(float64=False)
+        if config["TF32X3"]:
+            return 1.0, [(r + self.scale * (r32.double() - r)).float() for r, r32 in zip(ref, ref32)]
+        return 2.0 + config["BLOCK_M"] / 1000, [r32.float() for r32 in ref32]
+
+
+class FewCandidates(Tuner):
+    def candidates(self, job):
+        small = [c for c in super().candidates(job) if c["BLOCK_M"] == 64 and c["BLOCK_N"] == 64]
+        return [c for c in small if c["TF32X3"]][:2] + [c for c in small if not c["TF32X3"]][:2]
+
+
+@pytest.mark.parametrize("scale,x3_wins", [(0.5, True), (1.5, False)])
+def test_tf32x3_wins_only_when_as_accurate_as_float32(scale: float, x3_wins: bool) -> None:
+    g = compile_source(GEMM32).optimized.main
+    jobs, _ = plan(g, {"M": 64, "K": 512, "N": 64})
+    tuner = FewCandidates(load_profile("H100"), policy="measure", measurer=PrecisionMeasurer(scale),
+                          compiler=Compiler(90))
+    cands = tuner.candidates(jobs[0])
+    assert {c["TF32X3"] for c in cands} == {0, 1}
+    w = tuner.tune(jobs[0])
+    assert bool(w.config["TF32X3"]) == x3_wins
+    if not x3_wins:
+        assert all("float32's own" in why for k, why in w.rejected.items() if '"TF32X3":1' in k)
+    # The model alone never picks reduced-precision products.
+    assert not Tuner(load_profile("H100"), policy="predict").tune(jobs[0]).config["TF32X3"]

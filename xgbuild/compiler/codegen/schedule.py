@@ -5,7 +5,8 @@ Three kernel kinds, chosen greedily in topological order:
   activation, residual, cast);
 - `rowwise`: one reduction over the last dimension (sum/mean/max/min, softmax, log_softmax) plus
   an element-wise prologue on its input and an epilogue on its row shape (RMSNorm, softmax, …);
-- `elementwise`: a chain of element-wise ops over one output shape.
+- `elementwise`: a chain of element-wise ops over one output shape. UNINDEX (the gradient of an
+  indexed read) starts one: each output element is the input's element where INDEX read it, or 0.
 Views (RESHAPE of a contiguous value, TRANSPOSE, constant INDEX) are not kernels: a kernel reads
 its inputs through their strides. CONST nodes are folded into the kernels that read them. Every
 other node must land in a kernel: an op with no kernel path is an error, never a CPU fallback.
@@ -192,6 +193,10 @@ def schedule(graph: Graph) -> Schedule:
                     owner[n.id] = pidx
                     continue
             new_kernel(Kernel("rowwise", n.id, [n.id], tuple(x.shape), last), n)
+            continue
+        if n.op is Op.UNINDEX:
+            # Reads its input at other positions than its own: never fused after that input.
+            new_kernel(Kernel("elementwise", None, [n.id], tuple(n.shape)), n)
             continue
         if n.op not in ELEMENTWISE:
             raise ScheduleError(f"`{n.op.value}` has no GPU kernel yet" + (f" (line {n.src[0]})" if n.src else ""))

@@ -9,7 +9,9 @@ and levels only; sizes arrive at launch time as integer arguments.
 Levels of a value inside a kernel:
 - `full`: one value per element of the domain (a tile of them per program);
 - `row` (rowwise kernels): one value per row, a scalar in the program;
-- `scalar`: one value for the whole kernel (rank-0 operands and constants).
+- `scalar`: one value for the whole kernel (rank-0 operands and constants);
+- `gather` (element-wise kernels): the input of an `unindex`, read through its own strides at the
+  positions the node's items map each domain element to.
 """
 
 from __future__ import annotations
@@ -160,16 +162,24 @@ def make_spec(sched: Schedule, k: Kernel) -> tuple[KernelSpec, Binding]:
         else:
             # An input read by a reduction (or softmax) is read at the full level.
             want = "full" if n.op in (Op.SUM, Op.MEAN, Op.MAX, Op.MIN, Op.SOFTMAX, Op.LOG_SOFTMAX) else level
-            args = tuple(("n", local[i]) if i in inside else operand(i, want) for i in n.inputs)
+            if n.op is Op.UNINDEX:      # its input in its own shape; run-time indices are scalars
+                args = (operand(n.inputs[0], "gather"),) + tuple(operand(i, "scalar") for i in n.inputs[1:])
+            else:
+                args = tuple(("n", local[i]) if i in inside else operand(i, want) for i in n.inputs)
         # Reductions reduce the kernel's columns and element-wise ops carry no attributes: only
-        # FULL's value matters to the code.
+        # FULL's value and UNINDEX's items matter to the code.
         attrs: tuple = (("value", _const(n.attr("value"), n.dtype)[1]),) if n.op is Op.FULL else ()
+        if n.op is Op.UNINDEX:
+            attrs = (("items", n.attr("items")),)
         local[nid] = len(nodes)
         nodes.append(LocalNode(n.op.value, args, n.dtype, level, attrs))
     outputs = tuple(local[nid] for nid in k.nodes if nid in outs)
     if not outputs:
         raise ScheduleError(f"internal: kernel {k.name} writes nothing")
     strided_out = bool(perm) and perm != tuple(range(rank)) and any(nodes[o].level == "full" for o in outputs)
+    if k.kind == "matmul":
+        # The matmul template's domain is batch + (M, N): a vector operand adds its size-1 dim.
+        rank += sum(len(g.node(i).shape) == 1 for i in g.node(k.anchor).inputs)
     spec = KernelSpec(k.kind, rank, tuple(operands), tuple(nodes), outputs, row_dims, matmul, strided_out)
     written = tuple(nid for nid in k.nodes if nid in outs)
     if k.kind == "rowwise":

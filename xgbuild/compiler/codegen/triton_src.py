@@ -1,288 +1,17 @@
-"""Triton source for one kernel spec, one tuning config and one variant.
-
-Every kernel takes its sizes as integer arguments, so one compiled kernel serves every shape; the
-tuning config fixes the tile sizes. A `Variant` states what the compiled code may assume about the
-arguments of a launch, and the runtime checks it before launching:
-
-- `wide`: index arithmetic in int64 (else every offset must fit in int32);
-- `layouts`: per operand, "dense" (laid out like the domain: one linear index addresses it) or one
-  entry per domain dim: an int stride baked into the code (0 for broadcast, 1 for contiguous) or
-  None (passed at run time);
-- `aligned`: every pointer is 16-byte aligned and every run-time stride and size named in
-  `Emitted.div16` is a multiple of 16 (Triton then vectorises loads);
-- `single` (rowwise): a row fits one tile, so it is loaded once;
-- `even_k` (matmul): K is a multiple of BLOCK_K, so the K loop needs no mask.
-
-The generic variant (`Variant.generic`) assumes nothing: it is the fallback every engine carries.
-"""
+"""Triton source for one kernel spec, one tuning config and one variant: the element-wise and
+row-reduction templates here, the matmul template in `triton_matmul.py`, the shared core (what a
+`Variant` may assume, parameters, op code) in `emitter.py`."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-
-from .spec import FLOAT, KernelSpec, LocalNode
-
-TL = {"float32": "tl.float32", "bfloat16": "tl.bfloat16", "float16": "tl.float16", "float64": "tl.float64",
-      "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32", "int64": "tl.int64", "uint8": "tl.uint8",
-      "bool": "tl.int1"}
-POINTER = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16", "float64": "*fp64", "int8": "*i8",
-           "int16": "*i16", "int32": "*i32", "int64": "*i64", "uint8": "*u8", "bool": "*i1"}
-
-
-def compute_dtype(dtype: str) -> str:
-    """16-bit floats are computed in fp32 and rounded where the program rounds (casts, stores)."""
-    return "float32" if dtype in ("float16", "bfloat16") else dtype
-
-
-@dataclass(frozen=True)
-class Variant:
-    wide: bool = True
-    layouts: tuple = ()           # per operand: "dense" or tuple[int | None, ...]; () = all run-time strides
-    aligned: bool = False
-    single: bool = False
-    even_k: bool = False
-
-    @classmethod
-    def generic(cls) -> "Variant":
-        return cls()
-
-    def to_json(self) -> dict:
-        return {"wide": self.wide, "layouts": [lay if lay == "dense" else list(lay) for lay in self.layouts],
-                "aligned": self.aligned, "single": self.single, "even_k": self.even_k}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Variant":
-        return cls(bool(d["wide"]), tuple(lay if lay == "dense" else tuple(lay) for lay in d["layouts"]),
-                   bool(d["aligned"]), bool(d["single"]), bool(d["even_k"]))
-
-
-@dataclass
-class Emitted:
-    name: str
-    source: str
-    params: list[tuple[str, str]]           # (name, Triton type) of each run-time parameter, in order
-    constexprs: dict[str, int]
-    div16: list[str] = field(default_factory=list)   # parameters compiled as multiples of 16
-    aligned: bool = False                           # pointers compiled as 16-byte aligned
-
-    @property
-    def signature(self) -> dict[str, str]:
-        return {**dict(self.params), **{c: "constexpr" for c in self.constexprs}}
-
-
-def _literal(value, dtype: str) -> str:
-    if dtype == "bool":
-        return "True" if value else "False"
-    if isinstance(value, str):           # "inf", "-inf", "nan" from the spec's canonical form
-        return f'float("{value}")'
-    if dtype in FLOAT:
-        v = float(value)
-        return f'float("{v}")' if not math.isfinite(v) else repr(v)
-    return repr(int(value))
-
-
-PRELUDE = '''import triton
-import triton.language as tl
-
-
-@triton.jit
-def _pcg(x):
-    state = x * 747796405 + 2891336453
-    word = ((state >> ((state >> 28) + 4)) ^ state) * 277803737
-    return (word >> 22) ^ word
-
-
-@triton.jit
-def _tanh(x):
-    # An odd Taylor polynomial near 0 (where 2 * sigmoid(2x) - 1 cancels), the sigmoid form elsewhere.
-    x2 = x * x
-    small = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 - x2 * (17.0 / 315.0))))
-    return tl.where(tl.abs(x) < 0.125, small, 2.0 * tl.sigmoid(2.0 * x) - 1.0)
-
-
-@triton.jit
-def _fmod(a, b):
-    # C fmod (the sign of a), like torch.fmod: a - trunc(a / b) * b.
-    q = a / b
-    return a - tl.where(q < 0, tl.ceil(q), tl.floor(q)) * b
-
-
-@triton.jit
-def _uniform(seed, idx, lane):
-    seed = seed.to(tl.int64)
-    lo = (seed & 0xFFFFFFFF).to(tl.uint32)
-    hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    key = _pcg(lo ^ _pcg(hi))
-    u = _pcg(key + 2 * idx.to(tl.uint32) + lane) >> 8
-    return (u.to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-'''
-
-
-class _Writer:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.indent = 1
-        self.counter = 0
-
-    def line(self, text: str) -> None:
-        self.lines.append("    " * self.indent + text)
-
-    def tmp(self, prefix: str = "t") -> str:
-        self.counter += 1
-        return f"{prefix}{self.counter}"
-
-
-class _Emitter:
-    def __init__(self, spec: KernelSpec, config: dict[str, int], variant: Variant) -> None:
-        self.spec, self.config, self.variant = spec, config, variant
-        self.w = _Writer()
-        self.params: list[tuple[str, str]] = []
-        self.div16: list[str] = []
-        self.idx = "tl.int64" if variant.wide else "tl.int32"
-        self.ity = "i64" if variant.wide else "i32"
-
-    # --- parameters -------------------------------------------------------------------------
-    def int_param(self, name: str, hint16: bool = False) -> str:
-        if name not in dict(self.params):
-            self.params.append((name, self.ity))
-            if hint16 and self.variant.aligned:
-                self.div16.append(name)
-        return name
-
-    def layout(self, j: int) -> object:
-        lays = self.variant.layouts
-        return lays[j] if lays else None
-
-    def stride(self, j: int, d: int) -> str:
-        """Operand j's stride along its level's dim d: a baked constant or a parameter."""
-        lay = self.layout(j)
-        if isinstance(lay, tuple) and lay[d] is not None:
-            return str(lay[d])
-        return self.int_param(f"p{j}_s{d}", hint16=True)
-
-    def unravel(self, index: str, first: int, last: int, prefix: str) -> None:
-        """Emits `{prefix}{d}`, the index along dim d of first..last-1, from a linear `index`."""
-        rest = index
-        for d in range(last - 1, first - 1, -1):
-            if d == first:
-                self.w.line(f"{prefix}{d} = {rest}")
-            else:
-                dim = self.int_param(f"d{d}")
-                self.w.line(f"{prefix}{d} = {rest} % {dim}")
-                self.w.line(f"{prefix}r{d} = {rest} // {dim}")
-                rest = f"{prefix}r{d}"
-
-    def split(self, index: str, first: int, last: int) -> dict[int, str]:
-        """Inline expressions for the index along dims first..last-1 of a linear `index`."""
-        out, rest = {}, index
-        for d in range(last - 1, first - 1, -1):
-            if d == first:
-                out[d] = rest
-            else:
-                dim = self.int_param(f"d{d}")
-                out[d], rest = f"(({rest}) % {dim})", f"(({rest}) // {dim})"
-        return out
-
-    @staticmethod
-    def dot(pairs) -> str:
-        """sum(index * stride) over (index, stride) pairs, leaving out stride-0 terms ("" if none)."""
-        return " + ".join(i if s == "1" else f"{i} * {s}" for i, s in pairs if s != "0")
-
-    # --- nodes --------------------------------------------------------------------------------
-    def arg(self, a: tuple, vals: dict, load) -> str:
-        if a[0] == "c":
-            return _literal(a[1], a[2])
-        if a[0] == "n":
-            return vals[a[1]]
-        return load(a[1])
-
-    def op(self, n: LocalNode, xs: list[str], index: str | None = None) -> str:
-        op, dt = n.op, compute_dtype(n.dtype)
-        a = xs[0] if xs else ""
-        b = xs[1] if len(xs) > 1 else ""
-        f32 = dt == "float32"
-        simple = {
-            "neg": f"-({a})", "not": f"({a} == 0)", "exp": f"tl.exp({a})", "log": f"tl.log({a})",
-            "sqrt": f"tl.sqrt_rn({a})" if f32 else f"tl.sqrt({a})", "rsqrt": f"tl.rsqrt({a})",
-            "sigmoid": f"tl.sigmoid({a})", "tanh": f"_tanh({a})",
-            "gelu": f"0.5 * ({a}) * (1.0 + tl.erf(({a}) * 0.7071067811865476))",
-            "silu": f"({a}) * tl.sigmoid({a})", "relu": f"tl.where(({a}) < 0, 0, {a})",
-            "abs": f"tl.abs({a})", "erf": f"tl.erf({a})",
-            "add": f"({a}) + ({b})", "sub": f"({a}) - ({b})", "mul": f"({a}) * ({b})",
-            "eq": f"({a}) == ({b})", "ne": f"({a}) != ({b})", "lt": f"({a}) < ({b})", "le": f"({a}) <= ({b})",
-            "gt": f"({a}) > ({b})", "ge": f"({a}) >= ({b})", "and": f"({a}) & ({b})", "or": f"({a}) | ({b})",
-            "maximum": f"tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
-            "minimum": f"tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
-        }
-        if op in simple:
-            return simple[op]
-        if op == "div":
-            if dt in FLOAT:
-                return f"({a}) / ({b})"
-            # Truncating integer division; a zero divisor only reaches a discarded path (see cpu.py).
-            return f"({a}) // tl.where(({b}) == 0, 1, {b})"
-        if op == "mod":
-            if dt in FLOAT:
-                return f"_fmod({a}, {b})"
-            return f"({a}) % tl.where(({b}) == 0, 1, {b})"
-        if op == "where":
-            return f"tl.where({a}, {b}, {xs[2]})"
-        if op == "cast":
-            if n.dtype == "bool":
-                return f"(({a}) != 0)"
-            if n.dtype in ("bfloat16", "float16"):
-                return f"({a}).to({TL[n.dtype]}).to(tl.float32)"
-            return f"({a}).to({TL[n.dtype]})"
-        if op == "full":
-            return _literal(dict(n.attrs)["value"], n.dtype)
-        if op == "iota":
-            return f"({index}).to({TL[dt]})"
-        if op in ("rand", "randn"):
-            if a.lstrip("-").isdigit():          # a constant seed
-                a = f"tl.full([], {a}, tl.int64)"
-            u1 = f"_uniform({a}, {index}, 0)"
-            if op == "rand":
-                return f"({u1}).to({TL[dt]})"
-            u2 = f"_uniform({a}, {index}, 1)"
-            return f"(tl.sqrt(-2.0 * tl.log({u1})) * tl.cos(6.283185307179586 * {u2})).to({TL[dt]})"
-        raise NotImplementedError(f"no Triton code for `{op}`")
-
-    def load(self, j: int, offset: str, mask: str | None) -> str:
-        dtype, _level = self.spec.operands[j]
-        m = f", mask={mask}, other=0" if mask else ""
-        v = f"tl.load(p{j} + {offset}{m})"
-        if dtype in ("bfloat16", "float16"):
-            v += ".to(tl.float32)"
-        return v
-
-    def store(self, i: int, offset: str, value: str, mask: str | None) -> None:
-        n = self.spec.nodes[self.spec.outputs[i]]
-        m = f", mask={mask}" if mask else ""
-        if n.dtype == "bool":
-            self.w.line(f"tl.store(q{i} + {offset}, ({value}) != 0{m})")
-        else:
-            self.w.line(f"tl.store(q{i} + {offset}, ({value}).to({TL[n.dtype]}){m})")
-
-    def pointer_params(self) -> None:
-        for j, (dtype, _level) in enumerate(self.spec.operands):
-            self.params.append((f"p{j}", POINTER[dtype]))
-        for i, out in enumerate(self.spec.outputs):
-            self.params.append((f"q{i}", POINTER[self.spec.nodes[out].dtype]))
-
-    def finish(self, body_constexprs: dict[str, int]) -> Emitted:
-        spec = self.spec
-        name = spec.name
-        names = [p for p, _ in self.params] + list(body_constexprs)
-        head = f"@triton.jit\ndef {name}({', '.join(n if n not in body_constexprs else n + ': tl.constexpr' for n in names)}):"
-        source = PRELUDE + "\n\n" + head + "\n" + "\n".join(self.w.lines) + "\n"
-        return Emitted(name, source, list(self.params), dict(body_constexprs), list(self.div16),
-                       self.variant.aligned)
-
+from .emitter import (FLOAT, POINTER, TL, Emitted, Emitter, Variant, compute_dtype,  # noqa: F401 (re-exported)
+                      literal)
+from .spec import KernelSpec
+from .triton_matmul import matmul
 
 # --- element-wise --------------------------------------------------------------------------------
 
-def _elementwise(e: _Emitter) -> Emitted:
+def _elementwise(e: Emitter) -> Emitted:
     spec, w = e.spec, e.w
     e.pointer_params()
     rank = spec.rank
@@ -318,6 +47,10 @@ def _elementwise(e: _Emitter) -> Emitted:
 
     vals: dict[int, str] = {}
     for k, n in enumerate(spec.nodes):
+        if n.op == "unindex":
+            unravel()
+            vals[k] = _unindex(e, k, n)
+            continue
         v = w.tmp("v")
         w.line(f"{v} = {e.op(n, [e.arg(a, vals, load) for a in n.args], index='lin')}")
         vals[k] = v
@@ -327,6 +60,57 @@ def _elementwise(e: _Emitter) -> Emitted:
             value = f"tl.full([BLOCK], {value}, {TL[compute_dtype(spec.nodes[out].dtype)]})"
         e.store(i, "lin", value, "mask")
     return e.finish({"BLOCK": e.config["BLOCK"]})
+
+
+def unindex_params(k: int, items: tuple, shape: tuple, index) -> dict[str, int]:
+    """The integer arguments of local node k, an `unindex` into `shape`: per slice item the first
+    output position it covers, the step's size, the count and whether it runs backwards; per
+    index item the position (run-time ones read by `index(pos)`, negative ones counted from the
+    end). The kernel and the CPU executor (`cpu.index_view`) place the same elements."""
+    out: dict[str, int] = {}
+    for a, item in enumerate(items):
+        size = int(shape[a])
+        if item[0] == "s":
+            picks = range(size)[slice(item[1], item[2], item[3])]
+            rev = picks.step < 0
+            out[f"u{k}_{a}_lo"] = picks[-1] if rev and len(picks) else (picks.start if len(picks) else 0)
+            out[f"u{k}_{a}_st"] = abs(picks.step)
+            out[f"u{k}_{a}_n"] = len(picks)
+            out[f"u{k}_{a}_rev"] = int(rev)
+        else:
+            out[f"u{k}_{a}_at"] = int(item[1]) if item[0] == "i" else int(index(item[1]))
+    return out
+
+
+def _unindex(e: Emitter, k: int, n) -> str:
+    """Node k, an `unindex`: the input's element where INDEX read this output element, else 0.
+    Output dims covered by a slice map to an input dim, index items to none, the rest one to one."""
+    w, spec = e.w, e.spec
+    items = dict(n.attrs)["items"]
+    inside = w.tmp("inside")
+    w.line(f"{inside} = mask")
+    src: list[str] = []                   # the input's index along each of its dims
+    for a, item in enumerate(items):
+        if item[0] == "s":
+            lo, st, cnt, rev = (e.int_param(f"u{k}_{a}_{x}") for x in ("lo", "st", "n", "rev"))
+            d, q = w.tmp("d"), w.tmp("q")
+            w.line(f"{d} = i{a} - {lo}")
+            w.line(f"{inside} = {inside} & ({d} >= 0) & ({d} % {st} == 0) & ({d} < {cnt} * {st})")
+            w.line(f"{q} = {d} // {st}")
+            src.append(f"tl.where({rev} != 0, {cnt} - 1 - {q}, {q})")
+        else:
+            w.line(f"{inside} = {inside} & (i{a} == {e.int_param(f'u{k}_{a}_at')})")
+    src += [f"i{a}" for a in range(len(items), spec.rank)]
+    x = n.args[0]
+    v = w.tmp("v")
+    if x[0] == "c":
+        w.line(f"{v} = tl.where({inside}, {literal(x[1], x[2])}, 0)")
+    elif spec.operands[x[1]][1] == "scalar":
+        w.line(f"{v} = tl.where({inside}, {e.load(x[1], '0', None)}, 0)")
+    else:
+        off = e.dot((s, e.stride(x[1], d)) for d, s in enumerate(src)) or "0"
+        w.line(f"{v} = {e.load(x[1], off, inside)}")
+    return v
 
 
 # --- row reductions ------------------------------------------------------------------------------
@@ -346,7 +130,7 @@ def _identity(kind: str, dtype: str) -> str:
     return str(-(2 ** (bits - 1))) if low else str(2 ** (bits - 1) - 1)
 
 
-def _rowwise(e: _Emitter) -> Emitted:
+def _rowwise(e: Emitter) -> Emitted:
     spec, w, v = e.spec, e.w, e.variant
     e.pointer_params()
     nrow, rank = spec.row_dims, spec.rank
@@ -562,110 +346,13 @@ def _in_dtype(spec: KernelSpec, k: int) -> str:
     return spec.nodes[a[1]].dtype if a[0] == "n" else spec.operands[a[1]][0]
 
 
-# --- matmul -------------------------------------------------------------------------------------
-
-def _matmul(e: _Emitter) -> Emitted:
-    spec, w, v, cfg = e.spec, e.w, e.variant, e.config
-    e.pointer_params()
-    rank = spec.rank
-    nb = rank - 2
-    ja, jb = spec.matmul
-    a_dt = spec.operands[ja][0]
-    for name in ("M", "N", "K"):
-        e.int_param(name, hint16=name != "M")
-    w.line("pid = tl.program_id(0)")
-    w.line(f"bid = tl.program_id(1).to({e.idx})")
-    w.line("num_pid_m = tl.cdiv(M, BLOCK_M)")
-    w.line("num_pid_n = tl.cdiv(N, BLOCK_N)")
-    w.line("group = GROUP_M * num_pid_n")
-    w.line("first_m = (pid // group) * GROUP_M")
-    w.line("size_m = tl.minimum(num_pid_m - first_m, GROUP_M)")
-    w.line("pid_m = first_m + ((pid % group) % size_m)")
-    w.line("pid_n = (pid % group) // size_m")
-    w.line(f"rm = pid_m.to({e.idx}) * BLOCK_M + tl.arange(0, BLOCK_M)")
-    w.line(f"rn = pid_n.to({e.idx}) * BLOCK_N + tl.arange(0, BLOCK_N)")
-    # Wrapped indices keep every load in bounds without masks on M and N (rows past the end read
-    # valid memory and are never stored).
-    w.line("am = tl.max_contiguous(tl.multiple_of(rm % M, BLOCK_M), BLOCK_M)")
-    w.line("bn = tl.max_contiguous(tl.multiple_of(rn % N, BLOCK_N), BLOCK_N)")
-    w.line("rk = tl.arange(0, BLOCK_K)")
-    e.unravel("bid", 0, nb, "bi")           # batch indices
-
-    def batch_offset(j: int) -> str:
-        return e.dot((f"bi{d}", e.stride(j, d)) for d in range(nb)) or "0"
-
-    sam, sak = e.stride(ja, nb), e.stride(ja, nb + 1)
-    sbk, sbn = e.stride(jb, nb), e.stride(jb, nb + 1)
-    w.line(f"a_ptrs = p{ja} + {batch_offset(ja)} + am[:, None] * {sam} + rk[None, :] * {sak}")
-    w.line(f"b_ptrs = p{jb} + {batch_offset(jb)} + rk[:, None] * {sbk} + bn[None, :] * {sbn}")
-    if a_dt not in ("bfloat16", "float16", "float32", "float64"):
-        raise NotImplementedError(f"no GPU matmul for {a_dt} operands")
-    acc_dt = "tl.float64" if a_dt == "float64" else "tl.float32"
-    w.line(f"acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={acc_dt})")
-    w.line("for kk in range(0, tl.cdiv(K, BLOCK_K)):")
-    w.indent += 1
-    if v.even_k:
-        w.line("a = tl.load(a_ptrs)")
-        w.line("b = tl.load(b_ptrs)")
-    else:
-        w.line("kmask = rk < K - kk * BLOCK_K")
-        w.line("a = tl.load(a_ptrs, mask=kmask[None, :], other=0)")
-        w.line("b = tl.load(b_ptrs, mask=kmask[:, None], other=0)")
-    if a_dt == "float32":
-        w.line('acc = tl.dot(a, b, acc, input_precision="ieee")')
-    elif a_dt == "float64":      # no fp64 tensor-core path in Triton: FMA over a broadcast product
-        w.line("acc += tl.sum(a[:, :, None] * b[None, :, :], axis=1)")
-    else:
-        w.line("acc = tl.dot(a, b, acc)")
-    w.line(f"a_ptrs += BLOCK_K * {sak}")
-    w.line(f"b_ptrs += BLOCK_K * {sbk}")
-    w.indent -= 1
-    w.line("mask = (rm[:, None] < M) & (rn[None, :] < N)")
-    loaded: dict[int, str] = {}
-
-    def load(j: int) -> str:
-        if j not in loaded:
-            t = w.tmp("x")
-            level = spec.operands[j][1]
-            if level == "scalar":
-                w.line(f"{t} = {e.load(j, '0', None)}")
-            elif e.layout(j) == "dense":
-                w.line(f"{t} = {e.load(j, 'bid * M * N + rm[:, None] * N + rn[None, :]', 'mask')}")
-            else:
-                sm, sn = e.stride(j, nb), e.stride(j, nb + 1)
-                tile = [x for x, s in ((f"rm[:, None] * {sm}", sm), (f"rn[None, :] * {sn}", sn)) if s != "0"]
-                if len(tile) == 1 and sm == "0":      # a row vector (bias): broadcast down the tile
-                    tile = [f"tl.zeros((BLOCK_M, 1), dtype=rm.dtype) + {tile[0]}"]
-                elif len(tile) == 1:
-                    tile = [f"{tile[0]} + tl.zeros((1, BLOCK_N), dtype=rn.dtype)"]
-                off = " + ".join([batch_offset(j)] + tile)
-                w.line(f"{t} = {e.load(j, off, 'mask') if tile else e.load(j, batch_offset(j), None)}")
-            loaded[j] = t
-        return loaded[j]
-
-    vals: dict[int, str] = {}
-    for k, n in enumerate(spec.nodes):
-        if n.op == "matmul":
-            # The product rounds to its dtype before any epilogue reads it, as on the CPU.
-            if n.dtype in ("bfloat16", "float16"):
-                w.line(f"acc = acc.to({TL[n.dtype]}).to(tl.float32)")
-            vals[k] = "acc"
-            continue
-        t = w.tmp("v")
-        w.line(f"{t} = {e.op(n, [e.arg(a, vals, load) for a in n.args])}")
-        vals[k] = t
-    for i, k in enumerate(spec.outputs):
-        e.store(i, "bid * M * N + rm[:, None] * N + rn[None, :]", vals[k], "mask")
-    return e.finish({"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_K": cfg["BLOCK_K"],
-                     "GROUP_M": cfg["GROUP_M"]})
-
 
 def emit(spec: KernelSpec, config: dict[str, int], variant: Variant) -> Emitted:
-    e = _Emitter(spec, config, variant)
+    e = Emitter(spec, config, variant)
     if spec.kind == "elementwise":
         return _elementwise(e)
     if spec.kind == "rowwise":
         return _rowwise(e)
     if spec.kind == "matmul":
-        return _matmul(e)
+        return matmul(e)
     raise ValueError(f"unknown kernel kind {spec.kind!r}")

@@ -1,0 +1,281 @@
+"""The shared core of Triton code generation: dtypes, variants, parameters, element-wise op code.
+
+Every kernel takes its sizes as integer arguments, so one compiled kernel serves every shape; the
+tuning config fixes the tile sizes. A `Variant` states what the compiled code may assume about the
+arguments of a launch, and the runtime checks it before launching:
+
+- `wide`: index arithmetic in int64 (else every offset must fit in int32);
+- `layouts`: per operand, "dense" (laid out like the domain: one linear index addresses it) or one
+  entry per domain dim: an int stride baked into the code (0 for broadcast, 1 for contiguous) or
+  None (passed at run time);
+- `aligned`: every pointer is 16-byte aligned and every run-time stride and size named in
+  `Emitted.div16` is a multiple of 16 (Triton then vectorises loads);
+- `single` (rowwise): a row fits one tile, so it is loaded once;
+- `even_k` (matmul): K is a multiple of BLOCK_K, so the K loop needs no mask.
+
+The generic variant (`Variant.generic`) assumes nothing: it is the fallback every engine carries.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .spec import FLOAT, KernelSpec, LocalNode
+
+TL = {"float32": "tl.float32", "bfloat16": "tl.bfloat16", "float16": "tl.float16", "float64": "tl.float64",
+      "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32", "int64": "tl.int64", "uint8": "tl.uint8",
+      "bool": "tl.int1"}
+POINTER = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16", "float64": "*fp64", "int8": "*i8",
+           "int16": "*i16", "int32": "*i32", "int64": "*i64", "uint8": "*u8", "bool": "*i1"}
+
+
+def compute_dtype(dtype: str) -> str:
+    """16-bit floats are computed in fp32 and rounded where the program rounds (casts, stores)."""
+    return "float32" if dtype in ("float16", "bfloat16") else dtype
+
+
+@dataclass(frozen=True)
+class Variant:
+    wide: bool = True
+    layouts: tuple = ()           # per operand: "dense" or tuple[int | None, ...]; () = all run-time strides
+    aligned: bool = False
+    single: bool = False
+    even_k: bool = False
+
+    @classmethod
+    def generic(cls) -> "Variant":
+        return cls()
+
+    def to_json(self) -> dict:
+        return {"wide": self.wide, "layouts": [lay if lay == "dense" else list(lay) for lay in self.layouts],
+                "aligned": self.aligned, "single": self.single, "even_k": self.even_k}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Variant":
+        return cls(bool(d["wide"]), tuple(lay if lay == "dense" else tuple(lay) for lay in d["layouts"]),
+                   bool(d["aligned"]), bool(d["single"]), bool(d["even_k"]))
+
+
+@dataclass
+class Emitted:
+    name: str
+    source: str
+    params: list[tuple[str, str]]           # (name, Triton type) of each run-time parameter, in order
+    constexprs: dict[str, int]
+    div16: list[str] = field(default_factory=list)   # parameters compiled as multiples of 16
+    aligned: bool = False                           # pointers compiled as 16-byte aligned
+
+    @property
+    def signature(self) -> dict[str, str]:
+        return {**dict(self.params), **{c: "constexpr" for c in self.constexprs}}
+
+
+def literal(value, dtype: str) -> str:
+    if dtype == "bool":
+        return "True" if value else "False"
+    if isinstance(value, str):           # "inf", "-inf", "nan" from the spec's canonical form
+        return f'float("{value}")'
+    if dtype in FLOAT:
+        v = float(value)
+        return f'float("{v}")' if not math.isfinite(v) else repr(v)
+    return repr(int(value))
+
+
+PRELUDE = '''import triton
+import triton.language as tl
+
+
+@triton.jit
+def _pcg(x):
+    state = x * 747796405 + 2891336453
+    word = ((state >> ((state >> 28) + 4)) ^ state) * 277803737
+    return (word >> 22) ^ word
+
+
+@triton.jit
+def _tanh(x):
+    # An odd Taylor polynomial near 0 (where 2 * sigmoid(2x) - 1 cancels), the sigmoid form elsewhere.
+    x2 = x * x
+    small = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 - x2 * (17.0 / 315.0))))
+    return tl.where(tl.abs(x) < 0.125, small, 2.0 * tl.sigmoid(2.0 * x) - 1.0)
+
+
+@triton.jit
+def _fmod(a, b):
+    # C fmod (the sign of a), like torch.fmod: a - trunc(a / b) * b.
+    q = a / b
+    return a - tl.where(q < 0, tl.ceil(q), tl.floor(q)) * b
+
+
+@triton.jit
+def _uniform(seed, idx, lane):
+    seed = seed.to(tl.int64)
+    lo = (seed & 0xFFFFFFFF).to(tl.uint32)
+    hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    key = _pcg(lo ^ _pcg(hi))
+    u = _pcg(key + 2 * idx.to(tl.uint32) + lane) >> 8
+    return (u.to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+'''
+
+
+class Writer:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.indent = 1
+        self.counter = 0
+
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.indent + text)
+
+    def tmp(self, prefix: str = "t") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+
+class Emitter:
+    def __init__(self, spec: KernelSpec, config: dict[str, int], variant: Variant) -> None:
+        self.spec, self.config, self.variant = spec, config, variant
+        self.w = Writer()
+        self.params: list[tuple[str, str]] = []
+        self.div16: list[str] = []
+        self.idx = "tl.int64" if variant.wide else "tl.int32"
+        self.ity = "i64" if variant.wide else "i32"
+
+    # --- parameters -------------------------------------------------------------------------
+    def int_param(self, name: str, hint16: bool = False) -> str:
+        if name not in dict(self.params):
+            self.params.append((name, self.ity))
+            if hint16 and self.variant.aligned:
+                self.div16.append(name)
+        return name
+
+    def layout(self, j: int) -> object:
+        lays = self.variant.layouts
+        return lays[j] if lays else None
+
+    def stride(self, j: int, d: int) -> str:
+        """Operand j's stride along its level's dim d: a baked constant or a parameter."""
+        lay = self.layout(j)
+        if isinstance(lay, tuple) and lay[d] is not None:
+            return str(lay[d])
+        return self.int_param(f"p{j}_s{d}", hint16=True)
+
+    def unravel(self, index: str, first: int, last: int, prefix: str) -> None:
+        """Emits `{prefix}{d}`, the index along dim d of first..last-1, from a linear `index`."""
+        rest = index
+        for d in range(last - 1, first - 1, -1):
+            if d == first:
+                self.w.line(f"{prefix}{d} = {rest}")
+            else:
+                dim = self.int_param(f"d{d}")
+                self.w.line(f"{prefix}{d} = {rest} % {dim}")
+                self.w.line(f"{prefix}r{d} = {rest} // {dim}")
+                rest = f"{prefix}r{d}"
+
+    def split(self, index: str, first: int, last: int) -> dict[int, str]:
+        """Inline expressions for the index along dims first..last-1 of a linear `index`."""
+        out, rest = {}, index
+        for d in range(last - 1, first - 1, -1):
+            if d == first:
+                out[d] = rest
+            else:
+                dim = self.int_param(f"d{d}")
+                out[d], rest = f"(({rest}) % {dim})", f"(({rest}) // {dim})"
+        return out
+
+    @staticmethod
+    def dot(pairs) -> str:
+        """sum(index * stride) over (index, stride) pairs, leaving out stride-0 terms ("" if none)."""
+        return " + ".join(i if s == "1" else f"{i} * {s}" for i, s in pairs if s != "0")
+
+    # --- nodes --------------------------------------------------------------------------------
+    def arg(self, a: tuple, vals: dict, load) -> str:
+        if a[0] == "c":
+            return literal(a[1], a[2])
+        if a[0] == "n":
+            return vals[a[1]]
+        return load(a[1])
+
+    def op(self, n: LocalNode, xs: list[str], index: str | None = None) -> str:
+        op, dt = n.op, compute_dtype(n.dtype)
+        a = xs[0] if xs else ""
+        b = xs[1] if len(xs) > 1 else ""
+        f32 = dt == "float32"
+        simple = {
+            "neg": f"-({a})", "not": f"({a} == 0)", "exp": f"tl.exp({a})", "log": f"tl.log({a})",
+            "sqrt": f"tl.sqrt_rn({a})" if f32 else f"tl.sqrt({a})", "rsqrt": f"tl.rsqrt({a})",
+            "sigmoid": f"tl.sigmoid({a})", "tanh": f"_tanh({a})",
+            "gelu": f"0.5 * ({a}) * (1.0 + tl.erf(({a}) * 0.7071067811865476))",
+            "silu": f"({a}) * tl.sigmoid({a})", "relu": f"tl.where(({a}) < 0, 0, {a})",
+            "abs": f"tl.abs({a})", "erf": f"tl.erf({a})",
+            "add": f"({a}) + ({b})", "sub": f"({a}) - ({b})", "mul": f"({a}) * ({b})",
+            "eq": f"({a}) == ({b})", "ne": f"({a}) != ({b})", "lt": f"({a}) < ({b})", "le": f"({a}) <= ({b})",
+            "gt": f"({a}) > ({b})", "ge": f"({a}) >= ({b})", "and": f"({a}) & ({b})", "or": f"({a}) | ({b})",
+            "maximum": f"tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
+            "minimum": f"tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
+        }
+        if op in simple:
+            return simple[op]
+        if op == "div":
+            if dt in FLOAT:
+                return f"({a}) / ({b})"
+            # Truncating integer division; a zero divisor only reaches a discarded path (see cpu.py).
+            return f"({a}) // tl.where(({b}) == 0, 1, {b})"
+        if op == "mod":
+            if dt in FLOAT:
+                return f"_fmod({a}, {b})"
+            return f"({a}) % tl.where(({b}) == 0, 1, {b})"
+        if op == "where":
+            return f"tl.where({a}, {b}, {xs[2]})"
+        if op == "cast":
+            if n.dtype == "bool":
+                return f"(({a}) != 0)"
+            if n.dtype in ("bfloat16", "float16"):
+                return f"({a}).to({TL[n.dtype]}).to(tl.float32)"
+            return f"({a}).to({TL[n.dtype]})"
+        if op == "full":
+            return literal(dict(n.attrs)["value"], n.dtype)
+        if op == "iota":
+            return f"({index}).to({TL[dt]})"
+        if op in ("rand", "randn"):
+            if a.lstrip("-").isdigit():          # a constant seed
+                a = f"tl.full([], {a}, tl.int64)"
+            u1 = f"_uniform({a}, {index}, 0)"
+            if op == "rand":
+                return f"({u1}).to({TL[dt]})"
+            u2 = f"_uniform({a}, {index}, 1)"
+            return f"(tl.sqrt(-2.0 * tl.log({u1})) * tl.cos(6.283185307179586 * {u2})).to({TL[dt]})"
+        raise NotImplementedError(f"no Triton code for `{op}`")
+
+    def load(self, j: int, offset: str, mask: str | None) -> str:
+        dtype, _level = self.spec.operands[j]
+        m = f", mask={mask}, other=0" if mask else ""
+        v = f"tl.load(p{j} + {offset}{m})"
+        if dtype in ("bfloat16", "float16"):
+            v += ".to(tl.float32)"
+        return v
+
+    def store(self, i: int, offset: str, value: str, mask: str | None) -> None:
+        n = self.spec.nodes[self.spec.outputs[i]]
+        m = f", mask={mask}" if mask else ""
+        if n.dtype == "bool":
+            self.w.line(f"tl.store(q{i} + {offset}, ({value}) != 0{m})")
+        else:
+            self.w.line(f"tl.store(q{i} + {offset}, ({value}).to({TL[n.dtype]}){m})")
+
+    def pointer_params(self) -> None:
+        for j, (dtype, _level) in enumerate(self.spec.operands):
+            self.params.append((f"p{j}", POINTER[dtype]))
+        for i, out in enumerate(self.spec.outputs):
+            self.params.append((f"q{i}", POINTER[self.spec.nodes[out].dtype]))
+
+    def finish(self, body_constexprs: dict[str, int]) -> Emitted:
+        spec = self.spec
+        name = spec.name
+        names = [p for p, _ in self.params] + list(body_constexprs)
+        head = f"@triton.jit\ndef {name}({', '.join(n if n not in body_constexprs else n + ': tl.constexpr' for n in names)}):"
+        source = PRELUDE + "\n\n" + head + "\n" + "\n".join(self.w.lines) + "\n"
+        return Emitted(name, source, list(self.params), dict(body_constexprs), list(self.div16),
+                       self.variant.aligned)
+

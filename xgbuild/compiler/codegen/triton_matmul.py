@@ -1,0 +1,178 @@
+"""The matmul template: a tiled Triton GEMM over batch dims with an element-wise epilogue.
+
+Config knobs besides the tile (`BLOCK_M/N/K`, `GROUP_M`, warps, stages), each 0 when absent:
+- `TMA`: A and B tiles through tensor descriptors (Hopper's bulk copy engine, built on the device;
+  out-of-bounds reads come back as zeros, so no wrapped indices and no K mask). Taken only where
+  the variant guarantees what a descriptor needs: 16-byte aligned pointers and strides and a unit
+  stride along the tile's contiguous dim; otherwise the pointer path is emitted.
+- `PROGRAMS`: a persistent kernel: that many programs (the target's SM count) walk the tiles in
+  one flattened loop, so one tile's epilogue overlaps the next one's loads. 0 = one program a tile.
+- `TF32X3` (float32 operands): three TF32 tensor-core products (hi*hi + hi*lo + lo*hi) instead of
+  exact-product FMA. The tuner admits it only where its error is no worse than float32's own
+  (see tuner.py's correctness gate).
+Integer operands accumulate in int64 (the low bits of the exact sum: what wrapping fixed-width
+arithmetic gives) over an outer-product loop: there is no integer tensor-core path for them.
+"""
+
+from __future__ import annotations
+
+from .emitter import TL, Emitted, Emitter
+
+INTS = {"int8", "int16", "int32", "int64", "uint8"}
+
+
+def matmul(e: Emitter) -> Emitted:
+    spec, w, v, cfg = e.spec, e.w, e.variant, e.config
+    e.pointer_params()
+    rank = spec.rank
+    nb = rank - 2
+    ja, jb = spec.matmul
+    a_dt = spec.operands[ja][0]
+    if a_dt not in ("bfloat16", "float16", "float32", "float64") and a_dt not in INTS:
+        raise NotImplementedError(f"no GPU matmul for {a_dt} operands")
+    for name in ("M", "N", "K"):
+        e.int_param(name, hint16=name != "M")
+    sam, sak = e.stride(ja, nb), e.stride(ja, nb + 1)
+    sbk, sbn = e.stride(jb, nb), e.stride(jb, nb + 1)
+    integer = a_dt in INTS
+    # A descriptor's strides must be 16-byte multiples, all but a unit last one: run-time strides
+    # are (the aligned variant hints them div16), baked 0/1 ones are not.
+    tma = bool(cfg.get("TMA", 0)) and v.aligned and not v.wide and not integer and a_dt != "float64" and \
+        sak == "1" and sam not in ("0", "1") and sbk not in ("0", "1") and sbn == "1"
+    persistent = cfg.get("PROGRAMS", 0) > 0
+
+    w.line("num_pid_m = tl.cdiv(M, BLOCK_M)")
+    w.line("num_pid_n = tl.cdiv(N, BLOCK_N)")
+    w.line("group = GROUP_M * num_pid_n")
+    if persistent:
+        e.int_param("batch")
+        w.line("tiles = num_pid_m * num_pid_n")
+        if tma and nb == 0:
+            _descriptors(e, ja, jb, sam, sbk, "0", "0")
+        w.line("for t in tl.range(tl.program_id(0), tiles * batch, tl.num_programs(0), flatten=True):")
+        w.indent += 1
+        w.line(f"bid = (t // tiles).to({e.idx})")
+        w.line("pid = t % tiles")
+    else:
+        w.line("pid = tl.program_id(0)")
+        w.line(f"bid = tl.program_id(1).to({e.idx})")
+    w.line("first_m = (pid // group) * GROUP_M")
+    w.line("size_m = tl.minimum(num_pid_m - first_m, GROUP_M)")
+    w.line("pid_m = first_m + ((pid % group) % size_m)")
+    w.line("pid_n = (pid % group) // size_m")
+    w.line(f"rm = pid_m.to({e.idx}) * BLOCK_M + tl.arange(0, BLOCK_M)")
+    w.line(f"rn = pid_n.to({e.idx}) * BLOCK_N + tl.arange(0, BLOCK_N)")
+    e.unravel("bid", 0, nb, "bi")           # batch indices
+
+    def batch_offset(j: int) -> str:
+        return e.dot((f"bi{d}", e.stride(j, d)) for d in range(nb)) or "0"
+
+    acc_dt = "tl.int64" if integer else ("tl.float64" if a_dt == "float64" else "tl.float32")
+    w.line(f"acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={acc_dt})")
+    if tma:
+        if nb or not persistent:
+            _descriptors(e, ja, jb, sam, sbk, batch_offset(ja), batch_offset(jb))
+        w.line("for kk in range(0, tl.cdiv(K, BLOCK_K)):")
+        w.indent += 1
+        w.line("a = a_desc.load([pid_m * BLOCK_M, kk * BLOCK_K])")
+        w.line("b = b_desc.load([kk * BLOCK_K, pid_n * BLOCK_N])")
+        _dot(w, a_dt, cfg)
+        w.indent -= 1
+    elif integer:
+        # One outer product per k: rank-1 updates in int64.
+        w.line("am = rm % M")
+        w.line("bn = rn % N")
+        w.line(f"a_ptrs = p{ja} + {batch_offset(ja)} + am * {sam}")
+        w.line(f"b_ptrs = p{jb} + {batch_offset(jb)} + bn * {sbn}")
+        w.line("for kk in range(0, K):")
+        w.indent += 1
+        w.line(f"a = tl.load(a_ptrs + kk * {sak}).to(tl.int64)")
+        w.line(f"b = tl.load(b_ptrs + kk * {sbk}).to(tl.int64)")
+        w.line("acc += a[:, None] * b[None, :]")
+        w.indent -= 1
+    else:
+        # Wrapped indices keep every load in bounds without masks on M and N (rows past the end
+        # read valid memory and are never stored).
+        w.line("am = tl.max_contiguous(tl.multiple_of(rm % M, BLOCK_M), BLOCK_M)")
+        w.line("bn = tl.max_contiguous(tl.multiple_of(rn % N, BLOCK_N), BLOCK_N)")
+        w.line("rk = tl.arange(0, BLOCK_K)")
+        w.line(f"a_ptrs = p{ja} + {batch_offset(ja)} + am[:, None] * {sam} + rk[None, :] * {sak}")
+        w.line(f"b_ptrs = p{jb} + {batch_offset(jb)} + rk[:, None] * {sbk} + bn[None, :] * {sbn}")
+        w.line("for kk in range(0, tl.cdiv(K, BLOCK_K)):")
+        w.indent += 1
+        if v.even_k:
+            w.line("a = tl.load(a_ptrs)")
+            w.line("b = tl.load(b_ptrs)")
+        else:
+            w.line("kmask = rk < K - kk * BLOCK_K")
+            w.line("a = tl.load(a_ptrs, mask=kmask[None, :], other=0)")
+            w.line("b = tl.load(b_ptrs, mask=kmask[:, None], other=0)")
+        _dot(w, a_dt, cfg)
+        w.line(f"a_ptrs += BLOCK_K * {sak}")
+        w.line(f"b_ptrs += BLOCK_K * {sbk}")
+        w.indent -= 1
+    _epilogue(e, nb, batch_offset)
+    constexprs = {"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_K": cfg["BLOCK_K"],
+                  "GROUP_M": cfg["GROUP_M"]}
+    return e.finish(constexprs)
+
+
+def _descriptors(e: Emitter, ja: int, jb: int, sam: str, sbk: str, a_off: str, b_off: str) -> None:
+    e.w.line(f"a_desc = tl.make_tensor_descriptor(p{ja} + {a_off}, shape=[M, K], strides=[{sam}, 1], "
+             "block_shape=[BLOCK_M, BLOCK_K])")
+    e.w.line(f"b_desc = tl.make_tensor_descriptor(p{jb} + {b_off}, shape=[K, N], strides=[{sbk}, 1], "
+             "block_shape=[BLOCK_K, BLOCK_N])")
+
+
+def _dot(w, a_dt: str, cfg: dict) -> None:
+    if a_dt == "float32":
+        precision = "tf32x3" if cfg.get("TF32X3", 0) else "ieee"
+        w.line(f'acc = tl.dot(a, b, acc, input_precision="{precision}")')
+    elif a_dt == "float64":      # no fp64 tensor-core path in Triton: FMA over a broadcast product
+        w.line("acc += tl.sum(a[:, :, None] * b[None, :, :], axis=1)")
+    else:
+        w.line("acc = tl.dot(a, b, acc)")
+
+
+def _epilogue(e: Emitter, nb: int, batch_offset) -> None:
+    spec, w = e.spec, e.w
+    w.line("mask = (rm[:, None] < M) & (rn[None, :] < N)")
+    loaded: dict[int, str] = {}
+
+    def load(j: int) -> str:
+        if j not in loaded:
+            t = w.tmp("x")
+            level = spec.operands[j][1]
+            if level == "scalar":
+                w.line(f"{t} = {e.load(j, '0', None)}")
+            elif e.layout(j) == "dense":
+                w.line(f"{t} = {e.load(j, 'bid * M * N + rm[:, None] * N + rn[None, :]', 'mask')}")
+            else:
+                sm, sn = e.stride(j, nb), e.stride(j, nb + 1)
+                base = batch_offset(j)
+                if sm == "0" and sn == "0":
+                    w.line(f"{t} = {e.load(j, base, None)}")
+                elif sm == "0":       # a row vector (bias): one load along N, broadcast down the tile
+                    w.line(f"{t} = {e.load(j, f'{base} + rn * {sn}', 'rn < N')}[None, :]")
+                elif sn == "0":       # a column vector
+                    w.line(f"{t} = {e.load(j, f'{base} + rm * {sm}', 'rm < M')}[:, None]")
+                else:
+                    w.line(f"{t} = {e.load(j, f'{base} + rm[:, None] * {sm} + rn[None, :] * {sn}', 'mask')}")
+            loaded[j] = t
+        return loaded[j]
+
+    vals: dict[int, str] = {}
+    for k, n in enumerate(spec.nodes):
+        if n.op == "matmul":
+            # The product rounds to its dtype before any epilogue reads it, as on the CPU.
+            if n.dtype in ("bfloat16", "float16"):
+                w.line(f"acc = acc.to({TL[n.dtype]}).to(tl.float32)")
+            elif n.dtype in INTS and n.dtype != "int64":
+                w.line(f"acc = acc.to({TL[n.dtype]})")
+            vals[k] = "acc"
+            continue
+        t = w.tmp("v")
+        w.line(f"{t} = {e.op(n, [e.arg(a, vals, load) for a in n.args])}")
+        vals[k] = t
+    for i, k in enumerate(spec.outputs):
+        e.store(i, "bid * M * N + rm[:, None] * N + rn[None, :]", vals[k], "mask")
