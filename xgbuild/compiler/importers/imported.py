@@ -20,8 +20,8 @@ from ..passes import PASS_NAMES, run_pipeline
 
 @dataclass(frozen=True)
 class ImportedProgram:
-    name: str                               # "model.onnx" / "MyModule": shown in manifests and errors
-    source: str                             # a text form of what was imported (the engine's `sources/`)
+    name: str                               # "GPT.aten.py" / "model.onnx.txt": the engine's source entry
+    source: str                             # a text form of what was imported (ATen graph code, ONNX text)
     lowered: Program
     optimized: Program
     weights: dict[str, torch.Tensor]        # INPUT name -> value, bound by the engine

@@ -258,7 +258,7 @@ def import_torch(model_or_fn: Any, example_inputs: Sequence[Any], *, dynamic_sha
         if t.unsupported:
             raise UnsupportedOps(f"model {name}", first)
     graph = t.b.build(output)
-    return finish(graph, name=name, source=str(ep.graph_module.code), weights=t.weights, inputs=t.inputs,
+    return finish(graph, name=f"{name}.aten.py", source=str(ep.graph_module.code), weights=t.weights, inputs=t.inputs,
                   ranges=t.ranges, example_dims=t.example_dims, target=target, num_gpu=num_gpu,
                   verify_each=verify_each)
 
