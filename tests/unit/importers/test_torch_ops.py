@@ -43,6 +43,8 @@ CASES = {
     "sdpa_bool_mask_scale": (lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m > -0.5, scale=0.3),
                              (r(1, 2, 4, 8), r(1, 2, 4, 8), r(1, 2, 4, 8), r(1, 1, 4, 4))),
     "sdpa_causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), (r(2, 2, 5, 4),) * 3),
+    "sdpa_fused_cpu_variant": (lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, True)[0], (r(2, 2, 5, 4),) * 3),
     "layer_norm_2d": (lambda x: F.layer_norm(x, (3, 4), LN_W, LN_B), (r(2, 3, 4),)),
     "rms_norm": (lambda x: F.rms_norm(x, (4,), RMS_W, 1e-6), (r(3, 4),)),
     "batch_norm_1d": (lambda x: F.batch_norm(x, RM, RV, RV * 2, B6[:5]),

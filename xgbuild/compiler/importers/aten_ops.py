@@ -259,6 +259,27 @@ def _sdpa(t, node, args, kwargs):
                        _arg(args, kwargs, 6, "scale"))
 
 
+@op("aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_cudnn_attention")
+def _sdpa_kernels(t, node, args, kwargs):
+    """The fused SDPA variants export or decomposition may record: the output, no statistics."""
+    name = str(node.target.overloadpacket)
+    q, k, v = args[:3]
+    if name.endswith("efficient_attention") or name.endswith("cudnn_attention"):
+        mask, rest = args[3] if len(args) > 3 else kwargs.get("attn_bias"), args[5:]
+    else:
+        mask, rest = kwargs.get("attn_mask"), args[3:]
+    p = rest[0] if rest else kwargs.get("dropout_p", 0.0)
+    causal = rest[1] if len(rest) > 1 else kwargs.get("is_causal", False)
+    if p:
+        raise TranslationError("attention dropout (dropout_p > 0)")
+    out = C.attention(t.b, q, k, v, mask, bool(causal), kwargs.get("scale"))
+    for user in node.users:
+        if user.target is operator.getitem and user.args[1] != 0 and user.users:
+            raise TranslationError("the statistics outputs of a fused attention op")
+    return (out,) + (None,) * 8
+
+
 # --- normalisation, softmax -----------------------------------------------------------------------
 @op("aten.layer_norm")
 def _layer_norm(t, node, args, kwargs):
