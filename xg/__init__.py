@@ -72,7 +72,7 @@ def compile(model_or_fn: Any, example_inputs: Any, target: str = "H100", num_gpu
     imported = import_torch(model_or_fn, example_inputs, dynamic_shapes=dynamic_shapes, target=target,
                             num_gpu=num_gpu)
     from xgbuild.runtime.model_engine import build_model_engine
-    return ModelEngine(build_model_engine(imported, tune=tune, kernels=kernels, dims=dims))
+    return ModelEngine(build_model_engine(imported, tune=tune, kernels=kernels, dims=dims), out_spec=imported.out_spec)
 
 
 def load_model_engine(path: Path | str) -> ModelEngine:

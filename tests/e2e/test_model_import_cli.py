@@ -7,8 +7,11 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +19,8 @@ import torch
 import xg
 from conftest import assert_clean_failure, cli
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "examples"))
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+sys.path.insert(0, str(EXAMPLES))
 from torch_models import make  # noqa: E402
 
 onnx = pytest.importorskip("onnx")
@@ -104,3 +108,19 @@ def test_unsupported_ops_listed(tmp_path) -> None:
     assert_clean_failure(res, "unsupported.onnx uses 2 unsupported ops", code=1)
     assert "Sin at node `first_sin`" in res.err and "TopK at node `topk`" in res.err
     assert not (tmp_path / "x.xge").exists()
+
+
+def test_same_model_same_bytes_across_processes(tmp_path) -> None:
+    """xg.compile in two processes (other hash seeds, time zones, directories): identical engines."""
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); from torch_models import make; import xg; "
+              "m, i, d = make('vit'); xg.compile(m, i, kernels=False, dynamic_shapes=d).save(sys.argv[2])")
+    outs = []
+    for k, (seed, tz) in enumerate([("1", "UTC"), ("999", "Asia/Kolkata")]):
+        out = tmp_path / f"run{k}" / "vit.xge"
+        out.parent.mkdir()
+        env = {**os.environ, "PYTHONHASHSEED": seed, "TZ": tz}
+        proc = subprocess.run([sys.executable, "-c", script, str(EXAMPLES), str(out)], capture_output=True, text=True,
+                              env=env, cwd=str(out.parent), timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]

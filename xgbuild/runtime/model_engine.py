@@ -39,9 +39,12 @@ def _sig_text(spec: dict) -> str:
 class ModelEngine:
     """An engine called with positional torch tensors, as the model was."""
 
-    def __init__(self, engine: Engine, check: bool = True) -> None:
+    def __init__(self, engine: Engine, check: bool = True, out_spec: Any = None) -> None:
         self.engine = engine
         self.check = check
+        # The model's output structure (lists, dicts, dataclasses) when built in this process; an
+        # engine loaded from a file returns a tensor or a flat tuple of them.
+        self.out_spec = out_spec
 
     @classmethod
     def load(cls, path: Path | str) -> "ModelEngine":
@@ -83,8 +86,13 @@ class ModelEngine:
         result = self.engine.run({s["name"]: x for s, x in zip(sig, inputs)}, device=device, check=self.check)
         out = self.engine.graph.output
         if "t" in out:
-            return result.tensors["out"]
-        return tuple(result.tensors[f"out_{i}"] for i in range(len(out["tuple"])))
+            leaves = [result.tensors["out"]]
+        else:
+            leaves = [result.tensors[f"out_{i}"] for i in range(len(out["tuple"]))]
+        if self.out_spec is not None and not self.out_spec.is_leaf():
+            from torch.utils._pytree import tree_unflatten
+            return tree_unflatten(leaves, self.out_spec)
+        return leaves[0] if "t" in out else tuple(leaves)
 
     def __repr__(self) -> str:
         return (f"ModelEngine({', '.join(_sig_text(s) for s in self.signature)}; target "

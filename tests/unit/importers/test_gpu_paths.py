@@ -1,7 +1,8 @@
 """The GPU half, checked on a CPU: every op the importers emit has a GPU kernel path.
 
-- the five example models' kernels (as engines carry them) run under Triton's interpreter and
-  match the float64 CPU reference, run at another batch size than the one they were tuned at;
+- the five example models' kernels (as engines carry them), and those of an ONNX import, run under
+  Triton's interpreter and match the float64 CPU reference, at another batch size than the one they
+  were tuned at;
 - engines for an H100 cross-compile their cubins here (tune=predict) and still run in xgrun."""
 
 from __future__ import annotations
@@ -28,6 +29,25 @@ def test_kernels_match_reference_under_interpreter(name: str) -> None:
     assert report
     for out in report:
         assert out["rel_err"] < TOL, f"{name}: output %{out['node']} {out['rel_err']:.2e}"
+
+
+def test_onnx_import_kernels_match_reference_under_interpreter(tmp_path) -> None:
+    pytest.importorskip("onnxscript")
+    import contextlib
+    import io
+    import warnings
+
+    import torch
+    model, inputs, dyn = make("gpt")
+    path = tmp_path / "gpt.onnx"
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, inputs, str(path), dynamo=True, dynamic_shapes=dyn)
+    proc = subprocess.run([sys.executable, str(HERE / "interpret_model.py"), "gpt", "--onnx", str(path)],
+                          capture_output=True, text=True, timeout=600, cwd=str(HERE))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report and all(out["rel_err"] < TOL for out in report), report
 
 
 @pytest.mark.parametrize("name", ["gpt", "resnet"])

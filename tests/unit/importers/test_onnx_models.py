@@ -116,3 +116,17 @@ def test_onnx_specific_ops(tmp_path) -> None:
     red = (np.clip(bn, -0.5, 0.5) / scale).sum(axis=1, keepdims=True)
     got = engine_of(path)(torch.from_numpy(x.astype(np.float32)))
     assert rel_err(got, torch.from_numpy(red + wh)) < TOL
+
+
+def test_onnx_activations(tmp_path) -> None:
+    from onnx import TensorProto, helper
+    nodes = [helper.make_node("LeakyRelu", ["x"], ["a"], alpha=0.3), helper.make_node("Elu", ["x"], ["b"]),
+             helper.make_node("HardSigmoid", ["x"], ["c"]), helper.make_node("HardSwish", ["x"], ["d"]),
+             helper.make_node("Softplus", ["x"], ["e"]), helper.make_node("Sum", ["a", "b", "c", "d", "e"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 5])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 5])])
+    onnx.save(model, str(tmp_path / "act.onnx"))
+    x = torch.randn(4, 5, dtype=torch.float64) * 3
+    ref = (torch.where(x > 0, x, 0.3 * x) + torch.nn.functional.elu(x) + (0.2 * x + 0.5).clamp(0, 1)
+           + x * (x / 6 + 0.5).clamp(0, 1) + torch.log1p(torch.exp(x)))
+    assert rel_err(engine_of(tmp_path / "act.onnx")(x.float()), ref) < TOL

@@ -92,3 +92,16 @@ def test_unused_buffers_stay_out_of_the_engine() -> None:
     names = {t["name"] for t in engine.manifest["weights"]["tensors"]}
     assert "stem.1.running_mean" in names
     assert not any(n.endswith("num_batches_tracked") for n in names)
+
+
+def test_structured_outputs_keep_their_structure(tmp_path) -> None:
+    def fn(x):
+        return {"double": x * 2, "parts": [x.sum(0), x.amax(1)]}
+    x = torch.randn(3, 4)
+    engine = xg.compile(fn, (x,), kernels=False)
+    out = engine(x)
+    assert set(out) == {"double", "parts"} and len(out["parts"]) == 2
+    assert torch.equal(out["double"], x * 2)
+    engine.save(tmp_path / "s.xge")
+    flat = xg.load_model_engine(tmp_path / "s.xge")(x)      # from a file: a flat tuple, in pytree order
+    assert len(flat) == 3 and torch.equal(flat[0], x * 2)

@@ -43,6 +43,8 @@ CASES = {
     "sdpa_bool_mask_scale": (lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m > -0.5, scale=0.3),
                              (r(1, 2, 4, 8), r(1, 2, 4, 8), r(1, 2, 4, 8), r(1, 1, 4, 4))),
     "sdpa_causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), (r(2, 2, 5, 4),) * 3),
+    "sdpa_fused_cpu_variant": (lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, True)[0], (r(2, 2, 5, 4),) * 3),
     "layer_norm_2d": (lambda x: F.layer_norm(x, (3, 4), LN_W, LN_B), (r(2, 3, 4),)),
     "rms_norm": (lambda x: F.rms_norm(x, (4,), RMS_W, 1e-6), (r(3, 4),)),
     "batch_norm_1d": (lambda x: F.batch_norm(x, RM, RV, RV * 2, B6[:5]),
@@ -55,6 +57,14 @@ CASES = {
                          + x.pow(2) - 1 / (x * x + 1), (r(5, 5),)),
     "int_float_mix": (lambda x, i: x * i + i.float().mean() + i * 0.5, (r(3, 4), torch.randint(-4, 4, (3, 4)))),
     "matmul_vec_bmm": (lambda a, b, v: torch.bmm(a, b).sum(-1) @ ONES3 + (a @ v).sum(), (r(2, 3, 4), r(2, 4, 3), r(4))),
+    "more_activations": (lambda x: F.leaky_relu(x, 0.2) + F.elu(x) + F.hardsigmoid(x) + F.hardswish(x) + F.relu6(x * 4)
+                         + F.softplus(x) + F.softplus(x * 30, beta=2) + F.mish(x) + torch.log1p(x * x) + x.square(),
+                         (r(4, 6),)),
+    "var_std_max": (lambda x: x.var(1) + x.std(dim=(0, 1), keepdim=True).sum() + x.var(0, unbiased=False).sum()
+                    + x.max(dim=1).values + x.min(-1, keepdim=True)[0].squeeze(-1) + torch.max(x) + torch.max(x, x * 2).sum(0)[:4],
+                    (r(4, 5),)),
+    "stack_repeat_tril": (lambda x, y: torch.stack([x, y], dim=1).sum(1) + x.repeat(1, 2)[:, :3] + torch.tril(x, -1)
+                          + torch.triu(y, 1), (r(4, 3), r(4, 3))),
     "view_transpose_select": (lambda x: x.view(4, 6).t()[1:5:2, -1] + x.reshape(-1)[3] + x.flatten().unflatten(0, (6, 4))[2, 1],
                               (r(2, 3, 4),)),
 }

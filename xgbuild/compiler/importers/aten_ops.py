@@ -78,6 +78,43 @@ def _relu_like(t, node, args, kwargs):
     return t.b.unary(Op.RELU, args[0])
 
 
+@op("aten.leaky_relu", "aten.elu", "aten.hardsigmoid", "aten.hardswish", "aten.softplus", "aten.mish",
+    "aten.log1p", "aten.square", "aten.relu6", "aten.tril", "aten.triu")
+def _activation(t, node, args, kwargs):
+    """Activations written with existing element-wise ops (same formulas as torch's)."""
+    b, x, name = t.b, args[0], str(node.target.overloadpacket)
+    if name == "aten.leaky_relu":
+        return b.where(b.compare(Op.GT, x, 0.0), x, b.binary(Op.MUL, x, float(_arg(args, kwargs, 1, "negative_slope", 0.01))))
+    if name == "aten.elu":
+        alpha = float(_arg(args, kwargs, 1, "alpha", 1.0))
+        return b.where(b.compare(Op.GT, x, 0.0), x, b.binary(Op.MUL, b.binary(Op.SUB, b.unary(Op.EXP, x), 1.0), alpha))
+    if name == "aten.hardsigmoid":
+        return _clamp(t, b.binary(Op.ADD, b.binary(Op.DIV, x, 6.0), 0.5), 0.0, 1.0)
+    if name == "aten.hardswish":
+        return b.binary(Op.MUL, x, _clamp(t, b.binary(Op.ADD, b.binary(Op.DIV, x, 6.0), 0.5), 0.0, 1.0))
+    if name == "aten.relu6":
+        return _clamp(t, x, 0.0, 6.0)
+    if name in ("aten.softplus", "aten.mish"):
+        beta = float(_arg(args, kwargs, 1, "beta", 1.0)) if name == "aten.softplus" else 1.0
+        threshold = float(_arg(args, kwargs, 2, "threshold", 20.0)) if name == "aten.softplus" else 20.0
+        bx = b.binary(Op.MUL, x, beta)
+        # log(1 + exp(bx)) / beta, and x itself where bx > threshold (as torch, to avoid overflow)
+        soft = b.binary(Op.DIV, b.unary(Op.LOG, b.binary(Op.ADD, b.unary(Op.EXP, b.binary(Op.MINIMUM, bx, threshold)), 1.0)), beta)
+        sp = b.where(b.compare(Op.GT, bx, threshold), x, soft)
+        return sp if name == "aten.softplus" else b.binary(Op.MUL, x, b.unary(Op.TANH, sp))
+    if name == "aten.log1p":
+        return b.unary(Op.LOG, b.binary(Op.ADD, x, 1.0))
+    if name == "aten.square":
+        return b.binary(Op.MUL, x, x)
+    # tril / triu: keep (i, j) with j - i <= k (tril) or >= k (triu), from IOTAs
+    k = int(_arg(args, kwargs, 1, "diagonal", 0))
+    rows, cols = b.shape(x)[-2:]
+    diff = b.binary(Op.SUB, b.reshape(b.iota(cols), (1, cols)), b.reshape(b.iota(rows), (rows, 1)))
+    keep = b.compare(Op.LE if name == "aten.tril" else Op.GE, diff, k)
+    zero = False if b.dtype(x) == "bool" else (0.0 if b.dtype(x) in FLOATS else 0)
+    return b.where(keep, x, zero)
+
+
 @op("aten.gelu")
 def _gelu(t, node, args, kwargs):
     return C.gelu(t.b, args[0], kwargs.get("approximate", args[1] if len(args) > 1 else "none"))
@@ -222,6 +259,27 @@ def _sdpa(t, node, args, kwargs):
                        _arg(args, kwargs, 6, "scale"))
 
 
+@op("aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_cudnn_attention")
+def _sdpa_kernels(t, node, args, kwargs):
+    """The fused SDPA variants export or decomposition may record: the output, no statistics."""
+    name = str(node.target.overloadpacket)
+    q, k, v = args[:3]
+    if name.endswith("efficient_attention") or name.endswith("cudnn_attention"):
+        mask, rest = args[3] if len(args) > 3 else kwargs.get("attn_bias"), args[5:]
+    else:
+        mask, rest = kwargs.get("attn_mask"), args[3:]
+    p = rest[0] if rest else kwargs.get("dropout_p", 0.0)
+    causal = rest[1] if len(rest) > 1 else kwargs.get("is_causal", False)
+    if p:
+        raise TranslationError("attention dropout (dropout_p > 0)")
+    out = C.attention(t.b, q, k, v, mask, bool(causal), kwargs.get("scale"))
+    for user in node.users:
+        if user.target is operator.getitem and user.args[1] != 0 and user.users:
+            raise TranslationError("the statistics outputs of a fused attention op")
+    return (out,) + (None,) * 8
+
+
 # --- normalisation, softmax -----------------------------------------------------------------------
 @op("aten.layer_norm")
 def _layer_norm(t, node, args, kwargs):
@@ -284,6 +342,51 @@ def _dims(v) -> list[int] | None:
     if v is None:
         return None
     return [int(v)] if isinstance(v, int) else [int(d) for d in v]
+
+
+@op("aten.var", "aten.std", "aten.var_mean", "aten.std_mean")
+def _var(t, node, args, kwargs):
+    name = str(node.target.overloadpacket)
+    x = args[0]
+    rest = list(args[1:])
+    unbiased = True
+    if rest and isinstance(rest[0], bool):          # var(x, unbiased)
+        unbiased, rest = rest[0], []
+    dims = _dims(rest[0] if rest else kwargs.get("dim"))
+    if len(rest) > 1 and isinstance(rest[1], bool):  # var(x, dim, unbiased, keepdim)
+        unbiased = rest[1]
+    correction = kwargs.get("correction")
+    correction = (1 if kwargs.get("unbiased", unbiased) else 0) if correction is None else correction
+    keep = bool(kwargs.get("keepdim", rest[2] if len(rest) > 2 else False))
+    b = t.b
+    shape = b.shape(x)
+    n = 1
+    for d in (range(len(shape)) if not dims else [d % len(shape) for d in dims]):
+        if not isinstance(shape[d], int):
+            raise TranslationError("variance over a symbolic dim")
+        n *= shape[d]
+    if n - correction <= 0:
+        raise TranslationError(f"variance of {n} values with correction {correction}")
+    mu = b.reduce(Op.MEAN, x, dims, True)
+    d2 = b.binary(Op.MUL, b.binary(Op.SUB, x, mu), b.binary(Op.SUB, x, mu))
+    var = b.binary(Op.DIV, b.reduce(Op.SUM, d2, dims, keep), float(n - correction))
+    out = b.unary(Op.SQRT, var) if "std" in name else var
+    if name.endswith("_mean"):
+        return (out, b.reduce(Op.MEAN, x, dims, keep))
+    return out
+
+
+@op("aten.max", "aten.min")
+def _max_dim(t, node, args, kwargs):
+    """max(x) / max(x, dim) values (the indices are not supported), max(a, b) element-wise."""
+    kind = Op.MAX if str(node.target.overloadpacket) == "aten.max" else Op.MIN
+    if len(args) > 1 and is_node(args[1]):
+        return t.b.binary(Op.MAXIMUM if kind is Op.MAX else Op.MINIMUM, args[0], args[1])
+    if len(args) == 1:
+        return t.b.reduce(kind, args[0], None, False)
+    if len(node.users) and any(u.args[1] == 1 for u in node.users if u.target is operator.getitem):
+        raise TranslationError("the indices of max/min over a dim (argmax)")
+    return (t.b.reduce(kind, args[0], [int(args[1])], bool(_arg(args, kwargs, 2, "keepdim", False))), None)
 
 
 @op("aten.mean", "aten.sum", "aten.amax", "aten.amin")

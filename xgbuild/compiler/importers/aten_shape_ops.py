@@ -83,6 +83,26 @@ def _getitem(t, node, args, kwargs):
     return seq[i]
 
 
+@op("aten.stack")
+def _stack(t, node, args, kwargs):
+    dim = int(_arg(args, kwargs, 1, "dim", 0))
+    dt = _out_dtype(node)
+    xs = [t.b.unsqueeze(t.b.cast(x, dt), dim) for x in args[0]]
+    return C.cat(t.b, xs, dim)
+
+
+@op("aten.repeat")
+def _repeat(t, node, args, kwargs):
+    """x.repeat(r0, r1, …): a broadcast over a new axis before each repeated dim, then a reshape."""
+    x, reps = args[0], [int(r) for r in args[1]]
+    shape = list(t.b.shape(x))
+    shape = [1] * (len(reps) - len(shape)) + shape
+    x = t.b.reshape(x, tuple(shape))
+    inter = tuple(d for s, r in zip(shape, reps) for d in (1, s))
+    wide = tuple(d for s, r in zip(shape, reps) for d in (r, s))
+    return t.b.reshape(t.b.expand(t.b.reshape(x, inter), wide), t.shape_of(node))
+
+
 @op("aten.cat", "aten.concat", "aten.concatenate")
 def _cat(t, node, args, kwargs):
     xs = [x for x in args[0] if x is not None]

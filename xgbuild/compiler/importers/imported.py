@@ -20,8 +20,8 @@ from ..passes import PASS_NAMES, run_pipeline
 
 @dataclass(frozen=True)
 class ImportedProgram:
-    name: str                               # "model.onnx" / "MyModule": shown in manifests and errors
-    source: str                             # a text form of what was imported (the engine's `sources/`)
+    name: str                               # "GPT.aten.py" / "model.onnx.txt": the engine's source entry
+    source: str                             # a text form of what was imported (ATen graph code, ONNX text)
     lowered: Program
     optimized: Program
     weights: dict[str, torch.Tensor]        # INPUT name -> value, bound by the engine
@@ -31,11 +31,12 @@ class ImportedProgram:
     target: str = "H100"
     num_gpu: int = 1
     passes: tuple[str, ...] = field(default=tuple(PASS_NAMES))
+    out_spec: object = None                 # the model's output structure (a torch pytree spec), in memory only
 
 
 def finish(graph: Graph, *, name: str, source: str, weights: dict[str, torch.Tensor], inputs: list[str],
            ranges: dict[str, tuple[int, int]], example_dims: dict[str, int], target: str, num_gpu: int,
-           verify_each: bool = False) -> ImportedProgram:
+           verify_each: bool = False, out_spec: object = None) -> ImportedProgram:
     """Run the pass pipeline on an imported graph (the same passes as `.xg` programs)."""
     lowered = Program(graph)
     # The engine keeps the source under this name: archive entry names are [A-Za-z0-9._-] only.
@@ -45,7 +46,7 @@ def finish(graph: Graph, *, name: str, source: str, weights: dict[str, torch.Ten
     kept = {n for n, _ in optimized.main.inputs}
     return ImportedProgram(name, source, lowered, optimized, {k: v for k, v in weights.items() if k in kept},
                            tuple(inputs), {k: v for k, v in ranges.items() if k in kept}, example_dims,
-                           target, num_gpu)
+                           target, num_gpu, out_spec=out_spec)
 
 
 def _drop_unused_weights(graph: Graph, weights: set[str]) -> Graph:

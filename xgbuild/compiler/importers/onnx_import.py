@@ -219,5 +219,5 @@ def import_onnx(path: Path | str, *, target: str = "H100", num_gpu: int = 1, dim
     graph = t.b.build(output)
     from onnx import helper
     source = helper.printable_graph(model.graph)
-    return finish(graph, name=name, source=source, weights=t.weights, inputs=t.inputs, ranges=t.ranges,
+    return finish(graph, name=f"{name}.txt", source=source, weights=t.weights, inputs=t.inputs, ranges=t.ranges,
                   example_dims=dict(dims or {}), target=target, num_gpu=num_gpu, verify_each=verify_each)

@@ -109,6 +109,22 @@ def _unary(t, node, args, attrs):
     return t.b.unary(_UN[node.op_type], t.tensor(x, node.input[0]))
 
 
+@op("LeakyRelu", "Elu", "HardSigmoid", "HardSwish", "Softplus")
+def _activation(t, node, args, attrs):
+    b, x = t.b, t.tensor(args[0], node.input[0])
+    kind = node.op_type
+    if kind == "LeakyRelu":
+        return b.where(b.compare(Op.GT, x, 0.0), x, b.binary(Op.MUL, x, float(attrs.get("alpha", 0.01))))
+    if kind == "Elu":
+        alpha = float(attrs.get("alpha", 1.0))
+        return b.where(b.compare(Op.GT, x, 0.0), x, b.binary(Op.MUL, b.binary(Op.SUB, b.unary(Op.EXP, x), 1.0), alpha))
+    if kind in ("HardSigmoid", "HardSwish"):
+        alpha, beta = float(attrs.get("alpha", 0.2 if kind == "HardSigmoid" else 1 / 6)), float(attrs.get("beta", 0.5))
+        hs = b.binary(Op.MINIMUM, b.binary(Op.MAXIMUM, b.binary(Op.ADD, b.binary(Op.MUL, x, alpha), beta), 0.0), 1.0)
+        return hs if kind == "HardSigmoid" else b.binary(Op.MUL, x, hs)
+    return b.unary(Op.LOG, b.binary(Op.ADD, b.unary(Op.EXP, x), 1.0))       # Softplus, as ONNX defines it
+
+
 @op("Reciprocal")
 def _reciprocal(t, node, args, attrs):
     return t.b.binary(Op.DIV, 1.0, t.tensor(args[0], node.input[0]))

@@ -243,7 +243,7 @@ def import_torch(model_or_fn: Any, example_inputs: Sequence[Any], *, dynamic_sha
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.training:
             raise CompileError(f"error: module `{path}` ({type(module).__name__}) is in training mode: batch norm "
                                "would update its statistics\n  = help: call model.eval() before xg.compile", [])
-    args = tuple(x.detach().cpu() for x in example_inputs)
+    args = tuple(x.detach() for x in example_inputs)
     ep = _capture(model, args, dynamic_shapes)
     dim_names = _dim_names(dynamic_shapes, arg_names)
     t = _Translator(ep, name, dim_names)
@@ -258,9 +258,9 @@ def import_torch(model_or_fn: Any, example_inputs: Sequence[Any], *, dynamic_sha
         if t.unsupported:
             raise UnsupportedOps(f"model {name}", first)
     graph = t.b.build(output)
-    return finish(graph, name=name, source=str(ep.graph_module.code), weights=t.weights, inputs=t.inputs,
+    return finish(graph, name=f"{name}.aten.py", source=str(ep.graph_module.code), weights=t.weights, inputs=t.inputs,
                   ranges=t.ranges, example_dims=t.example_dims, target=target, num_gpu=num_gpu,
-                  verify_each=verify_each)
+                  verify_each=verify_each, out_spec=ep.call_spec.out_spec)
 
 
 __all__ = ["import_torch"]
