@@ -274,7 +274,7 @@ def plan_lines(plan: dict) -> list[str]:
     whole = [name for name, lay in plan["inputs"].items() if lay == "R"]
     if "predicted_comm_ms" in plan:
         ms = plan["predicted_comm_ms"]
-        took = f"{ms:.2f} ms" if ms >= 0.1 else f"{ms * 1e3:.1f} us"
+        took = f"{ms:.2f} ms" if ms >= 0.1 else f"{ms * 1e3:.3g} us"
         lines.append(f"  over {plan['interconnect']}: about {took} of transfers per step "
                      "(bandwidth alone; latency and overlap not counted)")
     for name, lay in plan["inputs"].items():
