@@ -223,7 +223,8 @@ def check_footprint(graph: Graph, n: int, target: str) -> dict:
         big = max(graph.inputs, key=lambda kv: nbytes(graph.node(kv[1])) or 0, default=None)
         hint = (f"the largest input is `{big[0]}` ({_gb(nbytes(graph.node(big[1])) or 0)}); shard it "
                 f"(`with shard({big[0]}, dim=0)` or a --sharding plan) or raise NUM_GPU") if big else "raise NUM_GPU"
-        detail = (f"each of the {n} GPU{'s' if n > 1 else ''} needs {_gb(fp['total'])} (inputs {_gb(fp['inputs'])}, "
+        who = "the one GPU" if n == 1 else f"each of the {n} GPUs"
+        detail = (f"{who} needs {_gb(fp['total'])} (inputs {_gb(fp['inputs'])}, "
                   f"intermediates at the peak {_gb(fp['activations'])}), more than the {profile.name}'s "
                   f"{_gb(profile.hbm_bytes)} of HBM")
         src = graph.node(big[1]).src if big else None
