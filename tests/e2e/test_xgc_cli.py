@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import EXAMPLE_NAMES, EXAMPLES, assert_clean_failure, cli, src_text, write_program
+from conftest import EXAMPLE_NAMES, EXAMPLES, REPO_ROOT, assert_clean_failure, cli, src_text, write_program
 
 import xg
 from xgbuild.compiler.driver import compile_file
@@ -132,3 +132,17 @@ def test_ir_json_is_strict_json_even_with_non_finite_constants(tmp_path) -> None
     res = cli("xgc", path, "--emit", "ir-json")
     assert res.code == 0, res.both
     strict_json(res.out)
+
+
+def test_sharding_plan_option(tmp_path) -> None:
+    good = tmp_path / "tp.toml"
+    good.write_text('[regions.mlp]\nstrategy = "tensor"\nshard = { w1 = 1, w2 = 0 }\n')
+    res = cli("xgc", REPO_ROOT / "models" / "train.xg", "--num-gpu", "2", "--sharding", good, "--emit", "ir-opt")
+    assert res.code == 0, res.both
+    assert res.out.startswith("# sharding plan over 2 GPUs") and "all_reduce" in res.out and "@S(1)" in res.out
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[regions.mpl]\nstrategy = "tensor"\nshard = { w1 = 1 }\n')
+    res = cli("xgc", REPO_ROOT / "models" / "train.xg", "--check", "--sharding", bad, "--json")
+    assert res.code == 1 and json.loads(res.out)["diagnostics"][0]["code"] == "XG0505"
+    res = cli("xgc", REPO_ROOT / "models" / "train.xg", "--check", "--sharding", bad)
+    assert res.code == 1 and res.err.startswith("error[XG0505]") and "`mlp`" in res.err

@@ -17,7 +17,7 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 
@@ -89,8 +89,7 @@ def compile(
         try:
             plan = load_plan(sharding)
         except CompileError as exc:
-            sys.stderr.write(str(exc) + "\n")
-            raise typer.Exit(EXIT_PROGRAM)
+            _report(exc, json_out)
         if plan.num_gpu is not None and num_gpu is None:
             options = CheckOptions(target=target, num_gpu=plan.num_gpu, lib=lib, entry=entry)
     if check or (lib and not out):
@@ -100,8 +99,7 @@ def compile(
             try:
                 check_plan(plan, result.program, result.program.num_gpu)
             except CompileError as exc:
-                sys.stderr.write(str(exc) + "\n")
-                raise typer.Exit(EXIT_PROGRAM)
+                _report(exc, json_out)
         if json_out:
             emit_json(result.to_json())
         elif result.diagnostics:
@@ -166,6 +164,15 @@ def compile(
                                  f"{stats['launches']} launches; {stats['compiled']} compiled, "
                                  f"{stats['compile_cache_hits']} cubins from cache; {stats['seconds']:.2f} s\n")
             sys.stderr.write(f"wrote {out} ({digest[:12]}, target {compiled.target}, num_gpu {compiled.num_gpu})\n")
+
+
+def _report(exc: CompileError, json_out: bool) -> NoReturn:
+    """A plan-file error: rendered on stderr, or as the JSON object `--json` promises."""
+    if json_out:
+        emit_json({"ok": False, "diagnostics": [d.to_json() for d in exc.diagnostics]})
+    else:
+        sys.stderr.write(str(exc) + "\n")
+    raise typer.Exit(EXIT_PROGRAM)
 
 
 def _ir_opt_text(compiled) -> str:

@@ -97,6 +97,8 @@ def main_cmd(
         fail(str(exc))
     outputs = {name: t.cpu() for name, t in result.tensors.items()}     # files and checksums from host memory
     if output is not None:
+        if output_per_rank:         # one process is rank 0 of 1: the same file name as in a run of N
+            output = output.with_name(f"{output.stem}.rank0{output.suffix}")
         try:
             save_tensors(output, outputs)
         except TensorIOError as exc:

@@ -11,7 +11,9 @@ from pathlib import Path
 
 from ..errors import CompileError
 from .frontend import CheckOptions, CheckResult, TypedProgram, check_file, check_source
+from .frontend.diagnostics import Diagnostic, Severity
 from .frontend.shard_plan import ShardingPlan, check_plan
+from .frontend.source import Span
 from .ir.graph import Program
 from .ir.lower import LoweringError, lower
 from .passes import PASS_NAMES, run_pipeline
@@ -51,7 +53,11 @@ def _finish(result: CheckResult, name: str, stop_after: str | None, verify_each:
     except AutodiffError as exc:
         raise CompileError(_located(result, "XG0112", str(exc), exc.src), result.diagnostics) from None
     except ShardingError as exc:
-        raise CompileError(_located(result, exc.code, str(exc), exc.src, exc.help), result.diagnostics) from None
+        line, col = exc.src[:2] if exc.src else (0, 0)
+        diag = Diagnostic(exc.code, Severity.ERROR, str(exc), result.source.name if result.source else name,
+                          line, col, Span(0, 0), help=exc.help or "")
+        raise CompileError(_located(result, exc.code, str(exc), exc.src, exc.help),
+                           [*result.diagnostics, diag]) from None
     return Compiled(Path(name).name, result.source.text if result.source else "", result, typed, lowered,
                     optimized, typed.target or DEFAULT_TARGET, typed.num_gpu, plan=plan)
 

@@ -83,6 +83,9 @@ def test_the_plan_is_kept_in_the_engine(tmp_path: Path) -> None:
 def test_bad_plans_are_rejected_with_a_code(tmp_path: Path, text: str, code: str, words: str) -> None:
     msg = error(tmp_path, text)
     assert msg.startswith(f"error[{code}]") and words in msg and "plan.toml" in msg, msg
+    with pytest.raises(CompileError) as err:
+        compiled(tmp_path, text)
+    assert [d.code for d in err.value.diagnostics if d.severity.value == "error"] == [code]   # for --json
 
 
 def test_a_plan_contradicting_the_source_is_a_conflict(tmp_path: Path) -> None:

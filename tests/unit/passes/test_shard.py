@@ -105,7 +105,8 @@ def test_a_plan_larger_than_hbm_is_rejected_rustc_style() -> None:
     with pytest.raises(CompileError) as err:
         compile_source(BIG.format(n=1) + "def main() {\n    return W * 2.0\n}\n", "big.xg")
     text = str(err.value)
-    assert text.startswith("error[XG0504]: each of the 1 GPU needs")
+    assert text.startswith("error[XG0504]: the one GPU needs")
+    assert err.value.diagnostics[-1].code == "XG0504"        # also in `--json`
     assert "H100" in text and "= help:" in text and "`W`" in text
 
 

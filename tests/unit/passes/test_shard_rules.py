@@ -92,6 +92,15 @@ PROGRAMS = {
                               "def main() {\n    with shard(A, dim=1), shard(B, dim=0):\n        c = A @ B\n"
                               "    with shard(c, dim=0):\n        d = exp(c * 0.1)\n"
                               "    with shard(d, dim=1):\n        e = d * 2.0\n    return (e, -c)\n}\n"),
+    "index-and-its-gradient": ("extern Tensor[float32, 8, 6, 4] X\nextern Tensor[float32, 8, 4] W\n"
+                               "def f(Tensor[float32, 8, 6, 4] x, Tensor[float32, 8, 4] w) -> float32 {\n"
+                               "    return sum(x[:, 1:5, 2] * x[:, 0, 0:3][:, 0:1] + x[:, 2] * w)\n}\n"
+                               "def main() {\n    with shard(X, dim=0), shard(W, dim=0):\n"
+                               "        (v, g) = value_and_grad(f, wrt=x)(X, W)\n        h = X[:, 1:3]\n"
+                               "    return (v, g, h)\n}\n"),
+    "index-trailing-split": ("extern Tensor[float32, 4, 6, 8] X\ndef main() {\n    with shard(X, dim=2):\n"
+                             "        y = X[1] * 2.0\n        z = X[:, 2:4]\n        w = X[0, 1, 0:4]\n"
+                             "    return (y, z, w)\n}\n"),
 }
 
 

@@ -28,6 +28,8 @@ from pathlib import Path
 
 from ...errors import CompileError
 from .codes import PLAN_BAD, PLAN_PIPELINE, PLAN_UNKNOWN, SHARD_CONFLICT, SHARD_INDIVISIBLE, Code
+from .diagnostics import Diagnostic, Severity
+from .source import Span
 
 STRATEGIES = ("data", "tensor", "replicated")
 
@@ -66,8 +68,15 @@ class ShardingPlan:
 
 
 def plan_error(code: Code, detail: str, where: str, help: str | None = None) -> CompileError:
-    text = f"error[{code.code}]: {code.fmt(detail=detail)}\n --> {where}" + (f"\n  = help: {help}" if help else "")
-    return CompileError(text, [])
+    return _error(code.code, code.fmt(detail=detail), where, help)
+
+
+def _error(code: str, message: str, where: str, help: str | None = None) -> CompileError:
+    """An error in the plan file, rendered rustc-style; its one diagnostic names the file (no line:
+    TOML readers do not keep positions) for `--json`."""
+    text = f"error[{code}]: {message}\n --> {where}" + (f"\n  = help: {help}" if help else "")
+    diag = Diagnostic(code, Severity.ERROR, message, where.split(":")[0], 0, 0, Span(0, 0), help=help or "")
+    return CompileError(text, [diag])
 
 
 def load_plan(path: Path | str) -> ShardingPlan:
@@ -158,8 +167,8 @@ def check_plan(plan: ShardingPlan, typed, num_gpu: int) -> None:
         if dim is not None and dim >= len(shape):
             raise plan_error(PLAN_BAD, f"`{name}` has {len(shape)} dimensions; the plan splits dimension {dim}", where)
         if dim is not None and isinstance(shape[dim], int) and shape[dim] % num_gpu:
-            raise CompileError(f"error[{SHARD_INDIVISIBLE.code}]: " + SHARD_INDIVISIBLE.fmt(
-                dim=dim, name=name, size=shape[dim], num_gpu=num_gpu) + f"\n --> {where}", [])
+            raise _error(SHARD_INDIVISIBLE.code, SHARD_INDIVISIBLE.fmt(dim=dim, name=name, size=shape[dim],
+                                                                       num_gpu=num_gpu), where)
     for r in plan.regions:
         where = f"{plan.name}: [regions.{r.name}]"
         if r.name not in regions and r.name not in funcs:
@@ -181,6 +190,5 @@ def check_plan(plan: ShardingPlan, typed, num_gpu: int) -> None:
 
 def _conflict(name: str, mine: int | None, theirs: int | None, where: str) -> CompileError:
     second = theirs if theirs is not None else "none (the plan replicates it)"
-    return CompileError(f"error[{SHARD_CONFLICT.code}]: {SHARD_CONFLICT.fmt(name=name, first=mine, second=second)}"
-                        f"\n --> {where}\n  = help: the program's `with shard({name}, dim={mine})` and the plan "
-                        "disagree: keep one", [])
+    return _error(SHARD_CONFLICT.code, SHARD_CONFLICT.fmt(name=name, first=mine, second=second), where,
+                  f"the program's `with shard({name}, dim={mine})` and the plan disagree: keep one")

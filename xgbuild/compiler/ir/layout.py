@@ -148,6 +148,29 @@ def _reshape(node: Node, ins: list[Node], n: int | None) -> list[Rule]:
     return rules
 
 
+def _index(node: Node, ins: list[Node], n: int | None) -> list[Rule]:
+    """INDEX (and UNINDEX, its transpose) keep a split of an axis that the items take whole."""
+    rest = tuple(R for _ in ins[1:])           # run-time indices: scalars, whole everywhere
+    rules: list[Rule] = [((R, *rest), R), ((P, *rest), P)]      # linear in the indexed tensor
+    items = node.attr("items")
+    big = ins[0].shape if node.op is Op.INDEX else node.shape   # the indexed tensor's shape
+    for e in range(len(big)):
+        if e < len(items) and not _whole(items[e], big[e]):
+            continue
+        out = e - sum(1 for it in items[:e] if it[0] in ("i", "d"))     # axes dropped before it
+        if not shardable(big[e], n):
+            continue
+        rules.append(((S(e), *rest), S(out)) if node.op is Op.INDEX else ((S(out), *rest), S(e)))
+    return rules
+
+
+def _whole(item, size) -> bool:
+    if item[0] != "s":
+        return False
+    _, lo, hi, step = item
+    return lo in (None, 0) and step in (None, 1) and (hi is None or (isinstance(size, int) and hi >= size))
+
+
 def rules(node: Node, ins: list[Node], n: int | None) -> list[Rule]:
     """The local (communication-free) ways `node` runs, given its input nodes; [] for sources."""
     op = node.op
@@ -170,7 +193,9 @@ def rules(node: Node, ins: list[Node], n: int | None) -> list[Rule]:
                                          if shardable(ins[0].shape[e], n)]
     if op is Op.RESHAPE:
         return _reshape(node, ins, n)
-    return [(tuple(R for _ in ins), R)]      # INDEX, UNINDEX, RANDN, RAND: on whole values
+    if op in (Op.INDEX, Op.UNINDEX):
+        return _index(node, ins, n)
+    return [(tuple(R for _ in ins), R)]      # RANDN, RAND: on whole values (the same on every rank)
 
 
 def produced(node: Node, in_layouts: tuple[Layout, ...]) -> Layout | None:

@@ -223,7 +223,8 @@ def check_footprint(graph: Graph, n: int, target: str) -> dict:
         big = max(graph.inputs, key=lambda kv: nbytes(graph.node(kv[1])) or 0, default=None)
         hint = (f"the largest input is `{big[0]}` ({_gb(nbytes(graph.node(big[1])) or 0)}); shard it "
                 f"(`with shard({big[0]}, dim=0)` or a --sharding plan) or raise NUM_GPU") if big else "raise NUM_GPU"
-        detail = (f"each of the {n} GPU{'s' if n > 1 else ''} needs {_gb(fp['total'])} (inputs {_gb(fp['inputs'])}, "
+        who = "the one GPU" if n == 1 else f"each of the {n} GPUs"
+        detail = (f"{who} needs {_gb(fp['total'])} (inputs {_gb(fp['inputs'])}, "
                   f"intermediates at the peak {_gb(fp['activations'])}), more than the {profile.name}'s "
                   f"{_gb(profile.hbm_bytes)} of HBM")
         src = graph.node(big[1]).src if big else None
@@ -274,7 +275,7 @@ def plan_lines(plan: dict) -> list[str]:
     whole = [name for name, lay in plan["inputs"].items() if lay == "R"]
     if "predicted_comm_ms" in plan:
         ms = plan["predicted_comm_ms"]
-        took = f"{ms:.2f} ms" if ms >= 0.1 else f"{ms * 1e3:.1f} us"
+        took = f"{ms:.2f} ms" if ms >= 0.1 else f"{ms * 1e3:.3g} us"
         lines.append(f"  over {plan['interconnect']}: about {took} of transfers per step "
                      "(bandwidth alone; latency and overlap not counted)")
     for name, lay in plan["inputs"].items():
