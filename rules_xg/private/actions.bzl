@@ -22,21 +22,24 @@ def _run(ctx, *, module, args, inputs, outputs, mnemonic, progress, requirements
     tc = xg_toolchain_of(ctx)
     ctx.actions.run(
         executable = tc.python,
-        arguments = ["-m", module, args],
+        # -B: no .pyc written next to sources read through the execution root's links.
+        arguments = ["-B", "-m", module, args],
         inputs = depset(inputs, transitive = [tc.compiler]),
         outputs = outputs,
         mnemonic = mnemonic,
         progress_message = progress,
         execution_requirements = requirements,
-        # Python writes no .pyc next to sources it reads through the execution root's links.
-        env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"},
+        # The --action_env values reach the action this way only (an `env` here would drop them):
+        # XG_REMOTE_CACHE and friends from --config=cache. --incompatible_strict_action_env keeps
+        # everything else (PATH, HOME, ...) out of the keys.
+        use_default_shell_env = True,
     )
 
 def check_action(ctx, src, deps, out):
     """Type-checks one library file; `out` is a stamp that exists only if the check passed."""
     tc = xg_toolchain_of(ctx)
     ctx.actions.run_shell(
-        command = '"$1" -m xgbuild.cli.xgc "$2" --check --lib && : > "$3"',
+        command = '"$1" -B -m xgbuild.cli.xgc "$2" --check --lib && : > "$3"',
         arguments = [tc.python.path, src.path, out.path],
         inputs = depset([src], transitive = [deps, tc.compiler]),
         tools = [tc.python],
@@ -44,7 +47,7 @@ def check_action(ctx, src, deps, out):
         mnemonic = "XgCheck",
         progress_message = "Checking XG library %s" % src.short_path,
         execution_requirements = _LOCAL,
-        env = {"PYTHONDONTWRITEBYTECODE": "1"},
+        use_default_shell_env = True,
     )
 
 def _common_flags(args, build):

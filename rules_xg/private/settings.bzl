@@ -18,7 +18,7 @@ def _string_setting_impl(ctx):
     fail("%s: %s is not an allowed value; allowed: %s" % (
         ctx.label,
         repr(value),
-        ", ".join([repr(v) for v in allowed]),
+        ", ".join([repr(v) if v else "\"\" (unset)" for v in allowed]),
     ))
 
 xg_string_setting = rule(

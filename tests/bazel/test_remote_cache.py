@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from .conftest import explain, summary
+from bazel_helpers import explain, summary
 
 pytestmark = pytest.mark.timeout(2400)
 
@@ -58,3 +58,46 @@ def test_two_clean_builds_without_any_cache_are_byte_identical(make_checkout, tm
         assert "remote cache hit" not in summary(res)
         engines.append(ws.bin("models/train_engine.xge").read_bytes())
     assert engines[0] == engines[1]
+
+
+def test_a_winner_measured_elsewhere_reaches_a_bazel_build_through_xg_remote_tier(make_checkout, cache_server,
+                                                                                  tmp_path):
+    """Team A's GPU hosts measured a winner and stored it in XG's cache (local store + the shared
+    remote tier); team B's Bazel build on a CPU host, with an XG cache of its own, links it."""
+    import json
+    import subprocess
+
+    from bazel_helpers import PYTHON, REPO
+    from xgbuild.cache import Cache
+    from xgbuild.compiler.driver import compile_file
+    from xgbuild.compiler.frontend import CheckOptions
+    from xgbuild.hw import load_profile
+    from xgbuild.settings import Settings
+    from xgbuild.tuner.link import plan_jobs
+    from xgbuild.tuner.tuner import Tuner
+
+    compiled = compile_file(REPO / "examples" / "mlp.xg", CheckOptions(target="H100"))
+    jobs, _ = plan_jobs(compiled.optimized.main, {})
+    tuner = Tuner(load_profile("H100"))
+    team_a = Cache.open(Settings(cache_dir=tmp_path / "team-a", remote_cache=cache_server))
+    stored = {}
+    try:
+        for job in jobs:
+            config = tuner.candidates(job)[-1]          # not what the cost model would pick
+            team_a.store(tuner.key(job), {"config": config, "ms": 0.125, "measured_on": "NVIDIA H100 80GB HBM3",
+                                          "candidates": 7, "rejected": {}})
+            stored[job.ident] = config
+    finally:
+        team_a.close()
+
+    ws = make_checkout("team-b")
+    res = ws.build("//examples:mlp", "--config=h100", "--config=cache", f"--remote_cache={cache_server}",
+                   f"--action_env=XG_REMOTE_CACHE={cache_server}", f"--action_env=XG_CACHE_DIR={tmp_path / 'team-b'}")
+    assert res.returncode == 0, explain(res)
+    out = subprocess.run([str(PYTHON), "-m", "xgbuild.cli.xgbuild", "inspect", str(ws.bin("examples/mlp.xge")),
+                          "--json"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    manifest = json.loads(out.stdout)
+    assert len(manifest["kernels"]) == len(jobs)
+    for k in manifest["kernels"]:
+        assert k["tuning"]["source"] == "cache" and k["tuning"]["measured_on"] == "NVIDIA H100 80GB HBM3"
+        assert k["tuning"]["config"] == stored[k["id"]]

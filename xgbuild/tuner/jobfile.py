@@ -89,6 +89,45 @@ def job_from_json(d: dict) -> "Job":
     return job
 
 
+def portable(job: "Job") -> "Job":
+    """The job with only the part of the program its tuning reads, renumbered from 0 and without
+    source positions: its first site's kernel nodes, what they read, and the views those values are
+    taken through. An edit elsewhere in the program (or one that only moves code) leaves the shard
+    file's bytes, and so a build system's cached tuning action, unchanged."""
+    from ..compiler.codegen.schedule import VIEWS
+    from ..compiler.codegen.spec import Binding
+    from ..compiler.ir.graph import Graph, Node, Op, attrs_of
+    from .jobs import Job
+    graph = job.graph
+    binding, nodes = job.sites[0]
+    need: set[int] = set()
+    stack = [*nodes, *binding.operands, *binding.outputs, binding.domain]
+    stack += [i for nid in nodes for i in graph.node(nid).inputs]
+    while stack:
+        nid = stack.pop()
+        if nid not in need:
+            need.add(nid)
+            if graph.node(nid).op in VIEWS:
+                stack.extend(graph.node(nid).inputs)
+    new = {n.id: i for i, n in enumerate(n for n in graph.nodes if n.id in need)}
+    kept = []
+    for n in graph.nodes:
+        if n.id not in need:
+            continue
+        if all(i in need for i in n.inputs):
+            kept.append(Node(new[n.id], n.op, tuple(new[i] for i in n.inputs), n.dtype, n.shape, n.attrs, None))
+        else:
+            # A value the kernel reads but does not compute: tuning fills it with seeded random data
+            # whatever computed it, so it becomes an input of the job's graph.
+            kept.append(Node(new[n.id], Op.INPUT, (), n.dtype, n.shape, attrs_of(name=f"v{new[n.id]}"), None))
+    inputs = tuple((n.attr("name"), n.id) for n in kept if n.op is Op.INPUT)
+    sub = Graph(f"job:{job.ident}", tuple(kept), inputs, {"tuple": []})
+    site = Binding(tuple(new[i] for i in binding.operands), tuple(new[i] for i in binding.outputs),
+                   new[binding.domain], binding.domain_from, binding.perm)
+    return Job(job.spec, job.problem, job.layouts, dict(job.sizes), sub, [(site, [new[i] for i in nodes])],
+               max_extent=job.max_extent)
+
+
 def shard_docs(jobs: list["Job"], target: str, shards: int) -> list[dict]:
     """The shard files' contents: every job in exactly one shard, each shard's jobs sorted."""
     if shards < 1:
@@ -97,7 +136,8 @@ def shard_docs(jobs: list["Job"], target: str, shards: int) -> list[dict]:
     for job in jobs:
         buckets[shard_of(job.ident, shards)].append(job)
     return [{"format": SHARD_FORMAT, "target": target, "shard": i, "shards": shards,
-             "jobs": [job_to_json(j) for j in sorted(b, key=lambda j: j.ident)]} for i, b in enumerate(buckets)]
+             "jobs": [job_to_json(portable(j)) for j in sorted(b, key=lambda j: j.ident)]}
+            for i, b in enumerate(buckets)]
 
 
 def _read_json(path: Path, kind: str) -> dict:

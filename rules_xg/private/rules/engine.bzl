@@ -97,9 +97,9 @@ ENGINE_ATTRS = {
         default = 0,
         doc = "Tuning actions for this engine; 0: the `//rules_xg:tune_shards` setting.",
     ),
-    "_target": attr.label(default = "//rules_xg:target"),
-    "_tune": attr.label(default = "//rules_xg:tune"),
-    "_shards": attr.label(default = "//rules_xg:tune_shards"),
+    "_target": attr.label(default = "//rules_xg:target", doc = "The target GPU build setting."),
+    "_tune": attr.label(default = "//rules_xg:tune", doc = "The tuning policy build setting."),
+    "_shards": attr.label(default = "//rules_xg:tune_shards", doc = "The tuning fan-out build setting."),
 }
 
 xg_engine = rule(

@@ -20,8 +20,8 @@ from xgbuild.compiler.frontend import CheckOptions
 from xgbuild.errors import CompileError
 from xgbuild.hw import load_profile
 from xgbuild.runtime.engine import Engine
-from xgbuild.tuner.jobfile import (JobFileError, canonical_bytes, job_from_json, job_to_json, read_results,
-                                   shard_docs, shard_of)
+from xgbuild.tuner.jobfile import (JobFileError, canonical_bytes, job_from_json, job_to_json, portable,
+                                   read_results, shard_docs, shard_of)
 from xgbuild.tuner.link import build_kernels, plan_jobs
 from xgbuild.tuner.steps import link_results, tune_shard, write_shards
 from xgbuild.tuner.tuner import Tuner
@@ -44,7 +44,7 @@ def test_jobs_round_trip_through_json_with_the_same_identity_and_key(train):
     tuner = Tuner(load_profile("GB200"), policy="predict")
     assert len(jobs) > 20
     for job in jobs:
-        doc = json.loads(canonical_bytes(job_to_json(job)))
+        doc = json.loads(canonical_bytes(job_to_json(portable(job))))
         back = job_from_json(doc)
         assert back.ident == job.ident
         assert tuner.key(back).digest == tuner.key(job).digest
@@ -62,6 +62,24 @@ def test_every_job_lands_in_exactly_one_stable_shard(train):
             assert [j["ident"] for j in d["jobs"]] == sorted(j["ident"] for j in d["jobs"])
     with pytest.raises(JobFileError, match="at least 1"):
         shard_docs(jobs, "GB200", 0)
+
+
+def test_shard_files_do_not_change_with_edits_that_leave_the_jobs_alone(tmp_path):
+    """Moving code, adding a function or a computation elsewhere: the unchanged jobs' shard bytes
+    stay the same, so a build system keeps their tuning actions cached."""
+    text = (REPO / "examples" / "norms.xg").read_text()
+    first = tmp_path / "a.xg"
+    first.write_text(text)
+    # Two lines more at the top (every node's line and id shift) and an unrelated function.
+    second = tmp_path / "b.xg"
+    second.write_text("# an edit\n\n" + text.replace("def main", "def unused(Tensor[float32, Q] q) -> float32 {\n"
+                                                       "    return sum(exp(q))\n}\n\ndef main", 1))
+    docs = []
+    for path in (first, second):
+        compiled = compile_file(path, CheckOptions(target="H100"))
+        jobs, _ = plan_jobs(compiled.optimized.main, {})
+        docs.append([canonical_bytes(d) for d in shard_docs(jobs, "H100", 4)])
+    assert docs[0] == docs[1]
 
 
 def test_a_job_whose_contents_do_not_match_its_identity_is_refused(mlp):
