@@ -125,9 +125,16 @@ def test_rank_is_deterministic_and_sorted(problem):
     first = rank(problem, configs, target)
     again = rank(problem, list(reversed(configs)), target)
     assert first == again
-    keys = [(ms, config_key(c)) for ms, c in first]
+    keys = [(ms, predict.tie_break(problem, c)) for ms, c in first]
     assert keys == sorted(keys)
     assert [predict_ms(problem, c, target) for _, c in first] == [ms for ms, _ in first]
+
+
+def test_equal_predictions_prefer_the_measured_best_hopper_tile():
+    # On an H100 (bf16 4096^3) 128x256x64 with 8 warps ran fastest; the model alone must pick it.
+    target = profile("H100")
+    ms, best = rank(GEMM, [c for c in candidates(GEMM, target) if not c["TF32X3"]], target)[0]
+    assert (best["BLOCK_M"], best["BLOCK_N"], best["BLOCK_K"], best["num_warps"]) == (128, 256, 64, 8)
 
 
 def test_candidates_come_best_first():

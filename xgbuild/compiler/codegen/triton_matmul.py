@@ -3,10 +3,13 @@
 Config knobs besides the tile (`BLOCK_M/N/K`, `GROUP_M`, warps, stages), each 0 when absent:
 - `TMA`: A and B tiles through tensor descriptors (Hopper's bulk copy engine, built on the device;
   out-of-bounds reads come back as zeros, so no wrapped indices and no K mask). Taken only where
-  the variant guarantees what a descriptor needs: 16-byte aligned pointers and strides and a unit
-  stride along the tile's contiguous dim; otherwise the pointer path is emitted.
+  the variant guarantees what a descriptor needs: 16-byte aligned pointers and strides, int32
+  sizes and a unit stride along the tile's contiguous dim; otherwise the pointer path is emitted.
 - `PROGRAMS`: a persistent kernel: that many programs (the target's SM count) walk the tiles in
-  one flattened loop, so one tile's epilogue overlaps the next one's loads. 0 = one program a tile.
+  one flattened loop, letting Triton overlap a tile's epilogue with the next one's loads.
+  0 = one program a tile.
+Neither TMA nor PROGRAMS paid on an H100 with Triton 3.6 (docs/codegen.md): the search space leaves
+them at 0 and `tools/bench/bench_matmul_space.py` measures them again on other GPUs or Tritons.
 - `TF32X3` (float32 operands): three TF32 tensor-core products (hi*hi + hi*lo + lo*hi) instead of
   exact-product FMA. The tuner admits it only where its error is no worse than float32's own
   (see tuner.py's correctness gate).
