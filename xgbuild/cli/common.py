@@ -45,7 +45,8 @@ def run(app: typer.Typer | Callable[[], object], prog_name: str) -> NoReturn:
     try:
         app(prog_name=prog_name, standalone_mode=True)  # type: ignore[call-arg]
     except CliError as exc:
-        sys.stderr.write(f"error: {exc}\n")
+        # Library errors may already carry their "error:" (rendered diagnostics do); say it once.
+        sys.stderr.write(f"error: {str(exc).removeprefix('error: ')}\n")
         sys.exit(exc.code)
     except SystemExit:
         raise

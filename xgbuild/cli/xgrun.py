@@ -103,9 +103,15 @@ def main_cmd(
             save_tensors(output, outputs)
         except TensorIOError as exc:
             fail(str(exc))
+    _report(engine, eng, device, check, load_ms, result, outputs, json_out)
+
+
+def _report(engine, eng, device: str, check: bool, load_ms: float, result, outputs: dict, json_out: bool,
+            extra: dict | None = None, ranks: str = "", tail: str = "") -> None:
+    """The run's summary: one JSON object, or a line per output between a header and timings."""
     summary = {
         "engine": str(engine), "digest": eng.digest, "target": eng.manifest["target"], "device": device,
-        "check": check, "load_ms": load_ms, "run_ms": result.metadata["timings"]["total_ms"],
+        "check": check, "load_ms": load_ms, "run_ms": result.metadata["timings"]["total_ms"], **(extra or {}),
         "outputs": {name: describe(v) for name, v in outputs.items()},
         "specialization": result.metadata["specialization"],
     }
@@ -114,10 +120,10 @@ def main_cmd(
         return
     out = sys.stdout
     out.write(f"engine {engine} ({eng.digest[:12]}), target {summary['target']}, device {device}, "
-              f"check {'on' if check else 'off'}\n")
+              f"{ranks}check {'on' if check else 'off'}\n")
     for name, d in summary["outputs"].items():
         out.write(f"  {name:<12} {d['dtype']:<9} {str(d['shape']):<16} checksum {d['checksum']}\n")
-    out.write(f"load {load_ms:.1f} ms, run {summary['run_ms']:.1f} ms\n")
+    out.write(f"load {load_ms:.1f} ms, run {summary['run_ms']:.1f} ms{tail}\n")
 
 
 def _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, timeout, per_rank) -> None:
@@ -154,24 +160,11 @@ def _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, 
     except TensorIOError as exc:
         fail(str(exc))
     comm = result.metadata["timings"]["comm"]
-    summary = {
-        "engine": str(engine), "digest": eng.digest, "target": eng.manifest["target"], "device": device,
-        "check": check, "load_ms": load_ms, "run_ms": result.metadata["timings"]["total_ms"],
-        "world_size": denv.world_size, "comm": comm, "split_inputs": result.metadata["split_inputs"],
-        "loaded_as_slices": result.metadata["loaded_as_slices"],
-        "outputs": {name: describe(v) for name, v in outputs.items()},
-        "specialization": result.metadata["specialization"],
-    }
-    if json_out:
-        emit_json(summary)
-        return
-    out = sys.stdout
-    out.write(f"engine {engine} ({eng.digest[:12]}), target {summary['target']}, device {device}, "
-              f"{denv.world_size} ranks, check {'on' if check else 'off'}\n")
-    for name, d in summary["outputs"].items():
-        out.write(f"  {name:<12} {d['dtype']:<9} {str(d['shape']):<16} checksum {d['checksum']}\n")
-    out.write(f"load {load_ms:.1f} ms, run {summary['run_ms']:.1f} ms (rank 0: {comm['collectives']} collectives, "
-              f"{comm['wait_ms']:.1f} ms waiting on them)\n")
+    extra = {"world_size": denv.world_size, "comm": comm, "split_inputs": result.metadata["split_inputs"],
+             "loaded_as_slices": result.metadata["loaded_as_slices"]}
+    _report(engine, eng, device, check, load_ms, result, outputs, json_out, extra,
+            ranks=f"{denv.world_size} ranks, ",
+            tail=f" (rank 0: {comm['collectives']} collectives, {comm['wait_ms']:.1f} ms waiting on them)")
 
 
 def _inputs_for(eng: Engine, inputs, seed: int, dim: list[str]) -> dict:
