@@ -212,9 +212,8 @@ class Compiler:
         with self._lock:
             if self._pool is None:
                 if self.workers > 1:
-                    import multiprocessing
-                    self._pool = futures.ProcessPoolExecutor(self.workers,
-                                                             mp_context=multiprocessing.get_context("spawn"))
+                    from .workers import SubprocessPool
+                    self._pool = SubprocessPool(self.workers)
                 else:
                     self._pool = futures.ThreadPoolExecutor(1)
             return self._pool

@@ -1,0 +1,168 @@
+"""Compile workers as plain subprocesses (`python -m xgbuild.tuner.workers`), not multiprocessing.
+
+multiprocessing's spawn start method re-runs the caller's `__main__` in every worker, so a script
+that calls `xg.compile(...)` at top level (as PyTorch users write `torch.compile(...)`) would crash
+its workers. These workers import only XG: each reads a length-prefixed pickle `(function, args)`
+from stdin and writes back `("ok", result)` or `("err", exception)`. A worker that dies fails the
+job it held with its exit code and the tail of its stderr, and is replaced for the next job.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+import queue
+import struct
+import subprocess
+import sys
+import threading
+from concurrent import futures
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
+
+_HEADER = struct.Struct("<Q")
+_STOP = object()
+
+
+class WorkerDied(RuntimeError):
+    """A compile worker process exited while it held a job."""
+
+
+def _send(stream: BinaryIO, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream: BinaryIO) -> Any:
+    head = stream.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        raise EOFError
+    size = _HEADER.unpack(head)[0]
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError
+    return pickle.loads(data)
+
+
+class _Worker:
+    def __init__(self) -> None:
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[2])          # the directory holding `xgbuild`
+        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        self.proc = subprocess.Popen([sys.executable, "-m", "xgbuild.tuner.workers"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        self.stderr: collections.deque[str] = collections.deque(maxlen=20)
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for line in iter(self.proc.stderr.readline, b""):
+            self.stderr.append(line.decode(errors="replace").rstrip())
+
+    def call(self, fn: Callable, args: tuple) -> Any:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            _send(self.proc.stdin, (fn, args))
+            status, value = _receive(self.proc.stdout)
+        except (EOFError, BrokenPipeError, OSError):
+            code = self.proc.wait()
+            tail = "; ".join(list(self.stderr)[-3:])
+            raise WorkerDied(f"a compile worker exited with code {code}" + (f": {tail}" if tail else "")) from None
+        if status == "err":
+            raise value
+        return value
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+class SubprocessPool(futures.Executor):
+    """A fixed number of worker subprocesses, started on first use, each fed by one thread."""
+
+    def __init__(self, workers: int) -> None:
+        self.size = max(1, workers)
+        self._jobs: queue.Queue = queue.Queue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> futures.Future:
+        if kwargs:
+            raise TypeError("SubprocessPool.submit takes positional arguments only")
+        fut: futures.Future = futures.Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot submit to a pool that was shut down")
+            self._jobs.put((fut, fn, args))
+            if len(self._threads) < self.size:
+                t = threading.Thread(target=self._serve, daemon=True)
+                t.start()
+                self._threads.append(t)
+        return fut
+
+    def _serve(self) -> None:
+        worker: _Worker | None = None
+        try:
+            while True:
+                job = self._jobs.get()
+                if job is _STOP:
+                    return
+                fut, fn, args = job
+                if not fut.set_running_or_notify_cancel():
+                    continue
+                try:
+                    if worker is None or worker.proc.poll() is not None:
+                        worker = _Worker()
+                    fut.set_result(worker.call(fn, args))
+                except BaseException as exc:  # noqa: BLE001 (the job's failure belongs to its future)
+                    fut.set_exception(exc)
+        finally:
+            if worker is not None:
+                worker.close()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._closed = True
+            if cancel_futures:
+                while True:
+                    try:
+                        job = self._jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    if job is not _STOP:
+                        job[0].cancel()
+            for _ in self._threads:
+                self._jobs.put(_STOP)
+        if wait:
+            for t in self._threads:
+                t.join()
+
+
+def _main() -> int:
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr            # anything the job prints must not corrupt the result stream
+    while True:
+        try:
+            fn, args = _receive(stdin)
+        except EOFError:
+            return 0
+        try:
+            reply = ("ok", fn(*args))
+        except BaseException as exc:  # noqa: BLE001 (sent back to the caller's future)
+            reply = ("err", exc)
+        try:
+            _send(stdout, reply)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            _send(stdout, ("err", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}")))
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
