@@ -57,6 +57,8 @@ def _common_flags(args, build):
         args.add("--num-gpu", build.num_gpu)
     if build.entry != "main":
         args.add("--entry", build.entry)
+    if build.sharding:
+        args.add("--sharding", build.sharding)
     for name, size in sorted(build.dims.items()):
         args.add("--dim", "%s=%s" % (name, size))
 

@@ -83,13 +83,22 @@ def exit_code_for(diagnostics) -> int:
     return EXIT_USAGE if codes & {"XG0007", "XG0900"} else EXIT_PROGRAM
 
 
-def compile_or_exit(file, options, *, warnings: bool = True):
+def compile_or_exit(file, options, *, warnings: bool = True, sharding=None):
     """Compile a source file for a command that builds from it; diagnostics go to stderr and a
-    failure exits with `exit_code_for` (1 for a wrong program, 2 for an unreadable file)."""
+    failure exits with `exit_code_for` (1 for a wrong program, 2 for an unreadable file).
+    `sharding`: a plan file's path (as xgc --sharding); its NUM_GPU applies unless options set one."""
+    import dataclasses
+
     from ..compiler.driver import compile_file
     from ..errors import CompileError
     try:
-        compiled = compile_file(file, options)
+        plan = None
+        if sharding is not None:
+            from ..compiler.frontend.shard_plan import load_plan
+            plan = load_plan(sharding)
+            if plan.num_gpu is not None and options.num_gpu is None:
+                options = dataclasses.replace(options, num_gpu=plan.num_gpu)
+        compiled = compile_file(file, options, plan=plan)
     except CompileError as exc:
         sys.stderr.write(str(exc) + "\n")
         raise typer.Exit(exit_code_for(exc.diagnostics) or EXIT_PROGRAM)

@@ -41,6 +41,7 @@ def tune(
     target: Optional[str] = typer.Option(None, "--target", help="GPU profile from hw/ (overrides TARGET_GPU)"),
     num_gpu: Optional[int] = typer.Option(None, "--num-gpu", min=1, help="GPUs to plan for (overrides NUM_GPU)"),
     entry: str = typer.Option("main", "--entry", help="the entry function (as xgc --entry)"),
+    sharding: Optional[Path] = typer.Option(None, "--sharding", help="a sharding plan (TOML), as xgc --sharding"),
     policy: str = typer.Option("measure", "--tune", help="measure | cache | predict | strict"),
     dim: list[str] = typer.Option([], "--dim", help="NAME=SIZE: tune at this size of a symbolic dim (default 1024)"),
     jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes compiling kernels"),
@@ -49,7 +50,7 @@ def tune(
 ) -> None:
     """Tune every kernel of FILE for the target (winners go to the XG cache); link nothing."""
     policy, dims = _policy(policy), parse_dims(dim)
-    compiled = compile_or_exit(file, _options(target, num_gpu, entry))
+    compiled = compile_or_exit(file, _options(target, num_gpu, entry), sharding=sharding)
     from ..tuner.steps import tune_program
     try:
         pairs = tune_program(compiled, policy, dims, workers=jobs, budget_s=budget,
@@ -73,6 +74,7 @@ def jobs(
     target: Optional[str] = typer.Option(None, "--target", help="GPU profile from hw/ (overrides TARGET_GPU)"),
     num_gpu: Optional[int] = typer.Option(None, "--num-gpu", min=1, help="GPUs to plan for (overrides NUM_GPU)"),
     entry: str = typer.Option("main", "--entry", help="the entry function (as xgc --entry)"),
+    sharding: Optional[Path] = typer.Option(None, "--sharding", help="a sharding plan (TOML), as xgc --sharding"),
     dim: list[str] = typer.Option([], "--dim", help="NAME=SIZE: tune at this size of a symbolic dim (default 1024)"),
     quiet: bool = typer.Option(False, "--quiet", help="print errors only (no warnings, no summary)"),
 ) -> None:
@@ -80,7 +82,7 @@ def jobs(
     dims = parse_dims(dim)
     if len(set(out)) != len(out):
         fail("each --out names a different shard file", EXIT_USAGE)
-    compiled = compile_or_exit(file, _options(target, num_gpu, entry), warnings=not quiet)
+    compiled = compile_or_exit(file, _options(target, num_gpu, entry), warnings=not quiet, sharding=sharding)
     from ..tuner.steps import write_shards
     try:
         n = write_shards(compiled, dims, len(out), list(out))

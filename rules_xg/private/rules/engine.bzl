@@ -27,6 +27,7 @@ def engine_build(ctx):
         tune = ctx.attr._tune[XgSettingInfo].value,
         num_gpu = ctx.attr.num_gpu,
         entry = ctx.attr.entry,
+        sharding = ctx.file.sharding,
         dims = _dims(ctx),
         kernels = ctx.attr.kernels,
         shards = shards,
@@ -36,7 +37,7 @@ def declare_engine(ctx, out):
     """Declares the jobs, tune and link actions that produce the engine `out`; the XgEngineInfo."""
     build = engine_build(ctx)
     srcs = depset([build.src] + ctx.files.srcs, transitive = [d[XgInfo].srcs for d in ctx.attr.deps])
-    inputs = srcs.to_list()
+    inputs = srcs.to_list() + ([build.sharding] if build.sharding else [])
     results = []
     if build.kernels:
         prefix = "%s.tune/" % ctx.label.name
@@ -75,6 +76,12 @@ ENGINE_ATTRS = {
         default = "main",
         doc = "The entry function. `main` takes the engine's inputs as externals; another function's " +
               "parameters become the engine's inputs.",
+    ),
+    "sharding": attr.label(
+        allow_single_file = [".toml"],
+        doc = "A sharding plan (TOML, docs/sharding.md): regions, functions and inputs mapped to data, " +
+              "tensor or replicated. Its `num_gpu` applies unless `num_gpu` is set. Switching strategy " +
+              "is a change of this file, not of the sources.",
     ),
     "num_gpu": attr.int(
         default = 0,
