@@ -57,10 +57,12 @@ def compile(model_or_fn: Any, example_inputs: Any, target: str = "H100", num_gpu
     e.g. `({0: torch.export.Dim("batch")},)`), translated into XG's IR, then the same passes,
     tuning (`tune`, `dims`), cache and packaging as `compile_file`. `engine.save(path)` writes an
     `.xge` that `xgrun` runs; parameters and buffers travel inside it. An op XG cannot express is
-    a `CompileError` listing each one with the module that uses it."""
-    if fallback not in (None, "error"):
-        raise XGError(f"fallback={fallback!r} is not supported: an XG engine runs every op itself, with no "
-                      "Python model to call back into; unsupported ops are a compile error (fallback='error')")
+    a `CompileError` listing each one with the module that uses it, or with `fallback="eager"` a
+    warning listing them, and the engine calls each through PyTorch (`torch.ops`) between its
+    kernels."""
+    if fallback not in (None, "error", "eager"):
+        raise XGError(f"fallback must be 'error' (the default: unsupported ops are a compile error) or 'eager' "
+                      f"(they run in PyTorch), got {fallback!r}")
     if not isinstance(num_gpu, int) or isinstance(num_gpu, bool) or num_gpu < 1:
         raise XGError(f"num_gpu must be a positive integer, got {num_gpu!r}")
     from xgbuild.compiler.importers.torch_export import import_torch
@@ -70,7 +72,7 @@ def compile(model_or_fn: Any, example_inputs: Any, target: str = "H100", num_gpu
     except (HardwareProfileError, UnknownTargetError) as exc:
         raise XGError(str(exc)) from None
     imported = import_torch(model_or_fn, example_inputs, dynamic_shapes=dynamic_shapes, target=target,
-                            num_gpu=num_gpu)
+                            num_gpu=num_gpu, fallback=fallback or "error")
     from xgbuild.runtime.model_engine import build_model_engine
     return ModelEngine(build_model_engine(imported, tune=tune, kernels=kernels, dims=dims), out_spec=imported.out_spec)
 

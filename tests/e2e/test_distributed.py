@@ -107,6 +107,33 @@ def test_sharded_programs_match_float64_on_gloo_ranks(tmp_path: Path, rand: Rand
         assert_close(got[f"out_{k}"], ref, 1e-5, rand, what=f"output {k} on {nproc} ranks")
 
 
+def test_each_rank_runs_the_engines_own_kernels(tmp_path: Path, rand: Rand) -> None:
+    """An engine with kernels (cross-compiled for H100): each rank runs them on its local shapes,
+    collectives between kernels, under Triton's interpreter here (on GPUs: the cubins, with NCCL)."""
+    src = tmp_path / "prog.xg"
+    src.write_text(SHARDED)
+    engine = tmp_path / "prog_kernels.xge"
+    done = subprocess.run([*command("xgc"), str(src), "--target", "H100", "--tune", "predict", "--num-gpu", "2",
+                           "--out", str(engine), "--quiet"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    shapes = {"A": (8, 16), "B": (16, 8), "X": (8, 16), "W1": (16, 32), "W2": (32, 16)}
+    values = {k: rand.tensor(s) for k, s in shapes.items()}
+    save_tensors(tmp_path / "in.npz", {k: t for k, (t, _) in values.items()})
+    out = tmp_path / "out.npz"
+    done = subprocess.run([*command("xgrun"), str(engine), "--nproc", "2", "--inputs", str(tmp_path / "in.npz"),
+                           "--output", str(out), "--json"], capture_output=True, text=True, timeout=400,
+                          env={**os.environ, "XG_SPMD_KERNELS": "interpret"})
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["executor"] == "spmd-kernels-interpret" and summary["comm"]["collectives"] > 0
+    got = load_tensors(out)
+    for k, ref in enumerate(references({k: v for k, (_, v) in values.items()})):
+        assert_close(got[f"out_{k}"], ref, 1e-5, rand, what=f"output {k} from the kernels on 2 ranks")
+    bad = subprocess.run([*command("xgrun"), str(engine), "--nproc", "2", "--seed", "1"], capture_output=True,
+                         text=True, timeout=200, env={**os.environ, "XG_SPMD_KERNELS": "fast"})
+    assert bad.returncode != 0 and "XG_SPMD_KERNELS is 'fast'" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_outputs_per_rank_are_each_ranks_pieces(tmp_path: Path, rand: Rand) -> None:
     src = src_text("""
         extern Tensor[float32, 8, 6] A

@@ -1,6 +1,10 @@
 """Imported models on a real GPU: the five example models through `xg.compile` and through an ONNX
-export, built for this GPU's profile, called with CUDA tensors, against float64 eager on the GPU;
-an engine saved by xg.compile runs in `xgrun --device cuda`."""
+export, built for this GPU's profile, called with CUDA tensors, against float64 eager on the CPU;
+an engine saved by xg.compile runs in `xgrun --device cuda`.
+
+The reference runs on the CPU: on CUDA, PyTorch's fused fast path of nn.TransformerEncoderLayer
+(eval, no grad) differs from its own CPU and unfused results by 2.4e-4 relative, in float64 as in
+float32 (measured on an H100 with the ViT model), so a CUDA float64 reference is not exact."""
 
 from __future__ import annotations
 
@@ -38,14 +42,14 @@ def as_tuple(v) -> tuple:
 
 
 def check(engine, name: str, model, batch: int, seed: int) -> None:
-    inputs = tuple(x.cuda() for x in make(name, batch=batch, seed=seed)[1])
-    got = as_tuple(engine(*inputs))
-    ref_model = copy.deepcopy(model).double().cuda()
+    host = make(name, batch=batch, seed=seed)[1]
+    got = as_tuple(engine(*(x.cuda() for x in host)))
+    ref_model = copy.deepcopy(model).double().cpu()
     with torch.no_grad():
-        refs = as_tuple(ref_model(*[x.double() if x.is_floating_point() else x for x in inputs]))
+        refs = as_tuple(ref_model(*[x.double() if x.is_floating_point() else x for x in host]))
     for g, r in zip(got, refs):
         assert g.is_cuda
-        err = ((g.double() - r).norm() / r.norm()).item()
+        err = ((g.double().cpu() - r).norm() / r.norm()).item()
         assert err < TOL, f"relative error {err:.3g}"
 
 

@@ -61,6 +61,10 @@ def inspect(
         cfg = " ".join(f"{a}={b}" for a, b in sorted(t["config"].items()))
         shape = " ".join(f"{a}={b}" for a, b in sorted(t.get("shape", {}).items()) if not a.startswith("d"))
         out.write(f"  {k['name']:<32} {archs:<7} {how:<10} {t['ms']:.4f} ms  {cfg}  [{shape}] key {t['key'][:12]}\n")
+    from ..compiler.ir.graph import Op
+    eager = [f"%{n.id} {n.attr('call')}" for n in eng.graph.nodes if n.op is Op.EXTERN]
+    if eager:
+        out.write(f"eager ops   {len(eager)} (fallback='eager', called through torch.ops): {', '.join(eager)}\n")
     for shard in m["sharding"]:
         out.write(f"shard       {shard['name']} dim={shard['dim']}\n")
     if m.get("sharding_plan"):

@@ -160,7 +160,8 @@ def _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, 
     except TensorIOError as exc:
         fail(str(exc))
     comm = result.metadata["timings"]["comm"]
-    extra = {"world_size": denv.world_size, "comm": comm, "split_inputs": result.metadata["split_inputs"],
+    extra = {"world_size": denv.world_size, "executor": result.metadata["executor"], "comm": comm,
+             "split_inputs": result.metadata["split_inputs"],
              "loaded_as_slices": result.metadata["loaded_as_slices"]}
     _report(engine, eng, device, check, load_ms, result, outputs, json_out, extra,
             ranks=f"{denv.world_size} ranks, ",

@@ -187,6 +187,9 @@ class CpuExecutor:
             return args[0].transpose(n.attr("dim0"), n.attr("dim1"))
         if op is Op.RESHAPE:
             return args[0].reshape(n.shape)
+        if op is Op.EXTERN:
+            from .extern import call
+            return call(n, args, torch.device("cpu"))
         if op is Op.INDEX:
             return self.gather(n, args[0], args)
         if op is Op.UNINDEX:

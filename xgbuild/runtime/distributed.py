@@ -9,6 +9,7 @@ started by cli/xgrun_rank.py, before torch loads.)
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from datetime import timedelta
@@ -74,7 +75,9 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
     local_inputs = {k: (v.chunk(group.world, split[k])[group.rank].clone() if k in split and k not in whole_shapes
                         else v) for k, v in inputs.items()}
     del inputs, shapes
-    executor = SpmdExecutor(group, float64=float64, check=check, overlap=overlap)
+    plans, launch, mode = _kernel_path(engine, device, float64)
+    executor = SpmdExecutor(group, float64=float64, check=check, overlap=overlap, kernels=plans, launch=launch,
+                            kernel_mode=mode)
     out = executor.run(graph, local_inputs, split)
     layouts = infer_layouts(graph, group.world)
     whole = {i: _gather(out.values[i], layouts[i].dim if layouts[i].kind == "S" else None, group)
@@ -92,6 +95,35 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
     }
     return (RunResult(_build(graph.output, whole), metadata, _flat(graph.output, whole)),
             _flat(graph.output, out.values))
+
+
+def _kernel_path(engine: Engine, device: str, float64: bool) -> tuple[list | None, Any, str]:
+    """The engine's kernels for this rank, (plans, launch, mode), or (None, None, "") for torch's
+    ops: the float64 reference, engines without kernels, or XG_SPMD_KERNELS=0."""
+    choice = os.environ.get("XG_SPMD_KERNELS", "")
+    if choice not in ("", "0", "1", "interpret"):
+        raise EngineError(f"XG_SPMD_KERNELS is {choice!r}; use 0 (torch ops), 1 (the engine's kernels on "
+                          "GPUs, the default) or interpret (the kernels under Triton's interpreter on CPUs)")
+    if float64 or choice == "0" or not engine.manifest.get("kernels"):
+        return None, None, ""
+    if device == "cuda":
+        from ..tuner.link import plans_from_manifest
+        from .cuda import KernelLauncher, device_arch
+        arch = device_arch(torch.cuda.current_device())
+        archs = {v["arch"] for k in engine.manifest["kernels"] for v in k["variants"]}
+        if arch not in archs:
+            return None, None, ""               # kernels for another GPU: torch's ops run the plan
+        launcher = KernelLauncher(torch.cuda.current_device())
+        return (plans_from_manifest(engine.manifest, engine.file.entries),
+                lambda c, grid, args: launcher.launch(c.handle, grid, args), "cuda")
+    if choice == "interpret":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise EngineError("XG_SPMD_KERNELS=interpret needs TRITON_INTERPRET=1 in the ranks' environment "
+                              "before they start (Triton reads it when it is imported); xgrun --nproc sets it")
+        from . import interpret
+        interpret.enable()
+        return interpret.plans_from_manifest(engine.manifest), interpret.launch, "interpret"
+    return None, None, ""
 
 
 def check_world(engine: Engine, world: int) -> int:

@@ -137,7 +137,7 @@ class Engine:
                 raise InputError(f"input `{name}` is on {t.device}, but the engine runs on {device}")
             if "range" in spec and t.numel():
                 lo, hi = spec["range"]
-                tmin, tmax = int(t.min()), int(t.max())
+                tmin, tmax = torch.stack(torch.aminmax(t)).tolist()    # one device sync, not two
                 if tmin < lo or tmax >= hi:
                     bad = tmin if tmin < lo else tmax
                     raise InputError(f"input `{name}` holds {bad}, outside [{lo}, {hi}): it indexes a table "
@@ -172,7 +172,9 @@ class Engine:
 
     # --- running --------------------------------------------------------------------------------
     def run(self, external_values: Mapping[str, Any] | None = None, *, device: str = "cpu", check: bool = True,
-            float64: bool = False) -> RunResult:
+            float64: bool = False, wait: bool = True) -> RunResult:
+        """Runs the engine. On cuda, `wait=False` returns as soon as the work is queued on torch's
+        current stream (as a PyTorch op does); the reported timings are then queueing times."""
         if device not in ("cpu", "cuda"):
             raise InputError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
         if device == "cuda":
@@ -184,7 +186,7 @@ class Engine:
         inputs = self.prepare_inputs(external_values, device)
         t0 = time.perf_counter()
         graph, env, cached = self.specialised(inputs)
-        out = executor.run(graph, inputs)
+        out = executor.run(graph, inputs, wait=wait) if device == "cuda" else executor.run(graph, inputs)
         total_ms = (time.perf_counter() - t0) * 1e3
         value = _build(graph.output, out.values)
         metadata = {
@@ -225,6 +227,7 @@ class Engine:
         if arch not in self._cuda:
             from ..tuner.link import plans_from_manifest
             self._cuda[arch] = CudaExecutor(plans_from_manifest(self.manifest, self.file.entries))
+            self._cuda[arch].stable = frozenset(self.weights("cuda"))   # cached on the device: read in place
         ex = self._cuda[arch]
         ex.check = check
         return ex

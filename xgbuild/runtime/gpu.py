@@ -12,6 +12,7 @@ kernel's dim order), reads the strides, picks the first compiled variant whose a
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -23,12 +24,13 @@ from ..compiler.codegen.spec import Binding, KernelSpec
 from ..compiler.codegen.triton_src import Variant, unindex_params
 from ..compiler.ir.graph import COLLECTIVE, Graph, Node, Op, tree_ids
 from ..compiler.ir.serialize import where as src_text
-from ..errors import ExecutionError
+from ..errors import ExecutionError, XGError
 from .cpu import CpuExecutor, RunOutput, index_view
 from .dtypes import TORCH_DTYPES
 from .replay import MAX_REPLAYS, Replay, recipe
 
 INT32_MAX = 2**31 - 1
+MAX_GRAPHS = 4           # captured CUDA graphs kept per executor (each holds its intermediates)
 
 
 @dataclass
@@ -49,6 +51,12 @@ class KernelPlan:
 
 
 @dataclass
+class ExternStep:
+    """A PyTorch operator the engine calls eagerly between kernels (an EXTERN node)."""
+    node: int
+
+
+@dataclass
 class Launch:
     """What one kernel launch needs, computed from the tensors of this run."""
     tensors: dict[str, torch.Tensor]
@@ -56,22 +64,47 @@ class Launch:
     layouts: list            # per operand: ("dense"|strides tuple, shape tuple) as seen in this run
 
 
+Collective = Callable[[Node, torch.Tensor], "torch.Tensor | Callable[[], torch.Tensor]"]
+
+
 class Values:
     """The node values of one run: views computed on demand from the values they view (never
-    copied where torch can help it), every other node from `base` or set by a kernel."""
+    copied where torch can help it), every other node from `base` or set by a kernel.
 
-    def __init__(self, graph: Graph, base: Callable[[Node], torch.Tensor], meta: bool = False) -> None:
-        self.graph, self.base, self.meta = graph, base, meta
+    Collectives are views of their input within one process. With `collective` (one rank of an
+    SPMD run) they are real: `start(n)` hands the input to it and keeps what comes back, a tensor
+    or a callable that waits for the transfer, called when a consumer first reads the value."""
+
+    def __init__(self, graph: Graph, base: Callable[[Node], torch.Tensor], meta: bool = False,
+                 collective: Collective | None = None) -> None:
+        self.graph, self.base, self.meta, self.collective = graph, base, meta, collective
         self.vals: dict[int, torch.Tensor] = {}
+        self.pending: dict[int, Callable[[], torch.Tensor]] = {}
 
     def __call__(self, nid: int) -> torch.Tensor:
         if nid not in self.vals:
             n = self.graph.node(nid)
-            if n.op in VIEWS:
+            if nid in self.pending:
+                self.vals[nid] = self.pending.pop(nid)()
+            elif n.op in COLLECTIVE and self.collective is not None:
+                self.start(n)
+                return self(nid)
+            elif n.op in VIEWS:
                 self.vals[nid] = view(n, [self(i) for i in n.inputs], self.meta)
             else:
                 self.vals[nid] = self.base(n)
         return self.vals[nid]
+
+    def start(self, n: Node) -> None:
+        """Issue collective `n` on its input's value (computed by now)."""
+        if n.id in self.vals or n.id in self.pending:
+            return
+        assert self.collective is not None
+        out = self.collective(n, self(n.inputs[0]))
+        if isinstance(out, torch.Tensor):
+            self.vals[n.id] = out
+        else:
+            self.pending[n.id] = out
 
     def __setitem__(self, nid: int, value: torch.Tensor) -> None:
         self.vals[nid] = value
@@ -258,6 +291,11 @@ def choose(plan: KernelPlan, launch: Launch) -> Compiled:
     raise ExecutionError(f"internal: no variant of kernel {plan.spec.name} accepts this launch")
 
 
+def _outputs(graph: Graph, value: Values) -> dict[int, torch.Tensor]:
+    # a constant's tensor is shared by every run: the caller gets its own
+    return {nid: value(nid).clone() if graph.node(nid).op is Op.CONST else value(nid) for nid in tree_ids(graph.output)}
+
+
 class KernelExecutor:
     """Runs a specialised graph with an engine's kernels; `launch(compiled, grid, args)` does the rest.
 
@@ -267,13 +305,15 @@ class KernelExecutor:
     at an offset or a copy, are never recorded."""
 
     def __init__(self, plans: list[KernelPlan], launch: Callable[[Compiled, tuple, list], None],
-                 device: torch.device, replay: bool = False) -> None:
+                 device: torch.device, replay: bool = False, collective: Collective | None = None) -> None:
         self.plans = plans
         self.launch = launch
         self.device = device
-        self.replay = replay
+        self.replay = replay and collective is None
+        self.collective = collective    # one rank of an SPMD run: see `Values`
         self._replays: dict[tuple, Replay] = {}
         self._dynamic: dict[int, tuple[Graph, bool]] = {}
+        self._consts: dict[tuple, torch.Tensor] = {}
 
     def run(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
         key = self._key(graph, inputs) if self.replay else None
@@ -281,10 +321,21 @@ class KernelExecutor:
         if known is not None and known.graph is graph:
             return self._replay(graph, known, inputs)
 
-        value = Values(graph, self._base(inputs))
+        value = Values(graph, self._base(inputs), collective=self.collective)
+        ready = self._collectives_ready(graph) if self.collective is not None else {}
+        for n in ready.get(-1, ()):
+            value.start(n)              # collectives of inputs: in flight while the first kernels run
         sources: dict[int, tuple] = {t.data_ptr(): ("in", name) for name, t in inputs.items()}
         steps: list | None = [] if key is not None and len(sources) == len(inputs) else None
         for index, plan in enumerate(self.plans):
+            if isinstance(plan, ExternStep):
+                from .extern import call
+                n = graph.node(plan.node)
+                value[n.id] = call(n, [value(i) for i in n.inputs], self.device)
+                steps = None            # torch allocates its own outputs: nothing to replay
+                for c in ready.get(index, ()):
+                    value.start(c)
+                continue
             shapes = [(tuple(graph.node(nid).shape), TORCH_DTYPES[graph.node(nid).dtype]) for nid in plan.binding.outputs]
             outs = [torch.empty(shape, dtype=dt, device=self.device) for shape, dt in shapes]
             launch = bind(plan, graph, value, outs)
@@ -295,6 +346,8 @@ class KernelExecutor:
                 self.launch(chosen, grid, args)
             for nid, t in zip(plan.binding.outputs, outs):
                 value[nid] = t
+            for n in ready.get(index, ()):
+                value.start(n)          # its input exists now: the transfer overlaps the next kernels
             if steps is not None:
                 for i, t in enumerate(outs):
                     sources[t.data_ptr()] = ("out", index, i) if t.data_ptr() not in sources else ("?",)
@@ -304,7 +357,31 @@ class KernelExecutor:
             if len(self._replays) >= MAX_REPLAYS:
                 self._replays.pop(next(iter(self._replays)))
             self._replays[key] = Replay(graph, steps)
-        return {nid: value(nid) for nid in tree_ids(graph.output)}
+        outputs = _outputs(graph, value)
+        for nid in list(value.pending):
+            value(nid)                  # every rank finishes every collective it issued
+        return outputs
+
+    def _collectives_ready(self, graph: Graph) -> dict[int, list[Node]]:
+        """Each collective by the index of the last step whose output it needs (-1: inputs only),
+        in graph order, so that every rank issues them in the same sequence."""
+        made: dict[int, int] = {}
+        for index, plan in enumerate(self.plans):
+            for nid in ([plan.node] if isinstance(plan, ExternStep) else plan.binding.outputs):
+                made[nid] = index
+
+        def after(nid: int) -> int:
+            n = graph.node(nid)
+            if nid in made:
+                return made[nid]
+            if n.op in VIEWS:
+                return max([after(i) for i in n.inputs] + [-1])
+            return -1
+        ready: dict[int, list[Node]] = {}
+        for n in graph.nodes:
+            if n.op in COLLECTIVE:
+                ready.setdefault(after(n.inputs[0]), []).append(n)
+        return ready
 
     def _base(self, inputs: dict[str, torch.Tensor]) -> Callable[[Node], torch.Tensor]:
         """Values that no kernel computes: inputs (contiguous) and constants."""
@@ -313,7 +390,11 @@ class KernelExecutor:
                 t = inputs[n.attr("name")]
                 return t if t.is_contiguous() else t.contiguous()
             if n.op is Op.CONST:
-                return torch.tensor(n.attr("value"), dtype=TORCH_DTYPES[n.dtype], device=self.device)
+                # made once per value: a host-to-device copy cannot happen inside a CUDA graph capture
+                key = (repr(n.attr("value")), n.dtype)
+                if key not in self._consts:
+                    self._consts[key] = torch.tensor(n.attr("value"), dtype=TORCH_DTYPES[n.dtype], device=self.device)
+                return self._consts[key]
             raise ExecutionError(f"internal: %{n.id} (`{n.op.value}`) is read before a kernel writes it")
         return base
 
@@ -341,27 +422,50 @@ class KernelExecutor:
         for plan, outs in zip(self.plans, produced):
             for nid, t in zip(plan.binding.outputs, outs):
                 value[nid] = t
-        return {nid: value(nid) for nid in tree_ids(graph.output)}
+        return _outputs(graph, value)
+
+
+@dataclass
+class Captured:
+    """One input signature's run, captured as a CUDA graph: replayed with one launch."""
+    graph: Graph
+    cuda_graph: Any                     # torch.cuda.CUDAGraph
+    inputs: dict[str, torch.Tensor]     # the tensors the graph reads: its own copies, and stable inputs
+    copied: tuple[str, ...]             # inputs copied in before each replay
+    outputs: dict[int, torch.Tensor]    # the graph's output buffers (cloned out after each replay)
 
 
 class CudaExecutor:
-    """An engine's kernels on torch's current CUDA device, launched through the CUDA driver."""
+    """An engine's kernels on torch's current CUDA device, launched through the CUDA driver.
+
+    An input signature's first run launches kernel by kernel; the second captures the run as a
+    CUDA graph, and later runs replay it: the inputs copied into the graph's buffers, one graph
+    launch, the outputs cloned out (so that results never alias a later run's). `stable` names
+    the inputs whose tensors persist between runs (an engine's weights): the graph reads them in
+    place. Graphs with run-time indices, or whose capture fails, keep launching kernel by kernel.
+    Capture is opt-in (`XG_CUDA_GRAPHS=1`, or `graphs=True`) until it has run on a GPU in CI."""
     name = "cuda"
 
-    def __init__(self, plans: list[KernelPlan], check: bool = True) -> None:
+    def __init__(self, plans: list[KernelPlan], check: bool = True, graphs: bool | None = None) -> None:
         from .cuda import KernelLauncher
         self.plans = plans
         self.check = check
+        self.graphs = os.environ.get("XG_CUDA_GRAPHS", "0") == "1" if graphs is None else graphs
+        self.stable: frozenset[str] = frozenset()
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.launcher = KernelLauncher(self.device.index)
+        self._captured: dict[tuple, Captured] = {}
+        self._warm: set[tuple] = set()
+        self._uncapturable: set[tuple] = set()
 
         def launch(c: Compiled, grid: tuple, args: list) -> None:
             self.launcher.launch(c.handle, grid, args)
         self.kernels = KernelExecutor(plans, launch, self.device, replay=True)
 
-    def run(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> RunOutput:
+    def run(self, graph: Graph, inputs: dict[str, torch.Tensor], wait: bool = True) -> RunOutput:
+        """Runs the kernels on torch's current stream; `wait` synchronises first (timings are then real)."""
         t0 = time.perf_counter()
-        values = self.kernels.run(graph, inputs)
+        values = self._values(graph, inputs)
         if self.check:
             bad = [nid for nid, v in values.items() if v.dtype.is_floating_point and not bool(torch.isfinite(v).all())]
             if bad:
@@ -374,6 +478,48 @@ class CudaExecutor:
                     raise ExecutionError(f"{exc} (seen on the GPU, traced on the CPU reference)") from None
                 raise ExecutionError(f"check failed: an output holds NaN/Inf on the GPU (node %{bad[0]}) but not on the "
                                      "CPU reference: the GPU result is wrong")
-        torch.cuda.synchronize(self.device)
+        if wait:
+            torch.cuda.synchronize(self.device)
         return RunOutput(values, [{"op": "kernels", "launches": len(self.plans),
                                    "ms": (time.perf_counter() - t0) * 1e3}])
+
+    def _values(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
+        key = self.kernels._key(graph, inputs) if self.graphs else None
+        if key is None:
+            return self.kernels.run(graph, inputs)
+        cap = self._captured.get(key)
+        if cap is not None:
+            if cap.graph is graph and all(inputs[n].data_ptr() == cap.inputs[n].data_ptr()
+                                          for n in cap.inputs if n not in cap.copied):
+                for n in cap.copied:
+                    cap.inputs[n].copy_(inputs[n])
+                cap.cuda_graph.replay()
+                return {nid: t.clone() for nid, t in cap.outputs.items()}
+            del self._captured[key]             # a stable input moved: capture again
+        if key in self._uncapturable or key not in self._warm:
+            self._warm.add(key)                 # the first run loads every module: never inside a capture
+            return self.kernels.run(graph, inputs)
+        cap = self._capture(graph, inputs)
+        if cap is None:
+            self._uncapturable.add(key)
+            return self.kernels.run(graph, inputs)
+        if len(self._captured) >= MAX_GRAPHS:
+            self._captured.pop(next(iter(self._captured)))
+        self._captured[key] = cap
+        cap.cuda_graph.replay()
+        return {nid: t.clone() for nid, t in cap.outputs.items()}
+
+    def _capture(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> Captured | None:
+        copied = tuple(sorted(n for n in inputs if n not in self.stable))
+        static = {n: (t.clone() if n in copied else t) for n, t in inputs.items()}
+        cuda_graph = torch.cuda.CUDAGraph()
+        replay, self.kernels.replay = self.kernels.replay, False
+        try:
+            with torch.cuda.graph(cuda_graph):
+                outputs = self.kernels.run(graph, static)
+        except (RuntimeError, XGError):
+            torch.cuda.synchronize(self.device)
+            return None             # something in the run cannot be captured: launch kernel by kernel
+        finally:
+            self.kernels.replay = replay
+        return Captured(graph, cuda_graph, static, copied, outputs)

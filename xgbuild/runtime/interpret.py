@@ -36,6 +36,32 @@ def launch(compiled: Any, grid: tuple, args: list) -> None:
     fn[grid](*args, **emitted.constexprs)
 
 
+def plans_from_manifest(manifest: dict) -> list:
+    """An engine's launch plans with each variant's Triton source (re-emitted from its spec and
+    config, as the build compiled it) as an interpreted function instead of a cubin."""
+    from ..compiler.codegen.build import load_function
+    from ..compiler.codegen.spec import Binding, KernelSpec
+    from ..compiler.codegen.triton_src import Variant, emit
+    from .gpu import Compiled, ExternStep, KernelPlan
+    kernels = {}
+    for k in manifest.get("kernels", []):
+        spec = KernelSpec.from_canonical(k["spec"])
+        variants = []
+        for v in k["variants"]:
+            variant, cfg = Variant.from_json(v["variant"]), dict(v["config"])
+            em = emit(spec, cfg, variant)
+            variants.append(Compiled(variant, cfg, em.params, em.div16, (load_function(em), em)))
+        kernels[k["id"]] = (spec, variants)
+    plans: list = []
+    for launch in manifest.get("launches", []):
+        if "extern" in launch:
+            plans.append(ExternStep(int(launch["extern"])))
+            continue
+        spec, variants = kernels[launch["kernel"]]
+        plans.append(KernelPlan(spec, Binding.from_json(launch["binding"]), variants))
+    return plans
+
+
 def check_program(path: str, dims: dict[str, int], target: str = "H100", seed: int = 0) -> list[dict]:
     """Runs a program's kernels (tuned variants and generic ones, as an engine carries them) under the
     interpreter at `dims` on two input sets (the second replayed where it can be), and compares
@@ -65,7 +91,7 @@ def check_graph(graph: Any, inputs: dict | list[dict], dims: dict[str, int], tar
     from ..tuner.space import default_config
     from ..tuner.tuner import Tuner
     from .cpu import CpuExecutor
-    from .gpu import Compiled, KernelExecutor, KernelPlan
+    from .gpu import Compiled, ExternStep, KernelExecutor, KernelPlan
 
     jobs, launches = plan(graph, tuning_env(graph, dims))
     tuner = Tuner(load_profile(target), policy="predict")
@@ -78,7 +104,7 @@ def check_graph(graph: Any, inputs: dict | list[dict], dims: dict[str, int], tar
             out.append(Compiled(v, cfg, em.params, em.div16, (load_function(em), em)))
         variants[job.ident] = out
     specs = {job.ident: job.spec for job in jobs}
-    plans = [KernelPlan(specs[ident], b, variants[ident]) for ident, b in launches]
+    plans = [ExternStep(b) if ident == "extern" else KernelPlan(specs[ident], b, variants[ident]) for ident, b in launches]
     chosen: list[str] = []
 
     def run(c, grid, args):

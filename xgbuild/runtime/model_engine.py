@@ -83,7 +83,8 @@ class ModelEngine:
         device = devices.pop() if devices else "cpu"
         if device not in ("cpu", "cuda"):
             raise XGError(f"inputs on {device} are not supported (cpu or cuda)")
-        result = self.engine.run({s["name"]: x for s, x in zip(sig, inputs)}, device=device, check=self.check)
+        result = self.engine.run({s["name"]: x for s, x in zip(sig, inputs)}, device=device, check=self.check,
+                                 wait=False)
         out = self.engine.graph.output
         if "t" in out:
             leaves = [result.tensors["out"]]

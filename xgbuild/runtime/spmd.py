@@ -7,6 +7,13 @@ rank's GPU when the device is cuda). Collective ops go through `torch.distribute
 NCCL on GPU) asynchronously: a collective starts as soon as its input exists and is waited for
 only when a consumer needs its result, so it overlaps whatever compute does not depend on it (with
 NCCL the transfer runs on NCCL's own CUDA stream; `wait` only orders the compute stream after it).
+
+With `kernels` (a CUDA rank of an engine that carries kernels, the default there), the rank runs
+the engine's own tuned kernels instead, on its local shapes, through `gpu.KernelExecutor`: each
+collective is issued as soon as the kernel that produces its input is launched and waited for when
+a later kernel first reads it. (`XG_SPMD_KERNELS=0` keeps torch's ops; `XG_SPMD_KERNELS=interpret`
+runs the kernels under Triton's interpreter on CPU ranks, to check a sharded engine's kernel path
+without GPUs.)
 """
 
 from __future__ import annotations
@@ -56,17 +63,23 @@ class SpmdExecutor:
     """Runs one rank's part of a planned graph (see the module docstring); `stats` after a run:
     collectives started, milliseconds spent issuing and waiting for them, and in all."""
 
-    def __init__(self, group: Group, *, float64: bool = False, check: bool = True, overlap: bool = True) -> None:
+    def __init__(self, group: Group, *, float64: bool = False, check: bool = True, overlap: bool = True,
+                 kernels: list | None = None, launch: Callable | None = None, kernel_mode: str = "") -> None:
         self.group = group
+        self.plans, self.launch = kernels, launch
         self.ops = CpuExecutor(float64=float64, check=check, timings=False)
         self.check = check
         self.overlap = overlap       # False: finish each collective before going on (measures overlap)
         self.name = "spmd-" + ("cuda" if group.device.startswith("cuda") else "cpu")
+        if kernels is not None:
+            self.name = f"spmd-kernels-{kernel_mode or self.name[5:]}"
         self.stats: dict = {}
 
     def run(self, graph: Graph, inputs: dict[str, torch.Tensor], split: dict[str, int]) -> RunOutput:
         """Run `graph` (global shapes) on this rank; `inputs` are whole, except those in `split`,
         which are already this rank's slices. Returns this rank's pieces of the outputs."""
+        if self.plans is not None:
+            return self._run_kernels(graph, inputs, split)
         local, _ = local_graph(graph, self.group.world)
         split_ids = {nid for name, nid in graph.inputs if name in split}
         vals: dict[int, torch.Tensor] = {}
@@ -122,6 +135,51 @@ class SpmdExecutor:
         self.stats = comm
         if self.check:
             self.ops.guard(local, vals)
+        return RunOutput(outs, [])
+
+    def _run_kernels(self, graph: Graph, inputs: dict[str, torch.Tensor], split: dict[str, int]) -> RunOutput:
+        from .gpu import KernelExecutor
+        local, _ = local_graph(graph, self.group.world)
+        split_ids = {nid for name, nid in graph.inputs if name in split}
+        comm = {"collectives": 0, "wait_ms": 0.0, "issue_ms": 0.0}
+        t_start = time.perf_counter()
+        on_gpu = self.group.device != "cpu"
+
+        def collective(n: Node, x: torch.Tensor):
+            if n.op is Op.SHARD and n.inputs[0] in split_ids:
+                return x                        # loaded as this rank's slice already
+            t0 = time.perf_counter()
+            started = self.collective(n, x)
+            comm["issue_ms"] += (time.perf_counter() - t0) * 1e3
+            if isinstance(started, torch.Tensor):
+                return started
+            comm["collectives"] += 1
+            work, finish = started
+
+            def wait() -> torch.Tensor:
+                t1 = time.perf_counter()
+                try:
+                    work.wait()
+                except RuntimeError as exc:
+                    raise ExecutionError(f"`{n.op.value}` (node %{n.id}){_at(n)} failed on rank "
+                                         f"{self.group.rank}: {_first_line(exc)}") from None
+                if not self.overlap and on_gpu:
+                    torch.cuda.synchronize()     # serialised: the transfer ends before any later compute
+                comm["wait_ms"] += (time.perf_counter() - t1) * 1e3
+                return finish()
+            return wait() if not self.overlap else wait
+
+        device = torch.device(self.group.device)
+        executor = KernelExecutor(self.plans, self.launch, device, collective=collective)
+        with torch.no_grad(), (device if on_gpu else nullcontext()):
+            outs = executor.run(local, inputs)
+        if self.check:
+            bad = [i for i, v in outs.items() if v.dtype.is_floating_point and not bool(torch.isfinite(v).all())]
+            if bad:
+                raise ExecutionError(f"check failed: output %{bad[0]} holds NaN/Inf on rank {self.group.rank}; "
+                                     "rerun with XG_SPMD_KERNELS=0 to trace its origin op by op")
+        comm["total_ms"] = (time.perf_counter() - t_start) * 1e3
+        self.stats = comm
         return RunOutput(outs, [])
 
     def compute(self, n: Node, args: list[torch.Tensor], inputs: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -115,15 +115,20 @@ def _problem(spec: KernelSpec, launch, graph: Graph, outputs: list[int]) -> Prob
 
 
 def plan(graph: Graph, env: dict[str, int]) -> tuple[list[Job], list[tuple[str, Binding]]]:
-    """Jobs (deduplicated) and the program's launches in order: (job ident, binding)."""
+    """Jobs (deduplicated) and the program's launches in order: (job ident, binding), or
+    ("extern", node id) for a PyTorch operator the engine calls eagerly."""
     sched = schedule(graph)
-    pairs = kernel_specs(sched)
+    pairs = iter(kernel_specs(sched))
     sg = specialize(graph, env)
     value = Values(sg, _meta, meta=True)
     jobs: dict[str, Job] = {}
-    launches: list[tuple[str, Binding]] = []
+    launches: list[tuple[str, Binding | int]] = []
     generic = Compiled(Variant.generic(), {"BLOCK": 1}, [], [], None)
-    for (spec, binding), kernel in zip(pairs, sched.kernels):
+    for kernel in sched.kernels:
+        if kernel.kind == "extern":
+            launches.append(("extern", kernel.anchor))
+            continue
+        spec, binding = next(pairs)
         outs = [torch.empty(tuple(sg.node(n).shape), dtype=TORCH_DTYPES[sg.node(n).dtype], device="meta")
                 for n in binding.outputs]
         launch = bind(KernelPlan(spec, binding, [generic]), sg, value, outs)

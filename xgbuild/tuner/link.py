@@ -22,7 +22,7 @@ from ..compiler.ir.graph import Graph
 from ..errors import CompileError
 from ..hw import GpuProfile
 from ..runtime.cuda import KernelBinary
-from ..runtime.gpu import Compiled, KernelPlan
+from ..runtime.gpu import Compiled, ExternStep, KernelPlan
 from .jobs import Job, plan, tuning_env
 from .progress import TuneProgress
 from .space import default_config
@@ -145,7 +145,8 @@ def assemble(jobs: list[Job], launches: list[tuple[str, Binding]], entries: dict
                            + "; were the tuning results made from another version of this program?", [])
     kernels = [entries[job.ident] for job in jobs]
     named = {v[kind] for k in kernels for v in k["variants"] for kind in ("cubin", "ptx")}
-    table_launches = [{"kernel": ident, "binding": b.to_json()} for ident, b in launches]
+    table_launches = [{"extern": b} if ident == "extern" else {"kernel": ident, "binding": b.to_json()}
+                      for ident, b in launches]
     return KernelTable(kernels, table_launches, {p: b for p, b in files.items() if p in named}, dict(stats or {}))
 
 
@@ -169,7 +170,7 @@ def build_kernels(graph: Graph, profile: GpuProfile, *, policy: str = "cache", d
     return assemble(jobs, launches, entries, files, stats)
 
 
-def plans_from_manifest(manifest: dict, entries: dict[str, bytes]) -> list[KernelPlan]:
+def plans_from_manifest(manifest: dict, entries: dict[str, bytes]) -> list[KernelPlan | ExternStep]:
     """The executor's plans from an engine's kernel table (files already verified by the archive)."""
     by_id: dict[str, tuple[KernelSpec, list[Compiled]]] = {}
     for k in manifest.get("kernels", []):
@@ -182,6 +183,9 @@ def plans_from_manifest(manifest: dict, entries: dict[str, bytes]) -> list[Kerne
         by_id[k["id"]] = (spec, variants)
     plans = []
     for launch in manifest.get("launches", []):
+        if "extern" in launch:
+            plans.append(ExternStep(int(launch["extern"])))
+            continue
         spec, variants = by_id[launch["kernel"]]
         plans.append(KernelPlan(spec, Binding.from_json(launch["binding"]), variants))
     return plans

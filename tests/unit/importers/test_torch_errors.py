@@ -102,9 +102,17 @@ def test_dropout_in_training_mode_is_refused() -> None:
         xg.compile(model, (torch.randn(2, 4),), kernels=False)
 
 
-def test_fallback_eager_is_refused_clearly() -> None:
-    with pytest.raises(xg.XGError, match="fallback='eager' is not supported"):
-        xg.compile(nn.Linear(2, 2), (torch.randn(1, 2),), fallback="eager")
+def test_unknown_fallback_is_refused_clearly() -> None:
+    with pytest.raises(xg.XGError, match="fallback must be 'error' .* or 'eager' .*, got 'python'"):
+        xg.compile(nn.Linear(2, 2), (torch.randn(1, 2),), fallback="python")
+
+
+def test_fallback_eager_with_nothing_to_fall_back_builds_no_eager_op() -> None:
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)   # no "run in PyTorch eager" warning either
+        engine = xg.compile(nn.Linear(2, 2), (torch.randn(1, 2),), fallback="eager", kernels=False)
+    assert all(n.op.value != "extern" for n in engine.engine.graph.nodes)
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -7,6 +7,7 @@ Three kernel kinds, chosen greedily in topological order:
   an element-wise prologue on its input and an epilogue on its row shape (RMSNorm, softmax, …);
 - `elementwise`: a chain of element-wise ops over one output shape. UNINDEX (the gradient of an
   indexed read) starts one: each output element is the input's element where INDEX read it, or 0.
+EXTERN (a PyTorch operator run eagerly, `fallback="eager"`) is a step of its own between kernels.
 Views (RESHAPE of a contiguous value, TRANSPOSE, constant INDEX) are not kernels: a kernel reads
 its inputs through their strides. CONST nodes are folded into the kernels that read them. Every
 other node must land in a kernel: an op with no kernel path is an error, never a CPU fallback.
@@ -31,7 +32,7 @@ class ScheduleError(ValueError):
 
 @dataclass
 class Kernel:
-    kind: str                          # "elementwise" | "rowwise" | "matmul"
+    kind: str                          # "elementwise" | "rowwise" | "matmul" | "extern" (no kernel: torch)
     anchor: int | None                 # the MATMUL or reduction node
     nodes: list[int] = field(default_factory=list)      # computed in the kernel, topological
     shape: tuple = ()                  # the iteration domain: output shape (rowwise: the anchor's input)
@@ -120,7 +121,7 @@ def schedule(graph: Graph) -> Schedule:
         return out
 
     def can_join(k: Kernel, n: Node) -> bool:
-        if n.op not in ELEMENTWISE or n.op in SOURCES:
+        if n.op not in ELEMENTWISE or n.op in SOURCES or k.kind == "extern":
             return False
         if k.kind == "rowwise" and k.reduce_dims != (len(k.shape) - 1,):
             return False                # a reduction over other dims stands alone
@@ -193,6 +194,9 @@ def schedule(graph: Graph) -> Schedule:
                     owner[n.id] = pidx
                     continue
             new_kernel(Kernel("rowwise", n.id, [n.id], tuple(x.shape), last), n)
+            continue
+        if n.op is Op.EXTERN:
+            new_kernel(Kernel("extern", n.id, [n.id], tuple(n.shape)), n)
             continue
         if n.op is Op.UNINDEX:
             # Reads its input at other positions than its own: never fused after that input.

@@ -188,4 +188,4 @@ def make_spec(sched: Schedule, k: Kernel) -> tuple[KernelSpec, Binding]:
 
 
 def kernel_specs(sched: Schedule) -> list[tuple[KernelSpec, Binding]]:
-    return [make_spec(sched, k) for k in sched.kernels]
+    return [make_spec(sched, k) for k in sched.kernels if k.kind != "extern"]

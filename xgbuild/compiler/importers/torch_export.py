@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from typing import Any, Sequence
 
 import torch
 
 from ...errors import CompileError, XGError
-from ..ir.graph import Dim
+from ..ir.graph import Dim, Op
 from .aten_ops import TABLE
 from .builder import IRBuilder, TranslationError, Ref, is_node, xg_dtype
 from .imported import ImportedProgram, Unsupported, UnsupportedOps, finish
@@ -50,8 +51,10 @@ def _dim_names(dynamic_shapes: Any, arg_names: list[str]) -> dict[tuple[int, int
 
 
 class _Translator:
-    def __init__(self, ep: torch.export.ExportedProgram, name: str, dim_names: dict[tuple[int, int], str]) -> None:
+    def __init__(self, ep: torch.export.ExportedProgram, name: str, dim_names: dict[tuple[int, int], str],
+                 eager: bool = False) -> None:
         self.ep = ep
+        self.eager = eager                          # ops with no translation become EXTERN nodes
         self.b = IRBuilder("main")
         self.name = name
         self.dim_names = dim_names
@@ -62,6 +65,7 @@ class _Translator:
         self.ranges: dict[str, tuple[int, int]] = {}
         self.example_dims: dict[str, int] = {}
         self.unsupported: list[Unsupported] = []
+        self.fallbacks: list[Unsupported] = []      # ops left to PyTorch (fallback="eager")
         self.aliases: dict[tuple, Ref] = {}         # (storage, shape, strides, dtype) -> weight input
 
     # --- sizes ----------------------------------------------------------------------------------
@@ -165,6 +169,15 @@ class _Translator:
             kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.values.get(n.name))
             key = _key(node.target)
             handler = TABLE.get(key)
+            if handler is None and self.eager and not self.unsupported:
+                try:
+                    self.values[node.name] = self.extern(node)
+                    self.fallbacks.append(Unsupported(str(node.target), self.where(node)))
+                    continue
+                except TranslationError as exc:
+                    self.unsupported.append(Unsupported(key, self.where(node), f"no eager fallback: {exc}"))
+                    self.values[node.name] = None
+                    continue
             if handler is None:
                 self.unsupported.append(Unsupported(key, self.where(node)))
                 self.values[node.name] = None
@@ -180,6 +193,45 @@ class _Translator:
                 self.values[node.name] = None
         assert output is not None
         return output
+
+    def extern(self, node: torch.fx.Node) -> Any:
+        """An EXTERN node per tensor the operator returns: the engine calls it through `torch.ops`."""
+        from ...runtime.extern import dumps, template
+        if not isinstance(node.target, torch._ops.OpOverload):
+            raise TranslationError(f"{node.target} is not a PyTorch operator")
+        inputs: list[Ref] = []
+
+        def tensor_index(v: Any) -> int | None:
+            if isinstance(v, torch.fx.Node):
+                ref = self.values.get(v.name)
+                if isinstance(v.meta.get("val"), torch.SymInt):
+                    raise TranslationError("it takes a size that depends on a dynamic dim")
+                if not is_node(ref):
+                    raise TranslationError(f"its argument `{v.name}` is not a tensor XG computed")
+                if ref not in inputs:
+                    inputs.append(ref)
+                return inputs.index(ref)
+            if isinstance(v, torch.SymInt):
+                raise TranslationError("it takes a size that depends on a dynamic dim")
+            return None
+        try:
+            args = dumps(template(list(node.args), tensor_index),
+                         {k: template(v, tensor_index) for k, v in node.kwargs.items()})
+        except ValueError as exc:
+            raise TranslationError(f"it takes {exc}") from None
+        val = node.meta.get("val")
+        outs = list(val) if isinstance(val, (tuple, list)) else [val]
+        refs = []
+        for i, v in enumerate(outs):
+            if not isinstance(v, torch.Tensor):
+                raise TranslationError(f"it returns a {type(v).__name__}")
+            dtype = xg_dtype(v.dtype)
+            if dtype is None:
+                raise TranslationError(f"it returns a {v.dtype} tensor, which XG has no type for")
+            refs.append(self.b.add(Op.EXTERN, inputs, dtype, tuple(self.dim(d) for d in v.shape),
+                                   call=str(node.target), args=args,
+                                   output=i if isinstance(val, (tuple, list)) else None))
+        return tuple(refs) if isinstance(val, (tuple, list)) else refs[0]
 
     def output(self, node: torch.fx.Node) -> dict:
         from torch.export.graph_signature import OutputKind
@@ -219,7 +271,11 @@ def _capture(model: torch.nn.Module, args: tuple, dynamic_shapes: Any) -> torch.
 
 
 def import_torch(model_or_fn: Any, example_inputs: Sequence[Any], *, dynamic_shapes: Any = None,
-                 target: str = "H100", num_gpu: int = 1, verify_each: bool = False) -> ImportedProgram:
+                 target: str = "H100", num_gpu: int = 1, verify_each: bool = False,
+                 fallback: str = "error") -> ImportedProgram:
+    """The model as an ImportedProgram. An op with no translation (after one retry on the
+    decomposed graph) is an `UnsupportedOps` error, or with `fallback="eager"` an EXTERN node the
+    engine calls through PyTorch, with one warning listing every such op."""
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     if not isinstance(example_inputs, (tuple, list)) or not example_inputs:
@@ -255,7 +311,15 @@ def import_torch(model_or_fn: Any, example_inputs: Sequence[Any], *, dynamic_sha
             output = t.run()
         except Exception:  # noqa: BLE001 (the retry is best effort; the first report stands)
             t.unsupported = first
-        if t.unsupported:
+        if t.unsupported and fallback == "eager":
+            t = _Translator(ep, name, dim_names, eager=True)
+            output = t.run()
+            if t.unsupported:
+                raise UnsupportedOps(f"model {name}", t.unsupported)
+            warnings.warn(f"xg.compile: {len(t.fallbacks)} op{'s' if len(t.fallbacks) != 1 else ''} of model {name} "
+                          "run in PyTorch eager (fallback='eager'), between XG's kernels: "
+                          + "; ".join(f"{u.op} at {u.where}" for u in t.fallbacks), stacklevel=3)
+        elif t.unsupported:
             raise UnsupportedOps(f"model {name}", first)
     graph = t.b.build(output)
     return finish(graph, name=f"{name}.aten.py", source=str(ep.graph_module.code), weights=t.weights, inputs=t.inputs,

@@ -51,7 +51,7 @@ def numel(shape: Shape) -> int | None:
 def infer(node: Node, ins: list[tuple[str, Shape]]) -> tuple[str, Shape]:
     """The (dtype, shape) `node` must have given its inputs' (dtype, shape)."""
     op = node.op
-    if op in (Op.INPUT, Op.PARAM, Op.CONST, Op.FULL, Op.RANDN, Op.RAND, Op.IOTA, Op.CALL, Op.PROJ):
+    if op in (Op.INPUT, Op.PARAM, Op.CONST, Op.FULL, Op.RANDN, Op.RAND, Op.IOTA, Op.CALL, Op.PROJ, Op.EXTERN):
         return node.dtype, node.shape
     if op in UNARY:
         dtype = node.dtype if op is Op.CAST else ins[0][0]

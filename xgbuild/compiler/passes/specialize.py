@@ -16,7 +16,7 @@ from ..ir.graph import Graph, Op
 from ..ir.serialize import where as src_text
 from ..ir.shapes import ShapeError, infer
 
-_SOURCES = {Op.INPUT, Op.CONST, Op.FULL, Op.RANDN, Op.RAND, Op.RESHAPE, Op.IOTA, Op.UNINDEX}
+_SOURCES = {Op.INPUT, Op.CONST, Op.FULL, Op.RANDN, Op.RAND, Op.RESHAPE, Op.IOTA, Op.UNINDEX, Op.EXTERN}
 
 
 class SpecializationError(ValueError):

@@ -1,0 +1,87 @@
+"""EXTERN nodes: a PyTorch operator the engine calls eagerly (`xg.compile(..., fallback="eager")`).
+
+The node names the operator (`aten.cumsum.default`) and keeps its arguments as a JSON template in
+which `{"$t": i}` is the node's i-th tensor input, `{"$dtype": "float32"}` a dtype and
+`{"$device": null}` the device the engine runs on. Every executor (CPU, CPU float64 reference,
+CUDA) calls the operator through `torch.ops`, so a saved engine runs in `xgrun` as well; an
+operator from a library the running process has not loaded is an error that names it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from ..compiler.ir.graph import Node
+from ..errors import ExecutionError
+from .dtypes import TORCH_DTYPES
+
+
+def resolve(name: str) -> Any:
+    """`torch.ops.<namespace>.<op>.<overload>` from its dotted name."""
+    parts = name.split(".")
+    if len(parts) != 3:
+        raise ExecutionError(f"the engine calls the operator `{name}`, which is not a torch operator name")
+    try:
+        return getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+    except (AttributeError, RuntimeError):
+        raise ExecutionError(f"the engine calls the PyTorch operator `{name}` (compiled with fallback='eager'), "
+                             f"which this process does not define: import the library that registers it "
+                             f"before running the engine") from None
+
+
+def call(n: Node, tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The node's value: its operator called on `tensors` (the node's inputs, in order)."""
+    fn = resolve(n.attr("call"))
+    args, kwargs = json.loads(n.attr("args"))
+
+    def build(v: Any) -> Any:
+        if isinstance(v, list):
+            return [build(x) for x in v]
+        if isinstance(v, dict):
+            if "$t" in v:
+                return tensors[v["$t"]]
+            if "$dtype" in v:
+                return TORCH_DTYPES[v["$dtype"]]
+            if "$device" in v:
+                return device
+        return v
+    try:
+        out = fn(*build(args), **{k: build(v) for k, v in kwargs.items()})
+    except (RuntimeError, TypeError, ValueError, IndexError) as exc:
+        raise ExecutionError(f"the eager PyTorch operator `{n.attr('call')}` (node %{n.id}) failed: {exc}") from None
+    index = n.attr("output")
+    if index is not None:
+        out = out[index]
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(n.shape):
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ExecutionError(f"the eager PyTorch operator `{n.attr('call')}` (node %{n.id}) returned {got}, "
+                             f"but the engine was compiled for shape {list(n.shape)}")
+    return out
+
+
+def template(value: Any, tensor_index) -> Any:
+    """A JSON-able argument template: `tensor_index(x)` numbers a tensor operand (None: not one)."""
+    if isinstance(value, (list, tuple)):
+        return [template(v, tensor_index) for v in value]
+    i = tensor_index(value)
+    if i is not None:
+        return {"$t": i}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        if isinstance(value, float) and value != value:
+            raise ValueError("a NaN argument")
+        return value
+    if isinstance(value, torch.dtype):
+        from .dtypes import XG_NAMES
+        if value not in XG_NAMES:
+            raise ValueError(f"a {value} argument")
+        return {"$dtype": XG_NAMES[value]}
+    if isinstance(value, torch.device):
+        return {"$device": None}
+    raise ValueError(f"an argument of type {type(value).__name__}")
+
+
+def dumps(args: Any, kwargs: Any) -> str:
+    return json.dumps([args, kwargs], sort_keys=True, separators=(",", ":"), allow_nan=True)
