@@ -5,13 +5,15 @@ the contracting dim split (partial sums and an all-reduce), and the training ste
 models/train.xg scaled up (`--train-dims`) under models/plans/train_tensor.toml. For each GPU
 count (up to what the host has) every rank runs the engine's SPMD plan (runtime/spmd.py) on its
 shards: warm-up, then `--steps` timed steps, each fenced by a device synchronisation and a barrier.
+On GPUs the engines carry kernels tuned for the local GPU at each rank's shapes (`--tune`, default
+measure) and every rank launches them, collectives in between (`--no-kernels`: PyTorch's ops per
+rank instead, as XG's reference executor runs the plan).
 
 Reported per workload and GPU count: time per step (median over steps, max over ranks), scaling
 efficiency t1 / (n * tn), the plan's collectives and bytes, and how much communication overlapped
 compute: the same step with every collective finished before the next op (serialised) minus the
 normal step, over the time of the plan's collectives run alone. Beside them, on one GPU: PyTorch
-eager and torch.compile for the matmuls, and for the training step the XG engine on one GPU (its
-reference executor is op-by-op PyTorch eager).
+eager and torch.compile for the matmuls; each row names the executor its ranks used.
 
 Prints a table and writes JSON. `--device cpu` runs the same on gloo ranks (small sizes) to check
 the script without GPUs. Nothing here is an assertion.
@@ -79,7 +81,11 @@ def build(workdir: Path, workload: str, ngpu: int, args) -> Path:
         finally:
             path.unlink()
     out = workdir / f"{workload}-{ngpu}.xge"
-    Engine.from_compiled(compiled).save(out)
+    table = None
+    if args.device == "cuda" and args.kernels:
+        from xgbuild.tuner.link import kernels_for
+        table = kernels_for(compiled, args.tune)
+    Engine.from_compiled(compiled, table).save(out)
     return out
 
 
@@ -90,7 +96,7 @@ def worker(args) -> None:
 
     from xgbuild.compiler.ir.graph import Op
     from xgbuild.compiler.ir.layout import split_inputs
-    from xgbuild.runtime.distributed import init_group, leave_group
+    from xgbuild.runtime.distributed import _kernel_path, init_group, leave_group
     from xgbuild.runtime.engine import Engine
     from xgbuild.runtime.spmd import SpmdExecutor, local_graph
     from xgbuild.runtime.tensor_io import random_inputs
@@ -117,8 +123,10 @@ def worker(args) -> None:
         if group.world > 1:
             dist.barrier()
 
+    plans, launch_fn, mode = _kernel_path(engine, "cuda" if dev != "cpu" else "cpu", False)
+
     def steps(overlap: bool) -> list[float]:
-        ex = SpmdExecutor(group, check=False, overlap=overlap)
+        ex = SpmdExecutor(group, check=False, overlap=overlap, kernels=plans, launch=launch_fn, kernel_mode=mode)
         for _ in range(2):
             ex.run(graph, local_inputs, split)
         out = []
@@ -152,7 +160,7 @@ def worker(args) -> None:
                     times.append((time.perf_counter() - t0) * 1e3)
             comm_ms = sum(times)       # the second pass: warm
     result = {"rank": group.rank, "step_ms": statistics.median(normal), "serial_ms": statistics.median(serial),
-              "comm_ms": comm_ms}
+              "comm_ms": comm_ms, "executor": SpmdExecutor(group, kernels=plans, kernel_mode=mode).name}
     gathered = [None] * group.world
     if group.world > 1:
         dist.all_gather_object(gathered, result)
@@ -221,6 +229,9 @@ def main() -> None:
     p.add_argument("--train-dims", default="T=8192,D=2048,F=8192,V=1024")
     p.add_argument("--workloads", default="matmul-rows,matmul-contract,train")
     p.add_argument("--target", default=None)
+    p.add_argument("--tune", default="measure", choices=["measure", "cache", "predict"])
+    p.add_argument("--no-kernels", dest="kernels", action="store_false",
+                   help="PyTorch's ops per rank (the reference executor) instead of the engine's kernels")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--json", default=str(REPO_ROOT / "out" / "bench_multi_gpu.json"))
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -251,16 +262,17 @@ def main() -> None:
                 overlap = None if n == 1 or comm <= 0 else max(0.0, min(1.0, (serial - step) / comm))
                 rows.append({"workload": workload, "gpus": n, "step_ms": step, "serial_ms": serial, "comm_ms": comm,
                              "efficiency": (base / (n * step)) if base else None, "overlap": overlap,
+                             "executor": ranks[0]["executor"],
                              "collectives": sum(1 for c in plan["collectives"] if c["op"] != "shard"),
                              "bytes_per_gpu": plan["bytes_moved"]})
     baselines = torch_baselines(args) if any(w.startswith("matmul") for w in args.workloads.split(",")) else {}
     print(f"{'workload':<16} {'GPUs':>4} {'ms/step':>9} {'efficiency':>10} {'comm ms':>8} {'overlap':>8} "
-          f"{'collectives':>11} {'MB/GPU':>8}")
+          f"{'collectives':>11} {'MB/GPU':>8}  executor")
     for r in rows:
         eff = f"{100 * r['efficiency']:.0f}%" if r["efficiency"] else "-"
         ov = f"{100 * r['overlap']:.0f}%" if r["overlap"] is not None else "-"
         print(f"{r['workload']:<16} {r['gpus']:>4} {r['step_ms']:>9.2f} {eff:>10} {r['comm_ms']:>8.2f} {ov:>8} "
-              f"{r['collectives']:>11} {r['bytes_per_gpu'] / 1e6:>8.1f}")
+              f"{r['collectives']:>11} {r['bytes_per_gpu'] / 1e6:>8.1f}  {r['executor']}")
     if baselines:
         print(f"matmul {args.size}^3 on one device: torch eager {baselines['eager_ms']:.2f} ms, torch.compile "
               + (f"{baselines['compile_ms']:.2f} ms" if "compile_ms" in baselines else baselines.get("compile_error", "-")))

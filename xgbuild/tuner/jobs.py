@@ -15,7 +15,7 @@ import torch
 
 from ..compiler.codegen.schedule import schedule
 from ..compiler.codegen.spec import Binding, KernelSpec, kernel_specs
-from ..compiler.ir.graph import Graph, Node
+from ..compiler.ir.graph import COLLECTIVE, Graph, Node
 from ..compiler.passes.specialize import specialize
 from ..runtime.dtypes import TORCH_DTYPES
 from ..runtime.gpu import Compiled, KernelPlan, Values, bind
@@ -114,13 +114,25 @@ def _problem(spec: KernelSpec, launch, graph: Graph, outputs: list[int]) -> Prob
                    elem_bytes=widest)
 
 
-def plan(graph: Graph, env: dict[str, int]) -> tuple[list[Job], list[tuple[str, Binding]]]:
+def plan(graph: Graph, env: dict[str, int], world: int = 1) -> tuple[list[Job], list[tuple[str, Binding]]]:
     """Jobs (deduplicated) and the program's launches in order: (job ident, binding), or
     ("extern", node id) for a PyTorch operator the engine calls eagerly."""
     sched = schedule(graph)
     pairs = iter(kernel_specs(sched))
     sg = specialize(graph, env)
-    value = Values(sg, _meta, meta=True)
+    collective = None
+    if world > 1 and any(n.op in COLLECTIVE for n in sg.nodes):
+        # A sharded engine's kernels run on each rank's pieces: tune them at those shapes.
+        from ..errors import InputError
+        from ..runtime.spmd import local_graph
+        try:
+            sg = local_graph(sg, world)[0]
+
+            def collective(n: Node, x: torch.Tensor) -> torch.Tensor:
+                return torch.empty(tuple(n.shape), dtype=TORCH_DTYPES[n.dtype], device="meta")
+        except InputError:
+            pass                        # a tuning size the ranks do not divide: tune the whole shape
+    value = Values(sg, _meta, meta=True, collective=collective)
     jobs: dict[str, Job] = {}
     launches: list[tuple[str, Binding | int]] = []
     generic = Compiled(Variant.generic(), {"BLOCK": 1}, [], [], None)

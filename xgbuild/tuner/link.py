@@ -37,11 +37,11 @@ class KernelTable:
     stats: dict = field(default_factory=dict)
 
 
-def plan_jobs(graph: Graph, dims: dict[str, int] | None) -> tuple[list[Job], list[tuple[str, Binding]]]:
-    """The program's tuning jobs and launches at the tuning shape, or a CompileError naming what
-    has no GPU code."""
+def plan_jobs(graph: Graph, dims: dict[str, int] | None, world: int = 1) -> tuple[list[Job], list[tuple[str, Binding]]]:
+    """The program's tuning jobs and launches at the tuning shape (one rank's pieces of it when the
+    graph is planned for `world` GPUs), or a CompileError naming what has no GPU code."""
     try:
-        return plan(graph, tuning_env(graph, dims))
+        return plan(graph, tuning_env(graph, dims), world)
     except ScheduleError as exc:
         raise CompileError(f"error: no GPU code for this program: {exc}", []) from None
 
@@ -152,9 +152,9 @@ def assemble(jobs: list[Job], launches: list[tuple[str, Binding]], entries: dict
 
 def build_kernels(graph: Graph, profile: GpuProfile, *, policy: str = "cache", dims: dict[str, int] | None = None,
                   cache: Any = None, measurers: list[Measurer] | None = None, workers: int | None = None,
-                  progress: bool = False, budget_s: float | None = None) -> KernelTable:
+                  progress: bool = False, budget_s: float | None = None, world: int = 1) -> KernelTable:
     t0 = time.perf_counter()
-    jobs, launches = plan_jobs(graph, dims)
+    jobs, launches = plan_jobs(graph, dims, world)
     compiler = Compiler(profile.sm, cache, workers or min(8, os.cpu_count() or 1))
     try:
         winners = tune_jobs(jobs, profile, policy=policy, cache=cache, measurers=measurers, compiler=compiler,
@@ -202,4 +202,5 @@ def kernels_for(compiled: Any, policy: str = "cache", dims: dict[str, int] | Non
     profile = load_profile(compiled.target)
     with tuning_context(profile, policy) as (cache, measurers), gpu_lease(measurers):
         return build_kernels(compiled.optimized.main, profile, policy=policy, dims=dims, cache=cache,
+                             world=getattr(compiled, "num_gpu", 1),
                              measurers=measurers, workers=workers, progress=progress and sys.stderr.isatty())

@@ -67,7 +67,7 @@ def write_shards(compiled: Any, dims: dict[str, int], shards: int, paths: list[P
     from .link import plan_jobs
     if len(paths) != shards:
         raise JobFileError(f"{shards} shards need {shards} output files, got {len(paths)}")
-    jobs, _ = plan_jobs(compiled.optimized.main, dims)
+    jobs, _ = plan_jobs(compiled.optimized.main, dims, compiled.num_gpu)
     for path, doc in zip(paths, shard_docs(jobs, compiled.target, shards)):
         atomic_write(path, canonical_bytes(doc))
     return len(jobs)
@@ -110,7 +110,7 @@ def link_results(compiled: Any, dims: dict[str, int], results: list[Path]) -> An
     from .link import assemble, plan_jobs
     profile = load_profile(compiled.target)
     entries, files = read_results(results, compiled.target, profile.sm)
-    jobs, launches = plan_jobs(compiled.optimized.main, dims)
+    jobs, launches = plan_jobs(compiled.optimized.main, dims, compiled.num_gpu)
     sources = [entries[j.ident]["tuning"]["source"] for j in jobs if j.ident in entries]
     stats = {"jobs": len(jobs), "launches": len(launches), "seconds": 0.0, "compiled": 0, "compile_cache_hits": 0,
              **{k: sources.count(k) for k in ("measured", "cache", "predicted")}}
@@ -123,7 +123,7 @@ def tune_program(compiled: Any, policy: str, dims: dict[str, int], *, workers: i
     from .link import plan_jobs, tune_jobs
     from .tuner import Compiler
     profile = load_profile(compiled.target)
-    jobs, _ = plan_jobs(compiled.optimized.main, dims)
+    jobs, _ = plan_jobs(compiled.optimized.main, dims, compiled.num_gpu)
     with tuning_context(profile, policy) as (cache, measurers):
         compiler = Compiler(profile.sm, cache, workers or min(8, os.cpu_count() or 1))
         try:
