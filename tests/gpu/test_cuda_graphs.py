@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gpu_target import local_target
 
 import xg
 from xgbuild.compiler.driver import compile_file
@@ -28,14 +29,6 @@ PROGRAMS = ["mlp", "norms", "attention", "contract", "safe_div"]
 @pytest.fixture(autouse=True)
 def graphs_on(monkeypatch) -> None:
     monkeypatch.setenv("XG_CUDA_GRAPHS", "1")          # opt-in while capture is new
-
-
-def local_target() -> str:
-    name = torch.cuda.get_device_name(0)
-    for target in ("H200", "H100", "B200", "A100", "L40S"):
-        if target in name:
-            return target
-    pytest.skip(f"no hw/ profile for {name}")
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

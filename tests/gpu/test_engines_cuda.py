@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gpu_target import local_target
 
 from xgbuild.cache import Cache
 from xgbuild.compiler.driver import compile_file, compile_source
@@ -24,14 +25,6 @@ pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]
 PROGRAMS = sorted((REPO / "examples").glob("*.xg")) + sorted((REPO / "models").glob("*.xg"))
 TOL = {"float32": 1e-4, "float64": 1e-9, "bfloat16": 3e-2, "float16": 5e-3}
-
-
-def local_target() -> str:
-    name = torch.cuda.get_device_name(0)
-    for target in ("H200", "H100", "B200", "A100", "L40S"):
-        if target in name:
-            return target
-    pytest.skip(f"no hw/ profile for {name}")
 
 
 def build(compiled, policy: str = "predict", cache=None, dims=None, measurers=None) -> Engine:

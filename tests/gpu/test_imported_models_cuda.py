@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gpu_target import local_target
 
 import xg
 
@@ -28,14 +29,6 @@ sys.path.insert(0, str(REPO / "examples"))
 from torch_models import NAMES, make  # noqa: E402
 
 TOL = 1e-4
-
-
-def local_target() -> str:
-    name = torch.cuda.get_device_name(0)
-    for target in ("H200", "H100", "B200", "A100", "L40S"):
-        if target in name:
-            return target
-    pytest.skip(f"no hw/ profile for {name}")
 
 
 def as_tuple(v) -> tuple:

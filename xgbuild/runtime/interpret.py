@@ -40,26 +40,15 @@ def plans_from_manifest(manifest: dict) -> list:
     """An engine's launch plans with each variant's Triton source (re-emitted from its spec and
     config, as the build compiled it) as an interpreted function instead of a cubin."""
     from ..compiler.codegen.build import load_function
-    from ..compiler.codegen.spec import Binding, KernelSpec
     from ..compiler.codegen.triton_src import Variant, emit
-    from .gpu import Compiled, ExternStep, KernelPlan
-    kernels = {}
-    for k in manifest.get("kernels", []):
-        spec = KernelSpec.from_canonical(k["spec"])
-        variants = []
-        for v in k["variants"]:
-            variant, cfg = Variant.from_json(v["variant"]), dict(v["config"])
-            em = emit(spec, cfg, variant)
-            variants.append(Compiled(variant, cfg, em.params, em.div16, (load_function(em), em)))
-        kernels[k["id"]] = (spec, variants)
-    plans: list = []
-    for launch in manifest.get("launches", []):
-        if "extern" in launch:
-            plans.append(ExternStep(int(launch["extern"])))
-            continue
-        spec, variants = kernels[launch["kernel"]]
-        plans.append(KernelPlan(spec, Binding.from_json(launch["binding"]), variants))
-    return plans
+    from ..tuner.link import plans_from_manifest as plans
+    from .gpu import Compiled
+
+    def interpreted(spec, v: dict) -> Compiled:
+        variant, cfg = Variant.from_json(v["variant"]), dict(v["config"])
+        em = emit(spec, cfg, variant)
+        return Compiled(variant, cfg, em.params, em.div16, (load_function(em), em))
+    return plans(manifest, None, interpreted)
 
 
 def check_program(path: str, dims: dict[str, int], target: str = "H100", seed: int = 0) -> list[dict]:

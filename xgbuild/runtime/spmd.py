@@ -90,16 +90,7 @@ class SpmdExecutor:
         def value(i: int) -> torch.Tensor:
             if i in pending:
                 work, finish, node = pending.pop(i)
-                t0 = time.perf_counter()
-                try:
-                    work.wait()
-                except RuntimeError as exc:
-                    raise ExecutionError(f"`{node.op.value}` (node %{node.id}){_at(node)} failed on rank "
-                                         f"{self.group.rank}: {_first_line(exc)}") from None
-                if not self.overlap and self.group.device != "cpu":
-                    torch.cuda.synchronize()     # serialised: the transfer ends before any later compute
-                comm["wait_ms"] += (time.perf_counter() - t0) * 1e3
-                vals[i] = finish()
+                vals[i] = self._waiter(node, work, finish, comm)()
             return vals[i]
 
         order = _comm_early(local)
@@ -154,19 +145,7 @@ class SpmdExecutor:
             if isinstance(started, torch.Tensor):
                 return started
             comm["collectives"] += 1
-            work, finish = started
-
-            def wait() -> torch.Tensor:
-                t1 = time.perf_counter()
-                try:
-                    work.wait()
-                except RuntimeError as exc:
-                    raise ExecutionError(f"`{n.op.value}` (node %{n.id}){_at(n)} failed on rank "
-                                         f"{self.group.rank}: {_first_line(exc)}") from None
-                if not self.overlap and on_gpu:
-                    torch.cuda.synchronize()     # serialised: the transfer ends before any later compute
-                comm["wait_ms"] += (time.perf_counter() - t1) * 1e3
-                return finish()
+            wait = self._waiter(n, *started, comm)
             return wait() if not self.overlap else wait
 
         device = torch.device(self.group.device)
@@ -181,6 +160,22 @@ class SpmdExecutor:
         comm["total_ms"] = (time.perf_counter() - t_start) * 1e3
         self.stats = comm
         return RunOutput(outs, [])
+
+    def _waiter(self, n: Node, work, finish: Callable[[], torch.Tensor], comm: dict) -> Callable[[], torch.Tensor]:
+        """What a consumer of collective `n` calls: wait for the transfer (errors name this rank),
+        then the result."""
+        def wait() -> torch.Tensor:
+            t0 = time.perf_counter()
+            try:
+                work.wait()
+            except RuntimeError as exc:
+                raise ExecutionError(f"`{n.op.value}` (node %{n.id}){_at(n)} failed on rank "
+                                     f"{self.group.rank}: {_first_line(exc)}") from None
+            if not self.overlap and self.group.device != "cpu":
+                torch.cuda.synchronize()     # serialised: the transfer ends before any later compute
+            comm["wait_ms"] += (time.perf_counter() - t0) * 1e3
+            return finish()
+        return wait
 
     def compute(self, n: Node, args: list[torch.Tensor], inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         try:

@@ -170,18 +170,19 @@ def build_kernels(graph: Graph, profile: GpuProfile, *, policy: str = "cache", d
     return assemble(jobs, launches, entries, files, stats)
 
 
-def plans_from_manifest(manifest: dict, entries: dict[str, bytes]) -> list[KernelPlan | ExternStep]:
-    """The executor's plans from an engine's kernel table (files already verified by the archive)."""
+def plans_from_manifest(manifest: dict, entries: dict[str, bytes] | None,
+                        variant: Any = None) -> list[KernelPlan | ExternStep]:
+    """The executor's plans from an engine's kernel table (files already verified by the archive).
+    `variant(spec, entry)` makes each variant's `Compiled` (default: its cubin, for the CUDA driver)."""
+    def cubin(spec: KernelSpec, v: dict) -> Compiled:
+        return Compiled(Variant.from_json(v["variant"]), dict(v["config"]), [tuple(p) for p in v["params"]],
+                        list(v["div16"]), KernelBinary.from_metadata(v, entries[v["cubin"]]))
+    make = variant or cubin
     by_id: dict[str, tuple[KernelSpec, list[Compiled]]] = {}
     for k in manifest.get("kernels", []):
         spec = KernelSpec.from_canonical(k["spec"])
-        variants = []
-        for v in k["variants"]:
-            kb = KernelBinary.from_metadata(v, entries[v["cubin"]])
-            variants.append(Compiled(Variant.from_json(v["variant"]), dict(v["config"]),
-                                     [tuple(p) for p in v["params"]], list(v["div16"]), kb))
-        by_id[k["id"]] = (spec, variants)
-    plans = []
+        by_id[k["id"]] = (spec, [make(spec, v) for v in k["variants"]])
+    plans: list[KernelPlan | ExternStep] = []
     for launch in manifest.get("launches", []):
         if "extern" in launch:
             plans.append(ExternStep(int(launch["extern"])))
