@@ -16,9 +16,10 @@ from xgbuild.compiler.driver import compile_file as _compile_file
 from xgbuild.compiler.frontend import CheckOptions
 from xgbuild.errors import CompileError, EngineError, ExecutionError, InputError, XGError
 from xgbuild.runtime.engine import Engine, ResultValue, RunResult
-from xgbuild.runtime.model_engine import ModelEngine
+from xgbuild.runtime.model_engine import LazyModelEngine, ModelEngine
 
-__all__ = ["CompileError", "Engine", "EngineError", "ExecutionError", "InputError", "ModelEngine", "ResultValue",
+__all__ = ["CompileError", "Engine", "EngineError", "ExecutionError", "InputError", "LazyModelEngine", "ModelEngine",
+           "ResultValue",
            "RunResult", "XGError", "compile", "compile_file", "load_engine", "load_model_engine", "run_engine"]
 
 
@@ -48,9 +49,9 @@ def compile_file(path: Path | str, *, target: str | None = None, num_gpu: int | 
     return Engine.from_compiled(compiled, table)
 
 
-def compile(model_or_fn: Any, example_inputs: Any, target: str = "H100", num_gpu: int = 1, *,
+def compile(model_or_fn: Any, example_inputs: Any = None, target: str = "H100", num_gpu: int = 1, *,
             dynamic_shapes: Any = None, tune: str = "cache", kernels: bool = True,
-            dims: Mapping[str, int] | None = None, fallback: str | None = None) -> ModelEngine:
+            dims: Mapping[str, int] | None = None, fallback: str | None = None) -> ModelEngine | LazyModelEngine:
     """Compile a PyTorch model (or function) into an engine called like it: `engine(x)`.
 
     Captured with `torch.export` at `example_inputs` (`dynamic_shapes` as torch.export takes it,
@@ -59,7 +60,10 @@ def compile(model_or_fn: Any, example_inputs: Any, target: str = "H100", num_gpu
     `.xge` that `xgrun` runs; parameters and buffers travel inside it. An op XG cannot express is
     a `CompileError` listing each one with the module that uses it, or with `fallback="eager"` a
     warning listing them, and the engine calls each through PyTorch (`torch.ops`) between its
-    kernels."""
+    kernels.
+
+    Without `example_inputs` (`engine = xg.compile(model, target="GB200")`), the engine is built
+    at its first call from that call's tensors, and again for each new input signature."""
     if fallback not in (None, "error", "eager"):
         raise XGError(f"fallback must be 'error' (the default: unsupported ops are a compile error) or 'eager' "
                       f"(they run in PyTorch), got {fallback!r}")
@@ -71,6 +75,15 @@ def compile(model_or_fn: Any, example_inputs: Any, target: str = "H100", num_gpu
         target = load_profile(target).name
     except (HardwareProfileError, UnknownTargetError) as exc:
         raise XGError(str(exc)) from None
+    if example_inputs is None:
+        if dynamic_shapes is not None:
+            raise XGError("dynamic_shapes needs example_inputs: pass example_inputs=(x,) with them")
+        from xgbuild.runtime.model_engine import LazyModelEngine
+
+        def build(inputs: tuple) -> ModelEngine:
+            return compile(model_or_fn, inputs, target, num_gpu, tune=tune, kernels=kernels, dims=dims,
+                           fallback=fallback)
+        return LazyModelEngine(build)
     imported = import_torch(model_or_fn, example_inputs, dynamic_shapes=dynamic_shapes, target=target,
                             num_gpu=num_gpu, fallback=fallback or "error")
     from xgbuild.runtime.model_engine import build_model_engine

@@ -98,3 +98,60 @@ class ModelEngine:
     def __repr__(self) -> str:
         return (f"ModelEngine({', '.join(_sig_text(s) for s in self.signature)}; target "
                 f"{self.manifest['target']}, digest {self.digest[:12]})")
+
+
+MAX_SIGNATURES = 8      # input signatures a LazyModelEngine compiles for before it asks for dynamic shapes
+
+
+class LazyModelEngine:
+    """`xg.compile(model)` without example inputs (the seed's form): the model is captured and built
+    at its first call, with that call's tensors as the example inputs, and again for each new input
+    signature (dtypes and shapes; at most MAX_SIGNATURES). The XG cache keeps every tuned kernel, so
+    a signature seen by an earlier process builds without tuning. `save`, `manifest`, `digest` and
+    `signature` are those of the engine the latest call used."""
+
+    def __init__(self, build: Any) -> None:
+        self._build = build                 # example inputs -> ModelEngine
+        self._engines: dict[tuple, ModelEngine] = {}
+        self._last: ModelEngine | None = None
+
+    def __call__(self, *inputs: Any) -> Any:
+        if not inputs:
+            raise InputError("the engine takes the model's tensor inputs; got none")
+        for i, x in enumerate(inputs):
+            if not isinstance(x, torch.Tensor):
+                raise InputError(f"input {i} is a {type(x).__name__}; the engine takes tensors")
+        key = tuple((x.dtype, tuple(x.shape), x.device.type) for x in inputs)
+        engine = self._engines.get(key)
+        if engine is None:
+            if len(self._engines) >= MAX_SIGNATURES:
+                raise XGError(f"the model was compiled for {MAX_SIGNATURES} input signatures already; pass "
+                              "example_inputs and dynamic_shapes (torch.export.Dim) to xg.compile to build "
+                              "one engine for a range of sizes")
+            engine = self._engines[key] = self._build(tuple(x.detach() for x in inputs))
+        self._last = engine
+        return engine(*inputs)
+
+    def _built(self) -> ModelEngine:
+        if self._last is None:
+            raise XGError("the engine is built at its first call (xg.compile got no example_inputs): call it "
+                          "once, or pass example_inputs=(x,) to xg.compile")
+        return self._last
+
+    def save(self, path: Path | str) -> str:
+        return self._built().save(path)
+
+    @property
+    def manifest(self) -> dict:
+        return self._built().manifest
+
+    @property
+    def digest(self) -> str:
+        return self._built().digest
+
+    @property
+    def signature(self) -> list[dict]:
+        return self._built().signature
+
+    def __repr__(self) -> str:
+        return f"LazyModelEngine({len(self._engines)} signature(s) built)"

@@ -198,7 +198,7 @@ class SpmdExecutor:
             return x.chunk(world, n.attr("dim"))[rank]
         wire, back = _wire(x)
         if n.op is Op.ALL_REDUCE:
-            buf = wire.clone()
+            buf = wire.clone(memory_format=torch.contiguous_format)   # kernels may hand over a strided view
             return dist.all_reduce(buf, async_op=True), lambda: back(buf)
         if n.op is Op.ALL_GATHER:
             parts = [torch.empty_like(wire) for _ in range(world)]
