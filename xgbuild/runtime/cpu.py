@@ -95,6 +95,7 @@ class CpuExecutor:
         self.float64 = float64
         self.check = check
         self.timings = timings
+        self.memo: dict = {}            # one run's calls of multi-result PyTorch operators (EXTERN)
 
     def dtype(self, name: str) -> torch.dtype:
         if self.float64 and name in FLOAT_DTYPES:
@@ -102,6 +103,7 @@ class CpuExecutor:
         return TORCH_DTYPES[name]
 
     def run(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> RunOutput:
+        self.memo = {}
         outputs = set(tree_ids(graph.output))
         last_use: dict[int, int] = {}
         for n in graph.nodes:
@@ -189,7 +191,7 @@ class CpuExecutor:
             return args[0].reshape(n.shape)
         if op is Op.EXTERN:
             from .extern import call
-            return call(n, args, torch.device("cpu"))
+            return call(n, args, args[0].device if args else torch.device("cpu"), self.memo, dt)
         if op is Op.INDEX:
             return self.gather(n, args[0], args)
         if op is Op.UNINDEX:

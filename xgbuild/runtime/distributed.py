@@ -78,6 +78,7 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
     plans, launch, mode = _kernel_path(engine, device, float64)
     executor = SpmdExecutor(group, float64=float64, check=check, overlap=overlap, kernels=plans, launch=launch,
                             kernel_mode=mode)
+    _same_executor(group, executor.name)
     out = executor.run(graph, local_inputs, split)
     layouts = infer_layouts(graph, group.world)
     whole = {i: _gather(out.values[i], layouts[i].dim if layouts[i].kind == "S" else None, group)
@@ -124,6 +125,23 @@ def _kernel_path(engine: Engine, device: str, float64: bool) -> tuple[list | Non
         interpret.enable()
         return interpret.plans_from_manifest(engine.manifest), interpret.launch, "interpret"
     return None, None, ""
+
+
+def _same_executor(group: Group, name: str) -> None:
+    """Every rank must run the plan the same way: the two executors issue collectives in different
+    orders, so a mix would pair the wrong transfers or wait until the timeout."""
+    if group.world == 1:
+        return
+    names: list = [None] * group.world
+    try:
+        dist.all_gather_object(names, name)
+    except RuntimeError as exc:
+        raise ExecutionError(f"rank {group.rank} could not agree on the executor with its peers: "
+                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from None
+    if len(set(names)) > 1:
+        raise ExecutionError("ranks would run the plan differently (" + ", ".join(
+            f"rank {r}: {n}" for r, n in enumerate(names)) + "): give every rank the same XG_SPMD_KERNELS and "
+            "GPUs of the model the engine was built for")
 
 
 def check_world(engine: Engine, world: int) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -291,9 +292,15 @@ def choose(plan: KernelPlan, launch: Launch) -> Compiled:
     raise ExecutionError(f"internal: no variant of kernel {plan.spec.name} accepts this launch")
 
 
-def _outputs(graph: Graph, value: Values) -> dict[int, torch.Tensor]:
-    # a constant's tensor is shared by every run: the caller gets its own
-    return {nid: value(nid).clone() if graph.node(nid).op is Op.CONST else value(nid) for nid in tree_ids(graph.output)}
+def _outputs(graph: Graph, value: Values, shared: dict) -> dict[int, torch.Tensor]:
+    """The graph's outputs; one that is (a view of) a tensor every run shares, a constant's, is
+    cloned, so that the caller can write to it."""
+    held = {t.untyped_storage().data_ptr() for t in shared.values()}
+    out = {}
+    for nid in tree_ids(graph.output):
+        t = value(nid)
+        out[nid] = t.clone() if t.untyped_storage().data_ptr() in held else t
+    return out
 
 
 class KernelExecutor:
@@ -322,6 +329,7 @@ class KernelExecutor:
             return self._replay(graph, known, inputs)
 
         value = Values(graph, self._base(inputs), collective=self.collective)
+        memo: dict = {}                 # multi-result PyTorch operators (EXTERN): called once per run
         ready = self._collectives_ready(graph) if self.collective is not None else {}
         for n in ready.get(-1, ()):
             value.start(n)              # collectives of inputs: in flight while the first kernels run
@@ -331,7 +339,7 @@ class KernelExecutor:
             if isinstance(plan, ExternStep):
                 from .extern import call
                 n = graph.node(plan.node)
-                value[n.id] = call(n, [value(i) for i in n.inputs], self.device)
+                value[n.id] = call(n, [value(i) for i in n.inputs], self.device, memo)
                 steps = None            # torch allocates its own outputs: nothing to replay
                 for c in ready.get(index, ()):
                     value.start(c)
@@ -357,7 +365,7 @@ class KernelExecutor:
             if len(self._replays) >= MAX_REPLAYS:
                 self._replays.pop(next(iter(self._replays)))
             self._replays[key] = Replay(graph, steps)
-        outputs = _outputs(graph, value)
+        outputs = _outputs(graph, value, self._consts)
         for nid in list(value.pending):
             value(nid)                  # every rank finishes every collective it issued
         return outputs
@@ -422,7 +430,7 @@ class KernelExecutor:
         for plan, outs in zip(self.plans, produced):
             for nid, t in zip(plan.binding.outputs, outs):
                 value[nid] = t
-        return _outputs(graph, value)
+        return _outputs(graph, value, self._consts)
 
 
 @dataclass
@@ -454,7 +462,8 @@ class CudaExecutor:
         self.stable: frozenset[str] = frozenset()
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.launcher = KernelLauncher(self.device.index)
-        self._captured: dict[tuple, Captured] = {}
+        self._captured: dict[tuple, Captured] = {}      # least recently used first
+        self._lock = threading.Lock()
         self._warm: set[tuple] = set()
         self._uncapturable: set[tuple] = set()
 
@@ -487,35 +496,44 @@ class CudaExecutor:
         key = self.kernels._key(graph, inputs) if self.graphs else None
         if key is None:
             return self.kernels.run(graph, inputs)
-        cap = self._captured.get(key)
-        if cap is not None:
-            if cap.graph is graph and all(inputs[n].data_ptr() == cap.inputs[n].data_ptr()
-                                          for n in cap.inputs if n not in cap.copied):
-                for n in cap.copied:
-                    cap.inputs[n].copy_(inputs[n])
-                cap.cuda_graph.replay()
-                return {nid: t.clone() for nid, t in cap.outputs.items()}
-            del self._captured[key]             # a stable input moved: capture again
-        if key in self._uncapturable or key not in self._warm:
-            self._warm.add(key)                 # the first run loads every module: never inside a capture
-            return self.kernels.run(graph, inputs)
-        cap = self._capture(graph, inputs)
-        if cap is None:
-            self._uncapturable.add(key)
-            return self.kernels.run(graph, inputs)
-        if len(self._captured) >= MAX_GRAPHS:
-            self._captured.pop(next(iter(self._captured)))
-        self._captured[key] = cap
+        with self._lock:                        # a graph's buffers serve one run at a time
+            cap = self._captured.pop(key, None)
+            if cap is not None:
+                if cap.graph is graph and all(inputs[n].data_ptr() == cap.inputs[n].data_ptr()
+                                              for n in cap.inputs if n not in cap.copied):
+                    self._captured[key] = cap   # most recently used last: evicted last
+                    return self._replay(cap, inputs)
+                # a stable input moved: capture again (below)
+            if key in self._uncapturable or key not in self._warm:
+                self._warm.add(key)             # the first run loads every module: never inside a capture
+                return self.kernels.run(graph, inputs)
+            cap = self._capture(graph, inputs)
+            if cap is None:
+                self._uncapturable.add(key)
+                return self.kernels.run(graph, inputs)
+            if len(self._captured) >= MAX_GRAPHS:
+                old = next(iter(self._captured))
+                del self._captured[old]
+                self._warm.discard(old)         # warm it again before capturing it again
+            self._captured[key] = cap
+            return self._replay(cap, inputs)
+
+    @staticmethod
+    def _replay(cap: Captured, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
+        for n in cap.copied:
+            cap.inputs[n].copy_(inputs[n])
         cap.cuda_graph.replay()
         return {nid: t.clone() for nid, t in cap.outputs.items()}
 
     def _capture(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> Captured | None:
         copied = tuple(sorted(n for n in inputs if n not in self.stable))
+        if any(inputs[n].data_ptr() % 16 for n in copied):
+            return None     # the graph's own (aligned) copies could pick other variants than this input's
         static = {n: (t.clone() if n in copied else t) for n, t in inputs.items()}
         cuda_graph = torch.cuda.CUDAGraph()
         replay, self.kernels.replay = self.kernels.replay, False
         try:
-            with torch.cuda.graph(cuda_graph):
+            with torch.cuda.graph(cuda_graph, capture_error_mode="thread_local"):
                 outputs = self.kernels.run(graph, static)
         except (RuntimeError, XGError):
             torch.cuda.synchronize(self.device)

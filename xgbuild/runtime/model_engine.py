@@ -121,7 +121,7 @@ class LazyModelEngine:
         for i, x in enumerate(inputs):
             if not isinstance(x, torch.Tensor):
                 raise InputError(f"input {i} is a {type(x).__name__}; the engine takes tensors")
-        key = tuple((x.dtype, tuple(x.shape), x.device.type) for x in inputs)
+        key = tuple((x.dtype, tuple(x.shape), str(x.device)) for x in inputs)
         engine = self._engines.get(key)
         if engine is None:
             if len(self._engines) >= MAX_SIGNATURES:

@@ -80,6 +80,7 @@ class SpmdExecutor:
         which are already this rank's slices. Returns this rank's pieces of the outputs."""
         if self.plans is not None:
             return self._run_kernels(graph, inputs, split)
+        self.ops.memo = {}
         local, _ = local_graph(graph, self.group.world)
         split_ids = {nid for name, nid in graph.inputs if name in split}
         vals: dict[int, torch.Tensor] = {}

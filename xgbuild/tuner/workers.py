@@ -70,6 +70,11 @@ class _Worker:
             code = self.proc.wait()
             tail = "; ".join(list(self.stderr)[-3:])
             raise WorkerDied(f"a compile worker exited with code {code}" + (f": {tail}" if tail else "")) from None
+        except Exception as exc:  # noqa: BLE001 (a reply that cannot be read: the stream is out of step)
+            self.proc.kill()
+            self.proc.wait()
+            raise WorkerDied(f"a compile worker's reply could not be read ({type(exc).__name__}: {exc}); "
+                             "the worker was stopped") from None
         if status == "err":
             raise value
         return value
@@ -120,6 +125,8 @@ class SubprocessPool(futures.Executor):
                     continue
                 try:
                     if worker is None or worker.proc.poll() is not None:
+                        if worker is not None:
+                            worker.close()
                         worker = _Worker()
                     fut.set_result(worker.call(fn, args))
                 except BaseException as exc:  # noqa: BLE001 (the job's failure belongs to its future)
@@ -147,8 +154,12 @@ class SubprocessPool(futures.Executor):
 
 
 def _main() -> int:
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr            # anything the job prints must not corrupt the result stream
+    # The replies get a descriptor of their own; descriptor 1 (what the job, its C code and its
+    # child processes print to) goes to stderr, so nothing can corrupt the reply stream.
+    stdin = sys.stdin.buffer
+    stdout = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     while True:
         try:
             fn, args = _receive(stdin)

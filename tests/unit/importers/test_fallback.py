@@ -141,3 +141,40 @@ def test_bad_fallback_value_and_unknown_operator() -> None:
         xg.compile(Ranker().eval(), (torch.randn(4, 16),), fallback="python")
     with pytest.raises(ExecutionError, match="does not define"):
         resolve("nosuchlib.op.default")
+
+
+def test_a_result_of_another_integer_type_is_an_error_naming_the_operator() -> None:
+    from xgbuild.compiler.ir.graph import Node, Op, attrs_of
+    from xgbuild.runtime.extern import call, dumps
+    node = Node(0, Op.EXTERN, (0,), "int32", (3,),
+                attrs_of(call="aten.argsort.default", args=dumps([{"$t": 0}], {})))
+    with pytest.raises(ExecutionError, match=r"aten.argsort.default.*returned int64\[3\].*compiled for int32\[3\]"):
+        call(node, [torch.tensor([3.0, 1.0, 2.0])], torch.device("cpu"))
+
+
+def test_a_multi_result_operator_runs_once_per_run() -> None:
+    """topk's values and indices come from one call (a random operator's pieces must agree)."""
+    from xgbuild.compiler.ir.graph import Node, Op, attrs_of
+    from xgbuild.runtime.extern import call, dumps
+    args = dumps([{"$t": 0}, 2], {})
+    values = Node(1, Op.EXTERN, (0,), "float32", (2,), attrs_of(call="aten.topk.default", args=args, output=0))
+    indices = Node(2, Op.EXTERN, (0,), "int64", (2,), attrs_of(call="aten.topk.default", args=args, output=1))
+    x, memo = torch.tensor([0.5, 3.0, 2.0]), {}
+    assert torch.equal(call(values, [x], torch.device("cpu"), memo), torch.tensor([3.0, 2.0]))
+    assert torch.equal(call(indices, [x], torch.device("cpu"), memo), torch.tensor([1, 2]))
+    assert len(memo[("aten.topk.default", args)]) == 1
+
+
+def test_an_op_form_the_table_cannot_express_falls_back_too() -> None:
+    class Pow(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x).pow(1.7) + 1.0
+
+    x = torch.rand(3, 5) + 0.1
+    with pytest.raises(UnsupportedOps, match="aten.pow"):
+        xg.compile(Pow(), (x,), kernels=False)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        engine = xg.compile(Pow(), (x,), kernels=False, fallback="eager")
+    y = torch.rand(3, 5, generator=torch.Generator().manual_seed(2)) + 0.1
+    assert rel(engine(y), Pow()(y.double())) < 1e-6

@@ -189,6 +189,13 @@ class _Translator:
             try:
                 self.values[node.name] = handler(self, node, list(args), dict(kwargs))
             except TranslationError as exc:
+                if self.eager:
+                    try:                        # a form of the op the table cannot express: PyTorch runs it
+                        self.values[node.name] = self.extern(node)
+                        self.fallbacks.append(Unsupported(str(node.target), self.where(node), str(exc)))
+                        continue
+                    except TranslationError as again:
+                        exc = TranslationError(f"{exc}; no eager fallback: {again}")
                 self.unsupported.append(Unsupported(key, self.where(node), str(exc)))
                 self.values[node.name] = None
         assert output is not None

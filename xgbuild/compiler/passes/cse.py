@@ -1,6 +1,7 @@
 """Common-subexpression elimination: nodes computing the same op on the same inputs merge.
 
 Needs: a pure graph (every XG op is; `randn` is counter-based, so equal seeds give equal values).
+EXTERN nodes (PyTorch operators, `fallback="eager"`) are never merged: the operator may be random.
 Leaves: no two nodes with the same key; the first occurrence is kept, keeping source positions.
 """
 
@@ -18,7 +19,7 @@ def cse(program: Program) -> Program:
     nodes = []
     for n in g.nodes:
         n = replace(n, inputs=tuple(alias.get(i, i) for i in n.inputs))
-        if n.op is Op.INPUT:
+        if n.op in (Op.INPUT, Op.EXTERN):
             nodes.append(n)
             continue
         key = n.key()
