@@ -67,7 +67,6 @@ def run(args, dtype_name: str) -> dict:
         out = engine(idx)
         err = rel_err(out, ref)
         eager_err = rel_err(model(idx), ref)
-        del ref
 
         inner = engine.engine
         inputs = inner.prepare_inputs({"idx": idx}, "cuda")
@@ -76,6 +75,14 @@ def run(args, dtype_name: str) -> dict:
         ex = inner.cuda_executor(check=False)
         engine.check = False
         xg_ms = do_bench(lambda: engine(idx), return_mode="median")
+        ex.graphs = True                # XG_CUDA_GRAPHS=1: the run captured once, then replayed
+        for _ in range(3):
+            engine(idx)
+        graphs_err = rel_err(engine(idx), ref)
+        graphs_ms = do_bench(lambda: engine(idx), return_mode="median")
+        captured = bool(ex._captured)
+        ex.graphs = False
+        del ref
         kernels_ms = do_bench(lambda: ex.kernels.run(sg, inputs), return_mode="median")
         eager_ms = do_bench(lambda: model(idx), return_mode="median")
         compiled = torch.compile(model)
@@ -84,6 +91,7 @@ def run(args, dtype_name: str) -> dict:
     tokens = args.batch * args.ctx
     return {"dtype": dtype_name, "batch": args.batch, "ctx": args.ctx, "d": args.d, "heads": args.heads,
             "layers": args.layers, "vocab": args.vocab, "xg_ms": xg_ms, "xg_kernels_ms": kernels_ms,
+            "xg_graphs_ms": graphs_ms, "graphs_captured": captured, "graphs_rel_err": graphs_err,
             "eager_ms": eager_ms, "compile_ms": compile_ms, "xg_over_eager": xg_ms / eager_ms,
             "xg_over_compile": xg_ms / compile_ms, "tokens_per_s": tokens / (xg_ms * 1e-3), "rel_err": err,
             "eager_rel_err": eager_err, "build_s": build_s, "kernels": len(inner.manifest["kernels"]),
@@ -111,7 +119,9 @@ def main() -> int:
     for dt in args.dtype:
         row = run(args, dt)
         rows.append(row)
-        print(f"{dt}: xg {row['xg_ms']:.3f} ms (kernels {row['xg_kernels_ms']:.3f}) eager {row['eager_ms']:.3f} "
+        print(f"{dt}: xg {row['xg_ms']:.3f} ms (kernels {row['xg_kernels_ms']:.3f}, CUDA graph "
+              f"{row['xg_graphs_ms']:.3f}{'' if row['graphs_captured'] else ' NOT captured'}, err "
+              f"{row['graphs_rel_err']:.1e}) eager {row['eager_ms']:.3f} "
               f"compile {row['compile_ms']:.3f}; err {row['rel_err']:.2e} (eager {row['eager_rel_err']:.2e}); "
               f"build {row['build_s']:.1f} s, {row['kernels']} kernels, {row['launches']} launches", flush=True)
         gc.collect()
@@ -119,11 +129,11 @@ def main() -> int:
     name = torch.cuda.get_device_name(0)
     print(f"\nGPT-style stack: batch {args.batch}, ctx {args.ctx}, d {args.d}, {args.heads} heads, {args.layers} "
           f"layers, vocab {args.vocab}; {name}, torch {torch.__version__}")
-    print("| dtype | XG engine(idx) ms | XG kernels ms | eager ms | torch.compile ms | XG / eager | XG / compile "
-          "| rel err (eager) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| dtype | XG engine(idx) ms | XG CUDA graph ms | XG kernels ms | eager ms | torch.compile ms | XG / eager "
+          "| XG / compile | rel err (eager) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['dtype']} | {r['xg_ms']:.3f} | {r['xg_kernels_ms']:.3f} | {r['eager_ms']:.3f} | "
+        print(f"| {r['dtype']} | {r['xg_ms']:.3f} | {r['xg_graphs_ms']:.3f} | {r['xg_kernels_ms']:.3f} | {r['eager_ms']:.3f} | "
               f"{r['compile_ms']:.3f} | {r['xg_over_eager']:.2f}x | {r['xg_over_compile']:.2f}x | "
               f"{r['rel_err']:.1e} ({r['eager_rel_err']:.1e}) |")
     out = Path(args.json)
