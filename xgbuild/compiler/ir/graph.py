@@ -44,6 +44,7 @@ class Op(str, Enum):
     RESHAPE = "reshape"        # shape from the node
     INDEX = "index"            # attrs: items; extra inputs are run-time indices
     UNINDEX = "unindex"        # attrs: items: zeros of the node's shape with the input placed where INDEX read
+    GATHER = "gather"          # table, idx: table rows at integer indices: [*idx.shape, *table.shape[1:]]
     # functions (before inlining)
     CALL = "call"              # attrs: func, dims (callee symbol -> caller dim); one output per PROJ
     PROJ = "proj"              # attrs: index: the index-th output of a CALL
