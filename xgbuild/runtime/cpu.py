@@ -82,6 +82,19 @@ def index_view(n: Node, x: torch.Tensor, index: Callable[[int], int]) -> torch.T
     return x
 
 
+def take_rows(n: Node, table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """A GATHER node: `table[idx]`, rows picked along dim 0. An index outside [0, rows) is an error
+    here; GPU kernels read zeros for it instead (engines check index inputs before a run)."""
+    rows = table.shape[0]
+    flat = idx.reshape(-1).to(torch.int64)
+    if flat.numel():
+        lo, hi = int(flat.min()), int(flat.max())
+        if lo < 0 or hi >= rows:
+            line = f" at {src_text(n.src)}" if n.src else ""
+            raise ExecutionError(f"index {lo if lo < 0 else hi} is out of bounds for a table of {rows} rows{line}")
+    return table.index_select(0, flat).reshape(tuple(idx.shape) + tuple(table.shape[1:]))
+
+
 @dataclass
 class RunOutput:
     values: dict[int, torch.Tensor]     # output node id -> value
@@ -201,6 +214,8 @@ class CpuExecutor:
             out = torch.zeros(math.prod(n.shape), dtype=args[0].dtype)
             out[positions.reshape(-1)] = args[0].reshape(-1)
             return out.reshape(n.shape)
+        if op is Op.GATHER:
+            return take_rows(n, args[0], args[1])
         if op in COLLECTIVE:
             return args[0]          # one process holds every shard
         raise ExecutionError(f"the CPU executor has no implementation of `{op.value}`")

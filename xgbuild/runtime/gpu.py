@@ -169,8 +169,11 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
         t = value(nid)
         if level == "scalar":
             aligned = t.reshape(())
-        elif level == "gather":
-            aligned = t                         # an unindex input, read in its own shape
+        elif level in ("gather", "table"):
+            aligned = t                         # an unindex input or a gather's table, in its own shape
+        elif level == "lead":
+            # A gather's indices line up with the domain's leading dims, the same along the rest.
+            aligned = t[(...,) + (None,) * (len(kdom) - t.dim())].expand(kdom)
         elif spec.kind == "matmul" and j in spec.matmul:
             want = batch + ((M, K) if j == spec.matmul[0] else (K, N))
             if j == spec.matmul[1] and b_vec:
@@ -191,7 +194,7 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
         if level == "scalar":
             layouts.append(("dense", ()))
             continue
-        dense = aligned.is_contiguous() and level != "gather"
+        dense = aligned.is_contiguous() and level not in ("gather", "table")
         layouts.append(("dense" if dense else tuple(aligned.stride()), tuple(aligned.shape)))
         for d, s in enumerate(aligned.stride()):
             ints[f"p{j}_s{d}"] = int(s)
@@ -206,6 +209,8 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
         for k, n in enumerate(spec.nodes):
             if n.op == "unindex":
                 ints.update(_unindex_ints(k, n, kdom, tensors, graph.node(b.outputs[0]) if b.outputs else None))
+            elif n.op == "gather":
+                ints[f"g{k}_rows"] = int(tensors[f"p{n.args[0][1]}"].shape[0])
     elif spec.kind == "rowwise":
         ints["R"], ints["C"] = math.prod(rows), math.prod(kdom[spec.row_dims:])
     else:
@@ -308,8 +313,8 @@ class KernelExecutor:
 
     With `replay`, the first run at an input signature records its launches and later runs at that
     signature replay them: no binding, variant checks or view arithmetic per launch (tens of
-    microseconds of Python each). Graphs with run-time indices, and runs whose kernels read a view
-    at an offset or a copy, are never recorded."""
+    microseconds of Python each). Graphs with run-time INDEX/UNINDEX indices (scalars read back to
+    the host), and runs whose kernels read a view at an offset or a copy, are never recorded."""
 
     def __init__(self, plans: list[KernelPlan], launch: Callable[[Compiled, tuple, list], None],
                  device: torch.device, replay: bool = False, collective: Collective | None = None) -> None:
@@ -413,6 +418,7 @@ class KernelExecutor:
                                                              for n in graph.nodes))
         if dynamic[1]:
             return None                 # run-time indices: the launch depends on their values
+        # A GATHER's indices are tensor data its kernel reads: its launches depend on shapes alone.
         return (id(graph),) + tuple((name, tuple(t.shape), tuple(t.stride()), t.dtype, t.device,
                                      t.data_ptr() % 16) for name, t in sorted(inputs.items()))
 

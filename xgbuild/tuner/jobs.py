@@ -91,6 +91,9 @@ def _problem(spec: KernelSpec, launch, graph: Graph, outputs: list[int]) -> Prob
     for j, (dtype, level) in enumerate(spec.operands):
         t = launch.tensors[f"p{j}"]
         unique = math.prod(size for size, stride in zip(t.shape, t.stride()) if stride != 0)
+        if level == "table":
+            # A gather reads one table element per element of its domain, not the whole table.
+            unique = min(unique, launch.ints["numel"])
         item = TORCH_DTYPES[dtype].itemsize
         read += unique * item
         widest = max(widest, item)

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import torch
 
 from ..cache.keys import CacheKey
+from ..compiler.codegen.schedule import VIEWS
 from ..compiler.codegen.triton_src import Emitted, Variant, emit
 from ..compiler.ir.graph import Node, Op
 from ..errors import XGError
@@ -94,6 +95,8 @@ class JobData:
                 t = torch.randn(shape, generator=g, dtype=torch.float32).to(dt)
             elif self._is_index(nid):
                 t = torch.zeros(shape, dtype=dt)      # a run-time index: 0 is in bounds of any dim
+            elif (rows := self._gather_rows(nid)) is not None:
+                t = torch.randint(0, max(rows, 1), shape, generator=g).to(dt)    # rows of a table
             elif n.dtype == "bool":
                 t = torch.randint(0, 2, shape, generator=g).bool()
             elif n.dtype == "uint8":
@@ -105,6 +108,18 @@ class JobData:
 
     def _is_index(self, nid: int) -> bool:
         return any(n.op in (Op.INDEX, Op.UNINDEX) and nid in n.inputs[1:] for n in self.job.graph.nodes)
+
+    def _gather_rows(self, nid: int) -> int | None:
+        """The fewest rows among the tables that `nid`, or a view of it, indexes in a `gather`."""
+        graph = self.job.graph
+        viewed, rows = {nid}, None
+        for n in graph.nodes:                 # topological: a view comes after what it views
+            if n.op in VIEWS and n.inputs[0] in viewed:
+                viewed.add(n.id)
+            elif n.op is Op.GATHER and n.inputs[1] in viewed:
+                r = int(graph.node(n.inputs[0]).shape[0])
+                rows = r if rows is None else min(rows, r)
+        return rows
 
     def value_fn(self, device: str | torch.device) -> Values:
         """The job's operand values on `device` (run-time indices of views taken as 0)."""

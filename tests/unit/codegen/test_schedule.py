@@ -66,10 +66,11 @@ def test_unindex_starts_an_elementwise_kernel_that_consumers_join() -> None:
 
 
 def test_every_ir_op_has_a_kernel_path_or_is_a_view() -> None:
-    from xgbuild.compiler.codegen.schedule import ELEMENTWISE, ROW_ANCHORS, VIEWS
+    from xgbuild.compiler.codegen.schedule import ELEMENTWISE, GATHERS, ROW_ANCHORS, VIEWS
     # Sources and function-level ops never reach the schedule: inputs and constants are read,
     # PARAM/CALL/PROJ are gone after inlining. EXTERN is a step of its own (PyTorch, between kernels).
-    covered = ELEMENTWISE | ROW_ANCHORS | VIEWS | {Op.MATMUL, Op.UNINDEX, Op.EXTERN, Op.INPUT, Op.CONST}
+    assert GATHERS == {Op.UNINDEX, Op.GATHER}
+    covered = ELEMENTWISE | ROW_ANCHORS | VIEWS | GATHERS | {Op.MATMUL, Op.EXTERN, Op.INPUT, Op.CONST}
     assert set(Op) - covered == {Op.PARAM, Op.CALL, Op.PROJ}
 
 

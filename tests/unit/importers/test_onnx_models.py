@@ -130,3 +130,26 @@ def test_onnx_activations(tmp_path) -> None:
     ref = (torch.where(x > 0, x, 0.3 * x) + torch.nn.functional.elu(x) + (0.2 * x + 0.5).clamp(0, 1)
            + x * (x / 6 + 0.5).clamp(0, 1) + torch.log1p(torch.exp(x)))
     assert rel_err(engine_of(tmp_path / "act.onnx")(x.float()), ref) < TOL
+
+
+def test_gather_of_run_time_indices_is_a_gather_checked_for_range(tmp_path) -> None:
+    """Gather on axis 0 at run-time indices (2-D here): rows of the table, the indices' range checked."""
+    import xg
+    from onnx import TensorProto, helper, numpy_helper
+    from xgbuild.compiler.ir.graph import Op
+    rng = np.random.default_rng()
+    table = rng.standard_normal((9, 4)).astype(np.float32)
+    model = _model([helper.make_node("Gather", ["w", "i"], ["g"], axis=0), helper.make_node("Relu", ["g"], ["y"])],
+                   [helper.make_tensor_value_info("i", TensorProto.INT64, ["batch", 3])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 4])],
+                   [numpy_helper.from_array(table, "w")])
+    path = tmp_path / "gather.onnx"
+    onnx.save(model, str(path))
+    ops = [n.op for n in import_onnx(path).optimized.main.nodes]
+    assert Op.GATHER in ops and Op.MATMUL not in ops
+    engine = engine_of(path)
+    idx = torch.from_numpy(rng.integers(0, 9, (5, 3)))
+    assert torch.equal(engine(idx), torch.from_numpy(np.maximum(table[idx.numpy()], 0)))
+    idx[2, 1] = 9
+    with pytest.raises(xg.InputError, match=r"input `i` holds 9, outside \[0, 9\)"):
+        engine(idx)

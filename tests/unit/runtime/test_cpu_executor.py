@@ -342,6 +342,50 @@ def test_run_time_index_out_of_bounds(rng) -> None:
         g.run(y)
 
 
+@pytest.mark.parametrize("idx_shape", [(7,), (3, 5), (2, 3, 4)], ids=["1d", "2d", "3d"])
+@pytest.mark.parametrize("dtype, idx_dtype", [("float32", "int64"), ("bfloat16", "int32"), ("float64", "int64")])
+def test_gather_matches_torch_embedding(idx_shape, dtype: str, idx_dtype: str, rng) -> None:
+    table = data(rng, (11, 6), dtype)
+    idx = torch.from_numpy(rng.integers(0, 11, idx_shape)).to(TORCH_DTYPES[idx_dtype])
+    idx.view(-1)[:2] = torch.tensor([0, 10])         # the first and last rows
+    g = G()
+    out = g.op(Op.GATHER, g.input(table), g.input(idx))
+    ref = torch.nn.functional.embedding(idx.long(), table.double()).numpy()
+    for float64 in (False, True):
+        y = g.run(out, float64=float64)
+        assert y.dtype == (torch.float64 if float64 else table.dtype)
+        # A gather copies values: exact in the table's own dtype and in float64 mode alike.
+        assert np.array_equal(f64(y), ref), f"float64={float64} (data seed {rng.seed_entropy})"
+
+
+def test_gather_of_a_1d_table_and_of_a_scalar_index(rng) -> None:
+    table = data(rng, (9, 2, 3))
+    g = G()
+    t = g.input(table)
+    vec = g.op(Op.GATHER, g.input(table[:, 0, 0].contiguous()), g.input(torch.tensor([[8, 0], [3, 3]])))
+    one = g.op(Op.GATHER, t, g.input(torch.tensor(4)))
+    y_vec, y_one = g.run([vec, one])
+    assert np.array_equal(y_vec.numpy(), table[:, 0, 0].numpy()[[[8, 0], [3, 3]]])
+    assert np.array_equal(y_one.numpy(), table.numpy()[4])
+
+
+@pytest.mark.parametrize("bad", [11, -1])
+def test_gather_index_out_of_bounds(bad: int, rng) -> None:
+    g = G()
+    y = g.op(Op.GATHER, g.input(data(rng, (11, 4))), g.input(torch.tensor([[0, bad], [2, 3]])), line=7)
+    with pytest.raises(ExecutionError, match=f"index {bad} is out of bounds for a table of 11 rows at line 7"):
+        g.run(y)
+
+
+def test_gather_shape_rules() -> None:
+    ins = [("float32", (10, "D")), ("int64", ("B", "T"))]
+    assert infer(Node(-1, Op.GATHER, (0, 1), "float32", ()), ins) == ("float32", ("B", "T", "D"))
+    with pytest.raises(ValueError, match="indices must be integers, got float32"):
+        infer(Node(-1, Op.GATHER, (0, 1), "float32", ()), [ins[0], ("float32", (3,))])
+    with pytest.raises(ValueError, match="table of rank 1 or more"):
+        infer(Node(-1, Op.GATHER, (0, 1), "float32", ()), [("float32", ()), ins[1]])
+
+
 @pytest.mark.parametrize("src, dst", [("float32", "int32"), ("float32", "bfloat16"), ("bfloat16", "float32"),
                                       ("int64", "float32"), ("float32", "bool"), ("int32", "int8")])
 def test_cast(src: str, dst: str, rng) -> None:

@@ -7,6 +7,8 @@ Three kernel kinds, chosen greedily in topological order:
   an element-wise prologue on its input and an epilogue on its row shape (RMSNorm, softmax, …);
 - `elementwise`: a chain of element-wise ops over one output shape. UNINDEX (the gradient of an
   indexed read) starts one: each output element is the input's element where INDEX read it, or 0.
+  GATHER (an embedding lookup) starts one too: each output element loads its row's index, then
+  the table's element in that row.
 EXTERN (a PyTorch operator run eagerly, `fallback="eager"`) is a step of its own between kernels.
 Views (RESHAPE of a contiguous value, TRANSPOSE, constant INDEX) are not kernels: a kernel reads
 its inputs through their strides. CONST nodes are folded into the kernels that read them. Every
@@ -24,6 +26,9 @@ SOURCES = {Op.FULL, Op.IOTA, Op.RANDN, Op.RAND}     # element-wise ops that read
 ROW_ANCHORS = {Op.SUM, Op.MEAN, Op.MAX, Op.MIN, Op.SOFTMAX, Op.LOG_SOFTMAX}
 # Collectives are the identity within one process (the many-GPU plan replaces them).
 VIEWS = {Op.RESHAPE, Op.TRANSPOSE, Op.INDEX, *COLLECTIVE}
+# Element-wise ops that read an input at other positions than their own: each starts a kernel (it is
+# never fused after that input), its consumers join it, and only the element-wise template places it.
+GATHERS = {Op.UNINDEX, Op.GATHER}
 
 
 class ScheduleError(ValueError):
@@ -189,7 +194,8 @@ def schedule(graph: Graph) -> Schedule:
                 # Absorb the producer as a prologue when it is an element-wise kernel of the same
                 # shape whose output this reduction alone needs.
                 if prod.kind == "elementwise" and tuple(prod.shape) == tuple(x.shape) and \
-                        all(u == n.id or owner.get(u) == pidx for u in users[x.id]):
+                        all(u == n.id or owner.get(u) == pidx for u in users[x.id]) and \
+                        not any(graph.node(i).op in GATHERS for i in prod.nodes):
                     kernels[pidx] = Kernel("rowwise", n.id, prod.nodes + [n.id], tuple(x.shape), last)
                     owner[n.id] = pidx
                     continue
@@ -198,8 +204,8 @@ def schedule(graph: Graph) -> Schedule:
         if n.op is Op.EXTERN:
             new_kernel(Kernel("extern", n.id, [n.id], tuple(n.shape)), n)
             continue
-        if n.op is Op.UNINDEX:
-            # Reads its input at other positions than its own: never fused after that input.
+        if n.op in GATHERS:
+            # Reads an input at other positions than its own: never fused after that input.
             new_kernel(Kernel("elementwise", None, [n.id], tuple(n.shape)), n)
             continue
         if n.op not in ELEMENTWISE:

@@ -11,7 +11,11 @@ Levels of a value inside a kernel:
 - `row` (rowwise kernels): one value per row, a scalar in the program;
 - `scalar`: one value for the whole kernel (rank-0 operands and constants);
 - `gather` (element-wise kernels): the input of an `unindex`, read through its own strides at the
-  positions the node's items map each domain element to.
+  positions the node's items map each domain element to;
+- `table` (element-wise kernels): the table of a `gather`, read through its own strides in the row
+  its index names;
+- `lead` (element-wise kernels): the indices of a `gather`, one per position of the domain's
+  leading dims (the indices' rank), the same along the rest.
 """
 
 from __future__ import annotations
@@ -164,13 +168,17 @@ def make_spec(sched: Schedule, k: Kernel) -> tuple[KernelSpec, Binding]:
             want = "full" if n.op in (Op.SUM, Op.MEAN, Op.MAX, Op.MIN, Op.SOFTMAX, Op.LOG_SOFTMAX) else level
             if n.op is Op.UNINDEX:      # its input in its own shape; run-time indices are scalars
                 args = (operand(n.inputs[0], "gather"),) + tuple(operand(i, "scalar") for i in n.inputs[1:])
+            elif n.op is Op.GATHER:     # starts its kernel (schedule.GATHERS): both inputs from memory
+                args = (operand(n.inputs[0], "table"), operand(n.inputs[1], "lead"))
             else:
                 args = tuple(("n", local[i]) if i in inside else operand(i, want) for i in n.inputs)
         # Reductions reduce the kernel's columns and element-wise ops carry no attributes: only
-        # FULL's value and UNINDEX's items matter to the code.
+        # FULL's value, UNINDEX's items and GATHER's count of index dims matter to the code.
         attrs: tuple = (("value", _const(n.attr("value"), n.dtype)[1]),) if n.op is Op.FULL else ()
         if n.op is Op.UNINDEX:
             attrs = (("items", n.attr("items")),)
+        elif n.op is Op.GATHER:
+            attrs = (("lead", len(g.node(n.inputs[1]).shape)),)
         local[nid] = len(nodes)
         nodes.append(LocalNode(n.op.value, args, n.dtype, level, attrs))
     outputs = tuple(local[nid] for nid in k.nodes if nid in outs)

@@ -51,6 +51,10 @@ def _elementwise(e: Emitter) -> Emitted:
             unravel()
             vals[k] = _unindex(e, k, n)
             continue
+        if n.op == "gather":
+            unravel()
+            vals[k] = _gather(e, k, n, e.arg(n.args[1], vals, load))
+            continue
         v = w.tmp("v")
         w.line(f"{v} = {e.op(n, [e.arg(a, vals, load) for a in n.args], index='lin')}")
         vals[k] = v
@@ -110,6 +114,25 @@ def _unindex(e: Emitter, k: int, n) -> str:
     else:
         off = e.dot((s, e.stride(x[1], d)) for d, s in enumerate(src)) or "0"
         w.line(f"{v} = {e.load(x[1], off, inside)}")
+    return v
+
+
+def _gather(e: Emitter, k: int, n, idx: str) -> str:
+    """Node k, a `gather`: the table's element in row `idx` (this element's index, loaded at the
+    domain's leading positions), the rest of the domain's dims lining up with the table's after its
+    rows. An index outside the table reads nothing (the load is masked, the row clamped to 0) and
+    gives 0: engines reject such index inputs on the host before a run."""
+    w, spec = e.w, e.spec
+    lead = dict(n.attrs)["lead"]
+    t = n.args[0][1]
+    rows = e.int_param(f"g{k}_rows")
+    ok, row = w.tmp("ok"), w.tmp("row")
+    w.line(f"{ok} = mask & ({idx} >= 0) & ({idx} < {rows})")
+    w.line(f"{row} = tl.where({ok}, {idx}, 0).to({e.idx})")
+    cols = [(f"i{lead + d - 1}", e.stride(t, d)) for d in range(1, spec.rank - lead + 1)]
+    off = e.dot([(row, e.stride(t, 0))] + cols) or "0"
+    v = w.tmp("v")
+    w.line(f"{v} = {e.load(t, off, ok)}")
     return v
 
 

@@ -4,8 +4,8 @@ Each block is written with ops that already have a GPU kernel path (docs/importe
 - linear, matmul: MATMUL (+ ADD), the weight read through a TRANSPOSE view;
 - layer norm, RMSNorm, batch norm (eval), softmax, attention: reductions and element-wise ops;
   softmax over a dim other than the last is a softmax over the last between two TRANSPOSE views;
-- embedding: a one-hot MATMUL (exact: one product by 1.0 and zeros), or a slice of the table
-  when the indices are `arange`;
+- embedding: a GATHER of table rows (an element-wise kernel: tokens x d reads), or a slice of the
+  table when the indices are `arange`;
 - placing a tensor inside a larger zero tensor (padding, concatenation) along one dim: a MATMUL
   with a 0/1 selection matrix built from IOTA and a comparison (exact for finite values);
 - conv2d: one MATMUL per kernel tap over strided INDEX views (NHWC inside), accumulated in the
@@ -146,13 +146,11 @@ def attention(b: IRBuilder, q: Ref, k: Ref, v: Ref, mask: Ref | None, causal: bo
 
 
 def embedding(b: IRBuilder, table: Ref, idx: Ref) -> Ref:
-    """table[idx]: a slice when idx is `arange(n)`, else a one-hot matmul (exact in IEEE float)."""
+    """table[idx] along dim 0: a slice when idx is `arange(n)`, else a GATHER (idx of any shape)."""
     n = b.node(idx)
     if n.op is Op.IOTA:
         return b.slice(table, 0, 0, n.shape[0])
-    vocab = b.shape(table)[0]
-    onehot = b.compare(Op.EQ, b.unsqueeze(idx, -1), b.iota(vocab, b.dtype(idx)))
-    return matmul(b, b.cast(onehot, b.dtype(table)), table)
+    return b.op(Op.GATHER, [table, idx])
 
 
 def _selection(b: IRBuilder, n: int, total: int, offset: int, dtype: str) -> Ref:

@@ -44,6 +44,7 @@ class Op(str, Enum):
     RESHAPE = "reshape"        # shape from the node
     INDEX = "index"            # attrs: items; extra inputs are run-time indices
     UNINDEX = "unindex"        # attrs: items: zeros of the node's shape with the input placed where INDEX read
+    GATHER = "gather"          # table, idx: table rows at integer indices: [*idx.shape, *table.shape[1:]]
     EXTERN = "extern"          # attrs: call, args (JSON), output: a PyTorch operator run eagerly (fallback="eager")
     # functions (before inlining)
     CALL = "call"              # attrs: func, dims (callee symbol -> caller dim); one output per PROJ

@@ -164,6 +164,17 @@ def _index(node: Node, ins: list[Node], n: int | None) -> list[Rule]:
     return rules
 
 
+def _gather(node: Node, ins: list[Node], n: int | None) -> list[Rule]:
+    """GATHER reads whole rows of the table: a split of the indices, or of a table dim after the
+    rows, carries over to the output; the indices are read whole wherever the table is split."""
+    table, idx = ins
+    lead = len(idx.shape)
+    rules: list[Rule] = [((R, R), R), ((P, R), P)]            # linear in the table
+    rules += [((R, S(e)), S(e)) for e in range(lead) if shardable(idx.shape[e], n)]
+    rules += [((S(e), R), S(lead + e - 1)) for e in range(1, len(table.shape)) if shardable(table.shape[e], n)]
+    return rules
+
+
 def _whole(item, size) -> bool:
     if item[0] != "s":
         return False
@@ -195,6 +206,8 @@ def rules(node: Node, ins: list[Node], n: int | None) -> list[Rule]:
         return _reshape(node, ins, n)
     if op in (Op.INDEX, Op.UNINDEX):
         return _index(node, ins, n)
+    if op is Op.GATHER:
+        return _gather(node, ins, n)
     return [(tuple(R for _ in ins), R)]      # RANDN, RAND: on whole values (the same on every rank)
 
 

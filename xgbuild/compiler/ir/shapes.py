@@ -12,6 +12,7 @@ from typing import Any
 from .graph import BINARY, COLLECTIVE, COMPARE, REDUCE, UNARY, Dim, Node, Op, Shape
 
 FLOATS = {"float16", "bfloat16", "float32", "float64"}
+INTEGERS = {"int8", "int16", "int32", "int64", "uint8"}
 
 
 class ShapeError(ValueError):
@@ -107,6 +108,13 @@ def infer(node: Node, ins: list[tuple[str, Shape]]) -> tuple[str, Shape]:
         if tuple(expected) != tuple(ins[0][1]):
             raise ShapeError(f"`unindex` of {list(ins[0][1])} into {list(node.shape)} needs {list(expected)}")
         return ins[0][0], node.shape
+    if op is Op.GATHER:
+        (dtype, table), (idx_dtype, idx) = ins
+        if not table:
+            raise ShapeError("`gather` needs a table of rank 1 or more, got a scalar")
+        if idx_dtype not in INTEGERS:
+            raise ShapeError(f"`gather` indices must be integers, got {idx_dtype}")
+        return dtype, tuple(idx) + tuple(table[1:])
     raise ShapeError(f"unknown op {op}")
 
 

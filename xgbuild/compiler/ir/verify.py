@@ -9,7 +9,7 @@ from __future__ import annotations
 from .graph import BINARY, UNARY, Graph, Op, tree_ids
 from .shapes import ShapeError, infer
 
-_ARITY = {**{op: 1 for op in UNARY}, **{op: 2 for op in BINARY}, Op.WHERE: 3, Op.MATMUL: 2,
+_ARITY = {**{op: 1 for op in UNARY}, **{op: 2 for op in BINARY}, Op.WHERE: 3, Op.MATMUL: 2, Op.GATHER: 2,
           Op.INPUT: 0, Op.PARAM: 0, Op.CONST: 0, Op.FULL: 0, Op.RANDN: 1, Op.RAND: 1, Op.IOTA: 0, Op.TRANSPOSE: 1,
           Op.RESHAPE: 1, Op.SOFTMAX: 1, Op.LOG_SOFTMAX: 1, Op.PROJ: 1, Op.SHARD: 1,
           Op.ALL_GATHER: 1, Op.ALL_REDUCE: 1, Op.REDUCE_SCATTER: 1, Op.ALL_TO_ALL: 1, Op.SUM: 1, Op.MEAN: 1, Op.MAX: 1, Op.MIN: 1}
