@@ -27,6 +27,22 @@ def enable() -> None:
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
     interp._patch_lang_tensor = patched
+
+    # Triton 3.6's interpreter holds bfloat16 as uint16 and multiplies those integers in `tl.dot`.
+    # Widen bfloat16 operands to float32 first: exact products summed in float32, as tensor cores do.
+    dot = interp.InterpreterBuilder.create_dot
+
+    def create_dot(self: Any, a: Any, b: Any, d: Any, input_precision: Any, max_num_imprecise_acc: Any) -> Any:
+        import triton.language as tl
+
+        def widen(x: Any) -> Any:
+            if x.dtype.scalar != tl.bfloat16:
+                return x
+            data = interp._convert_float(x.data, tl.bfloat16, tl.float32, None).view(interp.np.float32)
+            return interp.TensorHandle(data, tl.float32)
+        return dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    interp.InterpreterBuilder.create_dot = create_dot
     interp._xg_patched = True
 
 
