@@ -262,3 +262,24 @@ def test_fused_kernels_match_float64_reference(tmp_path: Path, name: str) -> Non
         for out in run["outputs"]:
             assert out["rel_err"] < tol, (run["dims"], out)
             assert variant in out["variants"], (run["dims"], out)
+
+
+def test_tuning_reference_computes_the_inlined_causal_mask() -> None:
+    # The tuner's float64 reference for a job recomputes the kernel's nodes from its operands:
+    # the causal mask has no kernel, so it must be recomputed too (not drawn at random).
+    import torch
+
+    from xgbuild.tuner.tuner import JobData
+    g = compile_source(CAUSAL).optimized.main
+    jobs, _ = plan(g, tuning_env(g, {"T": 24, "D": 16}))
+    (job,) = [j for j in jobs if j.spec.kind == "attention"]
+    data = JobData(job)
+    binding, _nodes = job.sites[0]
+    jq, jk, jv = job.spec.matmul
+    (js,) = [j for j, (_dt, level) in enumerate(job.spec.operands) if level == "scalar"]
+    value = data.value_fn("cpu")
+    q, kt, v, scale = (value(binding.operands[j]).double() for j in (jq, jk, jv, js))
+    keep = torch.ones(24, 24).tril().bool()
+    want = torch.softmax(torch.where(keep, q @ kt * scale, -1e9), dim=-1) @ v
+    (got,) = data.reference()
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
