@@ -162,6 +162,15 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
             if a_vec:
                 x = x.unsqueeze(len(batch))
             return x.unsqueeze(-1) if b_vec else x
+    elif spec.kind == "attention":
+        # Domain: batch + (T, DV), the output's; q is batch + (T, D), kT batch + (D, S), v
+        # batch + (S, DV), and what the score chain reads lines up with the scores, batch + (T, S).
+        jq, jk, jv = spec.matmul
+        q_shape, k_shape = (tuple(graph.node(b.operands[j]).shape) for j in (jq, jk))
+        batch = domain[:-2]
+        T, D, S, DV = int(q_shape[-2]), int(q_shape[-1]), int(k_shape[-1]), int(domain[-1])
+        want_of = {jq: batch + (T, D), jk: batch + (D, S), jv: batch + (S, DV)}
+        kdom = domain
     else:
         kdom = domain
 
@@ -169,6 +178,8 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
         t = value(nid)
         if level == "scalar":
             aligned = t.reshape(())
+        elif spec.kind == "attention":
+            aligned = _align(t, want_of.get(j, batch + (T, S)))
         elif level in ("gather", "table"):
             aligned = t                         # an unindex input or a gather's table, in its own shape
         elif level == "lead":
@@ -213,9 +224,11 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
                 ints[f"g{k}_rows"] = int(tensors[f"p{n.args[0][1]}"].shape[0])
     elif spec.kind == "rowwise":
         ints["R"], ints["C"] = math.prod(rows), math.prod(kdom[spec.row_dims:])
+    elif spec.kind == "attention":
+        ints["M"], ints["N"], ints["K"], ints["DV"], ints["batch"] = T, S, D, DV, math.prod(batch)
     else:
         ints["M"], ints["N"], ints["K"], ints["batch"] = M, N, K, math.prod(batch)
-    for d, size in enumerate(batch if spec.kind == "matmul" else kdom):   # the sizes kernels unravel
+    for d, size in enumerate(batch if spec.kind in ("matmul", "attention") else kdom):   # the sizes kernels unravel
         ints[f"d{d}"] = int(size)
     return Launch(tensors, ints, layouts)
 
@@ -267,7 +280,9 @@ def holds(c: Compiled, launch: Launch, spec: KernelSpec) -> bool:
             return False
         if any(launch.ints[name] % 16 for name in c.div16):
             return False
-    if v.single and launch.ints["C"] > c.config["BLOCK_N"]:
+    if v.single and spec.kind == "attention" and launch.ints["K"] > c.config["BLOCK_D"]:
+        return False                    # q's rows are loaded once, whole
+    if v.single and spec.kind == "rowwise" and launch.ints["C"] > c.config["BLOCK_N"]:
         return False
     if v.even_k and launch.ints["K"] % c.config["BLOCK_K"]:
         return False
@@ -279,6 +294,9 @@ def grid_for(c: Compiled, spec: KernelSpec, launch: Launch) -> tuple[int, int, i
         return (-(-launch.ints["numel"] // c.config["BLOCK"]), 1, 1)
     if spec.kind == "rowwise":
         return (launch.ints["R"], 1, 1)
+    if spec.kind == "attention":
+        tiles = -(-launch.ints["M"] // c.config["BLOCK_M"]) * -(-launch.ints["DV"] // c.config["BLOCK_DV"])
+        return (tiles, launch.ints["batch"], 1)
     tiles = -(-launch.ints["M"] // c.config["BLOCK_M"]) * -(-launch.ints["N"] // c.config["BLOCK_N"])
     return (tiles, launch.ints["batch"], 1)
 

@@ -44,6 +44,8 @@ class Job:
         p = self.problem
         if p.kind == "matmul":
             return f"{p.batch}x{p.m}x{p.n}x{p.k}"
+        if p.kind == "attention":
+            return f"{p.batch}x{p.m}x{p.n}x{p.k}x{p.dv}" + ("c" if p.causal else "")
         if p.kind == "rowwise":
             return f"{p.rows}x{p.cols}"
         return f"{p.numel}"
@@ -56,10 +58,11 @@ class Job:
         """What the tuned kernel may assume: this job's layouts, int32 offsets where they fit,
         aligned sizes where the tuning shape has them, a single row tile where it fits."""
         wide = any(v > 2**31 - 1 for v in self.sizes.values()) or self.max_extent > 2**31 - 1
-        single = self.problem.kind == "rowwise" and config.get("SINGLE", 0) == 1
+        single = (self.problem.kind == "rowwise" and config.get("SINGLE", 0) == 1) or \
+            (self.problem.kind == "attention" and self.problem.k <= config["BLOCK_D"])
         even_k = self.problem.kind == "matmul" and self.problem.k % config["BLOCK_K"] == 0
         # Sizes and run-time strides compiled as multiples of 16 must be so at the tuning shape.
-        hinted = ["N", "K", "C", "numel"] + [f"p{j}_s{d}" for j, lay in enumerate(self.layouts)
+        hinted = ["N", "K", "C", "DV", "numel"] + [f"p{j}_s{d}" for j, lay in enumerate(self.layouts)
                                               if lay != "dense" for d, s in enumerate(lay) if s is None]
         aligned = all(self.sizes[name] % 16 == 0 for name in hinted if name in self.sizes)
         return Variant(wide=wide, layouts=self.layouts, aligned=aligned, single=single, even_k=even_k)
@@ -107,6 +110,15 @@ def _problem(spec: KernelSpec, launch, graph: Graph, outputs: list[int]) -> Prob
         flops = 2.0 * batch * ints["M"] * ints["N"] * ints["K"] + work * batch * ints["M"] * ints["N"]
         return Problem("matmul", a, flops, float(read + written), batch=batch, m=ints["M"], n=ints["N"],
                        k=ints["K"], elem_bytes=TORCH_DTYPES[a].itemsize)
+    if spec.kind == "attention":
+        from ..compiler.codegen.triton_attention import causal
+        jq, jv = spec.matmul[0], spec.matmul[2]
+        b, t, s, d, dv = ints["batch"], ints["M"], ints["N"], ints["K"], ints["DV"]
+        skip = causal(spec)
+        chain = sum(1 for n in spec.nodes if n.op not in ("matmul", "iota"))
+        flops = (2.0 * b * t * s * (d + dv) + chain * b * t * s) * (0.5 if skip else 1.0)
+        return Problem("attention", spec.operands[jq][0], flops, float(read + written), batch=b, m=t, n=s, k=d,
+                       dv=dv, causal=skip, elem_bytes=TORCH_DTYPES[spec.operands[jv][0]].itemsize)
     if spec.kind == "rowwise":
         passes = sum(2 if n.op in ("softmax", "log_softmax") else 1 for n in spec.nodes
                      if n.op in ("sum", "mean", "max", "min", "softmax", "log_softmax"))
@@ -148,12 +160,13 @@ def plan(graph: Graph, env: dict[str, int], world: int = 1) -> tuple[list[Job], 
                 for n in binding.outputs]
         launch = bind(KernelPlan(spec, binding, [generic]), sg, value, outs)
         layouts = tuple("dense" if spec.operands[j][1] == "scalar" else
-                        _layout_of(seen, tuple(launch.tensors[f"p{j}"].stride()), spec.kind == "matmul")
+                        _layout_of(seen, tuple(launch.tensors[f"p{j}"].stride()), spec.kind in ("matmul", "attention"))
                         for j, seen in enumerate(launch.layouts))
         problem = _problem(spec, launch, sg, list(binding.outputs))
         extent = max([t.numel() for t in launch.tensors.values()] + [0])
         job = Job(spec, problem, layouts, dict(launch.ints), sg, max_extent=extent)
         job = jobs.setdefault(job.ident, job)
-        job.sites.append((binding, list(kernel.nodes)))
+        # The reference recomputes what the kernel computes, index expressions included.
+        job.sites.append((binding, list(kernel.inlined) + list(kernel.nodes)))
         launches.append((job.ident, binding))
     return list(jobs.values()), launches

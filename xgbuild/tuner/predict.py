@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from xgbuild.hw import GpuProfile
 from xgbuild.tuner.space import (BASE_REGS_PER_THREAD, Config, Problem, acc_regs_per_thread,
-                                 config_key, matmul_smem_bytes, row_regs_per_thread)
+                                 attention_regs_per_thread, attention_smem_bytes, config_key,
+                                 matmul_smem_bytes, row_regs_per_thread)
 
 LAUNCH_MS = 0.003
 TENSOR_CORE_DTYPES = ("bfloat16", "float16", "float8", "float8_e4m3", "float8_e5m2")
@@ -39,6 +40,10 @@ MMA_SYNC_SHARE = 0.65
 MAX_BLOCKS_PER_SM = 32
 # A register-resident tile beyond the per-thread maximum spills to local memory.
 SPILL_PENALTY = 2.0
+# exp() results per clock per SM (the special function units: 16 on Hopper): the softmax inside
+# a fused attention kernel runs between the two products, not beside them, without warp
+# specialisation.
+EXP_PER_CLOCK_PER_SM = 16
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,8 @@ def ceilings(problem: Problem, profile: GpuProfile, config: Config | None = None
     """The bandwidth and FLOP/s ceilings for `problem` on `profile` (under `config`: a 3xTF32
     matmul runs three TF32 tensor-core products per useful one)."""
     bandwidth = profile.measured.copy_bandwidth_bytes_per_s or profile.hbm_bandwidth_bytes_per_s
+    if problem.kind == "attention":
+        return Ceilings(bandwidth, _matmul_peak(problem.dtype, profile))
     if problem.kind == "matmul":
         if _tf32x3(config):
             return Ceilings(bandwidth, _matmul_peak("tf32", profile) / 3)
@@ -263,7 +270,52 @@ def _matmul_s(p: Problem, c: Config, hw: GpuProfile, top: Ceilings) -> float:
     return max(compute, memory, p.flops / top.flops)
 
 
-_MODELS = {"elementwise": _elementwise_s, "rowwise": _rowwise_s, "matmul": _matmul_s}
+def attention_key_steps(p: Problem, block_m: int, block_n: int) -> float:
+    """Key blocks one program visits, averaged over the query blocks (causal: up to its diagonal)."""
+    m_blocks = math.ceil(p.m / block_m)
+    if not p.causal:
+        return float(math.ceil(p.n / block_n))
+    return sum(math.ceil(min(p.n, (i + 1) * block_m) / block_n) for i in range(m_blocks)) / m_blocks
+
+
+def _attention_s(p: Problem, c: Config, hw: GpuProfile, top: Ceilings) -> float:
+    """Like a matmul whose k-steps are key blocks: each does q @ kT over the head dim's chunks and
+    p @ v (tensor-core products fed from shared memory), plus the softmax's exps on the SFUs. K and
+    V come from HBM once per batch index and through L2 for every query block."""
+    bm, bn, bd, bdv, stages = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_D"], c["BLOCK_DV"], c["num_stages"]
+    threads = 32 * c["num_warps"]
+    smem = attention_smem_bytes(c, p.elem_bytes)
+    regs = attention_regs_per_thread(c) + BASE_REGS_PER_THREAD
+    per_sm = _blocks_per_sm(hw, threads, regs, smem)
+    programs = p.batch * math.ceil(p.m / bm) * math.ceil(p.dv / bdv)
+    slots = hw.sm_count * per_sm
+    steps = attention_key_steps(p, bm, bn)
+    chunks = math.ceil(p.k / bd)
+
+    sm_peak = top.flops / hw.sm_count
+    step_flops = 2 * bm * bn * (chunks * bd + bdv)
+    feed = _smem_feed(p, {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": c["num_warps"]}, hw, sm_peak)
+    exp_s = bm * bn / (EXP_PER_CLOCK_PER_SM * hw.clock_boost_mhz * 1e6)
+
+    def sm_seconds(resident: int) -> float:
+        math_s = resident * (step_flops / (sm_peak * feed) + exp_s)
+        return steps * max(math_s, MEMORY_LATENCY_S / max(1, stages - 1))
+
+    full_waves, tail = divmod(programs, slots)
+    compute = full_waves * sm_seconds(per_sm)
+    if tail:
+        compute += sm_seconds(math.ceil(tail / hw.sm_count))
+    in_flight = max(1, stages - 1) * bn * (bd * chunks + bdv) * p.elem_bytes
+    memory = _stream_s(p.bytes, programs, per_sm, in_flight, hw, top.bandwidth)
+    loaded = programs * steps * bn * (bd * chunks + bdv) * p.elem_bytes
+    memory = max(memory, loaded / (top.bandwidth * L2_SPEEDUP))
+    if regs > hw.max_registers_per_thread:
+        compute *= SPILL_PENALTY
+    return max(compute, memory, p.flops / top.flops)
+
+
+_MODELS = {"elementwise": _elementwise_s, "rowwise": _rowwise_s, "matmul": _matmul_s,
+           "attention": _attention_s}
 
 
 def predict_ms(problem: Problem, config: Config, profile: GpuProfile) -> float:
@@ -278,6 +330,9 @@ def tie_break(problem: Problem, config: Config) -> tuple:
     alike): for matmuls the larger tile, then a 128-byte k-slice, then fewer stages (on an H100, with
     bf16 4096^3: 128x256x64 0.182 ms, 128x256x32 0.185, 128x128x64 0.212, 128x128x32 0.245, and
     128x256x128 at 2 stages 0.270), then the config's canonical text."""
+    if problem.kind == "attention":
+        # Larger tiles (fewer re-reads of K and V), then fewer stages.
+        return (-config["BLOCK_M"] * config["BLOCK_N"], config["num_stages"], config_key(config))
     if problem.kind != "matmul":
         return (config_key(config),)
     area = config["BLOCK_M"] * config["BLOCK_N"]

@@ -21,13 +21,14 @@ from xgbuild.hw import GpuProfile
 
 Config = dict[str, int]  # keys sorted; always includes num_warps and num_stages
 
-KINDS = ("elementwise", "rowwise", "matmul")
+KINDS = ("elementwise", "rowwise", "matmul", "attention")
 
 # The parameters each kind's kernel template takes, besides num_warps and num_stages.
 PARAMS = {
     "elementwise": ("BLOCK",),
     "rowwise": ("BLOCK_N", "SINGLE"),
     "matmul": ("BLOCK_K", "BLOCK_M", "BLOCK_N", "GROUP_M", "TF32X3"),
+    "attention": ("BLOCK_D", "BLOCK_DV", "BLOCK_M", "BLOCK_N"),
 }
 
 # Search-space axes.
@@ -43,9 +44,16 @@ MATMUL_BLOCK_K = (32, 64, 128)
 MATMUL_GROUP_M = 8
 MATMUL_WARPS = (4, 8)
 MATMUL_STAGES = (2, 3, 4, 5)
+ATTENTION_BLOCK_M = (16, 32, 64, 128)
+ATTENTION_BLOCK_N = (16, 32, 64, 128)
+ATTENTION_WARPS = (4, 8)
+ATTENTION_STAGES = (1, 2, 3, 4)
+# The head dim is one tile up to this (q's rows loaded once); wider heads loop over D in chunks of
+# half of it, and wider v heads are split over programs.
+ATTENTION_MAX_HEAD = 256
 
 # How many configs `candidates` returns at most, per kind; matmul is the only one that needs a cut.
-MAX_CANDIDATES = {"elementwise": 48, "rowwise": 48, "matmul": 48}
+MAX_CANDIDATES = {"elementwise": 48, "rowwise": 48, "matmul": 48, "attention": 48}
 # Matmul configs sharing one (BLOCK_M, BLOCK_N) tile taken before the rest by rank: the cost model
 # is coarse about stages and warps, so the timed set should span tile shapes, not one shape's
 # variants.
@@ -83,10 +91,12 @@ class Problem:
     rows: int = 0        # rowwise: number of rows
     cols: int = 0        # rowwise: reduced length of each row
     passes: int = 1      # rowwise: reductions needing the whole row before the next
-    batch: int = 1       # matmul
+    batch: int = 1       # matmul, attention (m = T queries, n = S keys, k = D head dim)
     m: int = 0
     n: int = 0
     k: int = 0
+    dv: int = 0          # attention: v's head dim (the output's last)
+    causal: bool = False  # attention: key blocks above the diagonal are skipped
     elem_bytes: int = 4  # bytes per element of the operands (matmul A/B) or of the widest input
 
     def __post_init__(self) -> None:
@@ -100,7 +110,7 @@ class Problem:
         if self.flops < 0 or self.bytes < 0:
             raise ValueError(f"flops and bytes must be >= 0, got {self.flops} and {self.bytes}")
         sizes = {"elementwise": ("numel",), "rowwise": ("rows", "cols", "passes"),
-                 "matmul": ("batch", "m", "n", "k")}[self.kind]
+                 "matmul": ("batch", "m", "n", "k"), "attention": ("batch", "m", "n", "k", "dv")}[self.kind]
         for name in sizes:
             if getattr(self, name) < 1:
                 raise ValueError(f"{self.kind} problem needs {name} >= 1, "
@@ -128,6 +138,9 @@ def default_config(problem: Problem) -> Config:
         return make_config(BLOCK=1024, num_warps=4, num_stages=1)
     if problem.kind == "rowwise":
         return make_config(BLOCK_N=1024, SINGLE=0, num_warps=4, num_stages=1)
+    if problem.kind == "attention":
+        # Loops over D in chunks of 64 and splits v's columns by 64 over programs: any sizes.
+        return make_config(BLOCK_M=64, BLOCK_N=32, BLOCK_D=64, BLOCK_DV=64, num_warps=4, num_stages=2)
     # 64x64 tiles fit 99 KiB parts even for fp64 at 2 stages; BLOCK_K respects the k-slice rule.
     block_k = max(MATMUL_BLOCK_K[0], min(64, MAX_K_SLICE_BYTES // problem.elem_bytes))
     stages = 3 if problem.elem_bytes <= 4 else 2
@@ -146,6 +159,11 @@ def full_space(problem: Problem) -> list[Config]:
         looped = [make_config(BLOCK_N=b, SINGLE=0, num_warps=w, num_stages=1)
                   for b in ROW_LOOP_BLOCKS for w in ROW_LOOP_WARPS]
         return single + looped
+    if problem.kind == "attention":
+        bd, bdv = attention_head_blocks(problem)
+        return [make_config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bdv, num_warps=w, num_stages=s)
+                for bm in ATTENTION_BLOCK_M for bn in ATTENTION_BLOCK_N for w in ATTENTION_WARPS
+                for s in ATTENTION_STAGES]
     # float32 products: exact FMA (TF32X3=0) or three TF32 tensor-core products (see
     # `_matmul_tf32x3` and the tuner's gate, which admits them only as accurate as float32's own).
     x3s = (0, 1) if problem.dtype == "float32" else (0,)
@@ -155,6 +173,15 @@ def full_space(problem: Problem) -> list[Config]:
             for w in MATMUL_WARPS for s in MATMUL_STAGES]
 
 
+def attention_head_blocks(problem: Problem) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_DV): the whole head dims (at least 16, tl.dot's least) up to
+    ATTENTION_MAX_HEAD, else half of that per chunk."""
+    def block(size: int) -> int:
+        full = max(16, next_pow2(size))
+        return full if full <= ATTENTION_MAX_HEAD else ATTENTION_MAX_HEAD // 2
+    return block(problem.k), block(problem.dv)
+
+
 # --- resources a config needs (shared with the cost model) ---------------------------------------
 
 
@@ -162,6 +189,21 @@ def matmul_smem_bytes(config: Config, elem_bytes: int) -> int:
     """Shared memory one matmul block asks for: the pipelined A and B tiles plus headroom."""
     tile = config["BLOCK_M"] * config["BLOCK_K"] + config["BLOCK_K"] * config["BLOCK_N"]
     return tile * elem_bytes * config["num_stages"] + SMEM_HEADROOM_BYTES
+
+
+def attention_smem_bytes(config: Config, elem_bytes: int) -> int:
+    """Shared memory one attention block asks for: q's tile, the pipelined k and v tiles, the
+    probabilities on their way to the second product, and headroom."""
+    bm, bn = config["BLOCK_M"], config["BLOCK_N"]
+    kv = bn * (config["BLOCK_D"] + config["BLOCK_DV"]) * config["num_stages"]
+    return (bm * config["BLOCK_D"] + kv + bm * bn) * elem_bytes + SMEM_HEADROOM_BYTES
+
+
+def attention_regs_per_thread(config: Config) -> float:
+    """32-bit registers per thread for the output accumulator and the score tile (fp32), and the
+    probabilities (counted at half: 16-bit operands of the second product, or reusing the scores)."""
+    bm = config["BLOCK_M"]
+    return bm * (config["BLOCK_DV"] + 1.5 * config["BLOCK_N"]) / (32 * config["num_warps"])
 
 
 def acc_regs_per_thread(config: Config, problem: Problem) -> float:
@@ -281,10 +323,39 @@ def _matmul_tf32x3(p: Problem, c: Config, hw: GpuProfile) -> str | None:
     return None
 
 
+def _attention_tile_vs_problem(p: Problem, c: Config, hw: GpuProfile) -> str | None:
+    for param, size in (("BLOCK_M", p.m), ("BLOCK_N", p.n)):
+        cover = max(16, next_pow2(size))
+        if c[param] > cover:
+            return f"{param} {c[param]} > {cover}, the most a size of {size} needs"
+    return None
+
+
+def _attention_smem(p: Problem, c: Config, hw: GpuProfile) -> str | None:
+    need = attention_smem_bytes(c, p.elem_bytes)
+    if need > hw.max_shared_memory_per_block_bytes:
+        return (f"shared memory {need} B > {hw.max_shared_memory_per_block_bytes} B per block "
+                f"on {hw.name}")
+    return None
+
+
+def _attention_regs(p: Problem, c: Config, hw: GpuProfile) -> str | None:
+    regs = attention_regs_per_thread(c)
+    limit = hw.max_registers_per_thread - BASE_REGS_PER_THREAD
+    if regs > limit:
+        return (f"accumulator and scores take {regs:g} registers per thread > {limit} "
+                f"({c['BLOCK_M']}x{c['BLOCK_N']}, v head {c['BLOCK_DV']}, over {c['num_warps']} warps)")
+    if c["BLOCK_M"] * c["BLOCK_N"] / (32 * c["num_warps"]) < MIN_ACC_ELEMENTS_PER_THREAD:
+        return (f"a {c['BLOCK_M']}x{c['BLOCK_N']} score tile over {c['num_warps']} warps is fewer than "
+                f"{MIN_ACC_ELEMENTS_PER_THREAD} elements per thread")
+    return None
+
+
 RULES: dict[str, tuple[Rule, ...]] = {
     "elementwise": (_elementwise_block_vs_numel, _elementwise_per_thread),
     "rowwise": (_row_single_fits, _row_loop_block, _row_threads),
     "matmul": (_matmul_tf32x3, _matmul_tile_vs_problem, _matmul_k_slice, _matmul_smem, _matmul_regs),
+    "attention": (_attention_tile_vs_problem, _attention_smem, _attention_regs),
 }
 
 

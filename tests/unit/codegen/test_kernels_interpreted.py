@@ -1,7 +1,7 @@
 """The generated Triton kernels' numbers on a CPU host: each program's kernels (the tuned variant at
 the tuning shape, the generic one at odd sizes) run under Triton's interpreter and are compared with
-the float64 CPU reference. bf16 matmuls are left to the GPU tests: Triton 3.6's interpreter computes
-bf16 `tl.dot` wrongly (a known interpreter gap; the same kernels are right on an H100)."""
+the float64 CPU reference. Triton 3.6's interpreter multiplies bf16 `tl.dot` operands' bits as
+integers; `interpret.enable` widens them to float32 first, so bf16 products are checked here too."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ PROGRAMS = {
     "safe_div": ("examples/safe_div.xg", None),     # constants as outputs (also when replayed)
     "mlp_fp32": ("examples/mlp.xg", ("bfloat16", "float32")),
     "attention_fp32": ("examples/attention.xg", ("bfloat16", "float32")),
+    "mlp_bf16": ("examples/mlp.xg", None),
+    "attention_bf16": ("examples/attention.xg", None),
     "reductions": (None, """extern Tensor[float32, T, D] X
 extern Tensor[float32, D] B
 def main() {

@@ -10,7 +10,8 @@ arguments of a launch, and the runtime checks it before launching:
   None (passed at run time);
 - `aligned`: every pointer is 16-byte aligned and every run-time stride and size named in
   `Emitted.div16` is a multiple of 16 (Triton then vectorises loads);
-- `single` (rowwise): a row fits one tile, so it is loaded once;
+- `single` (rowwise): a row fits one tile, so it is loaded once; (attention) the head dim fits
+  BLOCK_D, so q's tile is loaded once;
 - `even_k` (matmul): K is a multiple of BLOCK_K, so the K loop needs no mask.
 
 The generic variant (`Variant.generic`) assumes nothing: it is the fallback every engine carries.

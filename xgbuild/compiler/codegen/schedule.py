@@ -1,6 +1,9 @@
 """Fusion: partition a specialised or symbolic Graph IR into kernels.
 
-Three kernel kinds, chosen greedily in topological order:
+Four kernel kinds. `attention` is recognised first, as a pattern; the others are chosen greedily
+in topological order:
+- `attention`: `softmax(epilogue(q @ kT), dim=-1) @ v` in one flash-style kernel, so the scores
+  and probabilities never go to memory (see `_attention_patterns` for what matches);
 - `matmul`: one MATMUL plus an epilogue of element-wise consumers of its output shape (bias,
   activation, residual, cast);
 - `rowwise`: one reduction over the last dimension (sum/mean/max/min, softmax, log_softmax) plus
@@ -31,17 +34,29 @@ VIEWS = {Op.RESHAPE, Op.TRANSPOSE, Op.INDEX, *COLLECTIVE}
 GATHERS = {Op.UNINDEX, Op.GATHER}
 
 
+# Attention: operand and score dtypes the fused kernel takes (tl.dot in float32 accumulators).
+ATTENTION_DTYPES = {"bfloat16", "float16", "float32"}
+# Element-wise ops on the score tile. RAND/RANDN number elements by the domain's linear index,
+# which a tile of the fused kernel does not have; FULL/IOTA have no input to chain through.
+SCORE_OPS = UNARY | BINARY | {Op.WHERE}
+# Ops of an index expression evaluated in the kernel (a causal mask: IOTAs compared).
+INDEX_OPS = UNARY | BINARY | {Op.WHERE, Op.FULL}
+
+
 class ScheduleError(ValueError):
     """An op that has no GPU kernel path (yet): the build stops and says which, and where."""
 
 
 @dataclass
 class Kernel:
-    kind: str                          # "elementwise" | "rowwise" | "matmul" | "extern" (no kernel: torch)
+    kind: str                          # "elementwise" | "rowwise" | "matmul" | "attention" | "extern" (no kernel: torch)
     anchor: int | None                 # the MATMUL or reduction node
     nodes: list[int] = field(default_factory=list)      # computed in the kernel, topological
     shape: tuple = ()                  # the iteration domain: output shape (rowwise: the anchor's input)
     reduce_dims: tuple[int, ...] = ()  # rowwise: the dims of `shape` reduced (the last one when fused)
+    # attention: nodes computed from row/column indices alone (a causal mask from IOTAs), and the
+    # views between them, evaluated inside the kernel instead of read from memory; topological.
+    inlined: list[int] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -54,6 +69,7 @@ class Schedule:
     kernels: list[Kernel]
     owner: dict[int, int]              # node id -> index of the kernel that computes it
     views: set[int]                    # nodes that are views of another node's memory
+    inlined: set[int] = field(default_factory=set)   # computed inside the attention kernels that read them
 
     def inputs(self, k: Kernel) -> list[int]:
         """Nodes a kernel reads from memory (INPUTs, other kernels' outputs, views of them)."""
@@ -61,7 +77,8 @@ class Schedule:
         seen: list[int] = []
         for nid in k.nodes:
             for i in self.graph.node(nid).inputs:
-                if i not in inside and i not in seen and self.graph.node(i).op is not Op.CONST:
+                if i not in inside and i not in seen and i not in k.inlined and \
+                        self.graph.node(i).op is not Op.CONST:
                     seen.append(i)
         return seen
 
@@ -94,6 +111,108 @@ def _reduced_dims(n: Node, x: Node) -> tuple[int, ...] | None:
     return (dim % len(x.shape),) if x.shape else ()
 
 
+@dataclass
+class AttentionPattern:
+    nodes: list[int]        # q @ kT, the score chain, softmax, casts, p @ v: topological
+    tree: list[int]         # index expressions the chain reads, computed in the kernel: topological
+
+
+def _index_axis(n: Node, rank: int) -> str | None:
+    """Which score dim an IOTA (or a reshape of one adding size-1 dims) runs along, right-aligned
+    to a domain of `rank` dims: "row" (the query dim), "col" (the key dim), else None."""
+    shape = tuple(n.shape)
+    big = [d for d, size in enumerate(shape) if size != 1]
+    if len(big) != 1 or len(shape) > rank:
+        return None
+    return {0: "col", 1: "row"}.get(len(shape) - 1 - big[0])
+
+
+def _index_tree(graph: Graph, nid: int, rank: int, acc: list[int]) -> bool:
+    """Whether node `nid` is a function of row/column indices and constants alone (IOTAs along a
+    score dim, through reshapes that add size-1 dims); collects its nodes into `acc`."""
+    n = graph.node(nid)
+    if n.op is Op.CONST:
+        return True
+    if len(n.shape) > 2 and any(size != 1 for size in n.shape[:-2]):
+        return False                    # varies along a batch dim
+    if n.op is Op.IOTA or (n.op is Op.RESHAPE and graph.node(n.inputs[0]).op is Op.IOTA):
+        if _index_axis(n, rank) is None:
+            return False
+        for i in ([n.inputs[0]] if n.op is Op.RESHAPE else []) + [nid]:
+            if i not in acc:
+                acc.append(i)
+        return True
+    if n.op not in INDEX_OPS:
+        return False
+    if not all(_index_tree(graph, i, rank, acc) for i in n.inputs):
+        return False
+    if nid not in acc:
+        acc.append(nid)
+    return True
+
+
+def _attention_patterns(graph: Graph, users: dict[int, list[int]]) -> list[AttentionPattern]:
+    """Naive attention, `softmax(chain(q @ kT), dim=-1) [cast] @ v`, where the chain is element-wise
+    ops on the score shape (casts, scaling, masking with `where`, adding a bias) and every score
+    and probability value has exactly one user on the way (no graph outputs; a training step that
+    reuses the probabilities keeps today's kernels). Operands are float16/bfloat16/float32."""
+    outs = set(tree_ids(graph.output))
+
+    def only_user(nid: int, user: int) -> bool:
+        return nid not in outs and users[nid] == [user]
+
+    found: list[AttentionPattern] = []
+    for sm in graph.nodes:
+        shape = tuple(sm.shape)
+        if sm.op is not Op.SOFTMAX or len(shape) < 2 or sm.attr("dim") != len(shape) - 1 \
+                or sm.dtype not in ATTENTION_DTYPES:
+            continue
+
+        def chain_to(nid: int, user: int) -> list[int] | None:
+            n = graph.node(nid)
+            if not only_user(nid, user) or tuple(n.shape) != shape or n.dtype not in ATTENTION_DTYPES:
+                return None
+            if n.op is Op.MATMUL:
+                a, b = (graph.node(i) for i in n.inputs)
+                ok = len(a.shape) >= 2 and len(b.shape) >= 2 and a.dtype == b.dtype and a.dtype in ATTENTION_DTYPES
+                return [nid] if ok else None
+            if n.op not in SCORE_OPS:
+                return None
+            paths = [p for i in dict.fromkeys(n.inputs) if (p := chain_to(i, nid)) is not None]
+            return paths[0] + [nid] if len(paths) == 1 else None
+
+        chain = chain_to(sm.inputs[0], sm.id)
+        if chain is None:
+            continue
+        tail, cur = [sm.id], sm
+        while cur.id not in outs and len(users[cur.id]) == 1:
+            u = graph.node(users[cur.id][0])
+            if u.op is Op.CAST and u.dtype in ATTENTION_DTYPES and tuple(u.shape) == shape:
+                tail.append(u.id)
+                cur = u
+                continue
+            break
+        if cur.id in outs or len(users[cur.id]) != 1:
+            continue
+        mm2 = graph.node(users[cur.id][0])
+        if mm2.op is not Op.MATMUL or mm2.inputs[0] != cur.id or mm2.inputs[1] == cur.id:
+            continue
+        v = graph.node(mm2.inputs[1])
+        if len(v.shape) < 2 or v.dtype != cur.dtype or mm2.dtype not in ATTENTION_DTYPES:
+            continue
+        inside = set(chain)
+        tree: list[int] = []
+        for c in chain[1:]:
+            for i in graph.node(c).inputs:
+                if i not in inside:
+                    acc: list[int] = []
+                    if graph.node(i).op is not Op.CONST and _index_tree(graph, i, len(shape), acc):
+                        tree += [t for t in acc if t not in tree]
+        order = {n.id: k for k, n in enumerate(graph.nodes)}
+        found.append(AttentionPattern(chain + tail + [mm2.id], sorted(tree, key=order.__getitem__)))
+    return found
+
+
 def schedule(graph: Graph) -> Schedule:
     kernels: list[Kernel] = []
     owner: dict[int, int] = {}
@@ -104,6 +223,19 @@ def schedule(graph: Graph) -> Schedule:
 
     def source(i: int) -> int:
         return base.get(i, i)
+
+    patterns = _attention_patterns(graph, users)
+    pattern_at = {p.nodes[-1]: p for p in patterns}          # created at its last node, p @ v
+    reserved = {nid for p in patterns for nid in p.nodes[:-1]}
+    # Index expressions needed only by attention kernels (which compute them) get no kernel.
+    inlined = {t for p in patterns for t in p.tree}
+    changed = True
+    while changed:
+        changed = False
+        for t in list(inlined):
+            if t in tree_ids(graph.output) or any(u not in inlined and u not in reserved for u in users[t]):
+                inlined.discard(t)
+                changed = True
 
     def reaches(a: int, b: int) -> bool:
         """Does kernel a read (transitively) from kernel b?"""
@@ -126,7 +258,7 @@ def schedule(graph: Graph) -> Schedule:
         return out
 
     def can_join(k: Kernel, n: Node) -> bool:
-        if n.op not in ELEMENTWISE or n.op in SOURCES or k.kind == "extern":
+        if n.op not in ELEMENTWISE or n.op in SOURCES or k.kind in ("extern", "attention"):
             return False
         if k.kind == "rowwise" and k.reduce_dims != (len(k.shape) - 1,):
             return False                # a reduction over other dims stands alone
@@ -161,7 +293,17 @@ def schedule(graph: Graph) -> Schedule:
         deps[idx] = producers(n, idx)
 
     for n in graph.nodes:
-        if n.op in (Op.INPUT, Op.CONST):
+        if n.op in (Op.INPUT, Op.CONST) or n.id in inlined or n.id in reserved:
+            continue
+        if n.id in pattern_at:
+            p = pattern_at[n.id]
+            kernels.append(Kernel("attention", n.id, list(p.nodes), tuple(n.shape), inlined=list(p.tree)))
+            idx = len(kernels) - 1
+            deps[idx] = set()
+            for nid in p.nodes:
+                owner[nid] = idx
+            for nid in p.nodes:
+                deps[idx] |= producers(graph.node(nid), idx)
             continue
         if n.op in VIEWS:
             views.add(n.id)
@@ -221,7 +363,7 @@ def schedule(graph: Graph) -> Schedule:
             new_kernel(Kernel("elementwise", None, [n.id], tuple(n.shape)), n)
     order = _topological(len(kernels), deps)
     remap = {old: new for new, old in enumerate(order)}
-    return Schedule(graph, [kernels[i] for i in order], {n: remap[k] for n, k in owner.items()}, views)
+    return Schedule(graph, [kernels[i] for i in order], {n: remap[k] for n, k in owner.items()}, views, inlined)
 
 
 def _topological(count: int, deps: dict[int, set[int]]) -> list[int]:

@@ -42,13 +42,13 @@ class LocalNode:
 
 @dataclass(frozen=True)
 class KernelSpec:
-    kind: str                                   # "elementwise" | "rowwise" | "matmul"
-    rank: int                                   # domain rank (matmul: batch dims + 2)
+    kind: str                                   # "elementwise" | "rowwise" | "matmul" | "attention"
+    rank: int                                   # domain rank (matmul, attention: batch dims + 2)
     operands: tuple[tuple[str, str], ...]       # (dtype, level) per memory read
     nodes: tuple[LocalNode, ...]
     outputs: tuple[int, ...]                    # local node index of each written value
     row_dims: int = 0                           # rowwise: leading dims of the (permuted) domain kept
-    matmul: tuple[int, int] = ()                # matmul: the operand indices of A and B
+    matmul: tuple[int, ...] = ()                # matmul: the operand indices of A and B; attention: q, kT, v
     strided_out: bool = False                   # rowwise over a permuted domain: full outputs via strides
 
     def canonical(self) -> dict:
@@ -111,8 +111,75 @@ def _const(value, dtype: str) -> tuple:
     return ("c", value, dtype)
 
 
+def _attention_spec(sched: Schedule, k: Kernel) -> tuple[KernelSpec, Binding]:
+    """An attention kernel: local nodes `matmul(q, kT)`, the score chain (with the index expressions
+    it reads, `iota` at level "row" or "col"), `softmax`, casts, `matmul(p, v)`. Operands read by
+    the chain are at level "full" (lined up with the scores) or "scalar"."""
+    from .schedule import _index_axis
+    g = sched.graph
+    inside = set(k.nodes)
+    tree = set(k.inlined)
+    out_rank = len(k.shape)
+    score_rank = len(g.node(k.nodes[0]).shape)
+    local: dict[int, int] = {}
+    operands: list[tuple[str, str]] = []
+    operand_nodes: list[int] = []
+    nodes: list[LocalNode] = []
+
+    def add(nid: int, node: LocalNode) -> tuple:
+        local[nid] = len(nodes)
+        nodes.append(node)
+        return ("n", local[nid])
+
+    index: dict[tuple[int, str], int] = {}
+
+    def operand(nid: int, role: str = "") -> tuple:
+        """Operand `nid`; q, kT and v (`role`) are always operands of their own, lined up with
+        their own matrix dims, even when one node plays two roles."""
+        src = g.node(nid)
+        if src.op is Op.CONST and not role:
+            return _const(src.attr("value"), src.dtype)
+        level = "scalar" if tuple(src.shape) == () and not role else "full"
+        key = (nid, role or level)
+        if key not in index:
+            index[key] = len(operands)
+            operands.append((src.dtype, level))
+            operand_nodes.append(nid)
+        return ("o", index[key])
+
+    def side(nid: int) -> tuple:
+        if nid in local:
+            return ("n", local[nid])
+        n = g.node(nid)
+        if nid not in tree:
+            return operand(nid)
+        if n.op is Op.IOTA or n.op is Op.RESHAPE:
+            return add(nid, LocalNode("iota", (), n.dtype, _index_axis(n, score_rank)))
+        attrs: tuple = (("value", _const(n.attr("value"), n.dtype)[1]),) if n.op is Op.FULL else ()
+        return add(nid, LocalNode(n.op.value, tuple(side(i) for i in n.inputs), n.dtype, "full", attrs))
+
+    mm: list[int] = []
+    for pos, nid in enumerate(k.nodes):
+        n = g.node(nid)
+        if n.op is Op.MATMUL and pos == 0:
+            a, b = operand(n.inputs[0], "q"), operand(n.inputs[1], "k")
+            mm += [a[1], b[1]]
+            add(nid, LocalNode("matmul", (), n.dtype, "full"))
+        elif n.op is Op.MATMUL:
+            v = operand(n.inputs[1], "v")
+            mm.append(v[1])
+            add(nid, LocalNode("matmul", (("n", local[n.inputs[0]]),), n.dtype, "full"))
+        else:
+            args = tuple(("n", local[i]) if i in inside else side(i) for i in n.inputs)
+            add(nid, LocalNode(n.op.value, args, n.dtype, "full"))
+    spec = KernelSpec("attention", out_rank, tuple(operands), tuple(nodes), (local[k.anchor],), 0, tuple(mm))
+    return spec, Binding(tuple(operand_nodes), (k.anchor,), k.anchor, "shape")
+
+
 def make_spec(sched: Schedule, k: Kernel) -> tuple[KernelSpec, Binding]:
     """The spec of scheduled kernel `k` and its binding to `sched.graph`."""
+    if k.kind == "attention":
+        return _attention_spec(sched, k)
     g = sched.graph
     inside = set(k.nodes)
     outs = set(sched.outputs(k))

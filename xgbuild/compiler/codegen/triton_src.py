@@ -1,5 +1,6 @@
 """Triton source for one kernel spec, one tuning config and one variant: the element-wise and
-row-reduction templates here, the matmul template in `triton_matmul.py`, the shared core (what a
+row-reduction templates here, the matmul template in `triton_matmul.py`, the attention one in
+`triton_attention.py`, the shared core (what a
 `Variant` may assume, parameters, op code) in `emitter.py`."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 from .emitter import (FLOAT, POINTER, TL, Emitted, Emitter, Variant, compute_dtype,  # noqa: F401 (re-exported)
                       literal)
 from .spec import KernelSpec
+from .triton_attention import attention
 from .triton_matmul import matmul
 
 # --- element-wise --------------------------------------------------------------------------------
@@ -378,4 +380,6 @@ def emit(spec: KernelSpec, config: dict[str, int], variant: Variant) -> Emitted:
         return _rowwise(e)
     if spec.kind == "matmul":
         return matmul(e)
+    if spec.kind == "attention":
+        return attention(e)
     raise ValueError(f"unknown kernel kind {spec.kind!r}")

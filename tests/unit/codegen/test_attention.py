@@ -1,0 +1,285 @@
+"""Naive attention, `softmax(chain(q @ kT), dim=-1) @ v`, fused into one flash-style kernel: what
+the schedule recognises (and what it must leave alone), and the kernel's numbers under Triton's
+interpreter against the float64 CPU reference, tuned at one shape and run at aligned and odd ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from xgbuild.compiler.codegen.schedule import schedule
+from xgbuild.compiler.codegen.spec import kernel_specs
+from xgbuild.compiler.codegen.triton_attention import causal
+from xgbuild.compiler.driver import compile_file, compile_source
+from xgbuild.hw import load_profile
+from xgbuild.tuner.jobs import plan, tuning_env
+from xgbuild.tuner.predict import floor_ms, predict_ms
+from xgbuild.tuner.space import Problem, attention_smem_bytes, candidates, default_config, full_space, prune
+
+REPO = Path(__file__).resolve().parents[3]
+HERE = Path(__file__).resolve().parent
+
+CAUSAL = """import std.nn
+extern Tensor[float32, T, D] X
+extern Tensor[float32, D, D] WQ
+extern Tensor[float32, D, D] WK
+extern Tensor[float32, D, D] WV
+extern float32 SCALE
+def main() {
+    return causal_attention(X, WQ, WK, WV, SCALE)
+}
+"""
+
+# Multi-head, T != S, v's head differing from q's, a [B, 1, 1, S] boolean mask broadcast over heads
+# and queries, a [T, S] float bias, scaling by division.
+MASKED = """extern Tensor[float32, B, H, T, D] Q
+extern Tensor[float32, B, H, S, D] K
+extern Tensor[float32, B, H, S, E] V
+extern Tensor[bool, B, 1, 1, S] KEEP
+extern Tensor[float32, T, S] BIAS
+def main() {
+    s = where(KEEP, (Q @ transpose(K)) / 8.0 + BIAS, -1e30)
+    return softmax(s, dim=3) @ V
+}
+"""
+
+# Every third row masked whole with -inf (softmax gives NaN there, fused or not), and the first 40
+# keys of every row: a key block of -inf before the real scores.
+MASKED_ROWS = """extern Tensor[float32, T, D] Q
+extern Tensor[float32, S, D] K
+extern Tensor[float32, S, D] V
+def main() {
+    keep = (reshape(arange(T), [T, 1]) % 3 != 0) and (reshape(arange(S), [1, S]) >= 40)
+    neg = log(cast(reshape(arange(S), [1, S]), float32) * 0.0)
+    return softmax(where(keep, Q @ transpose(K), neg), dim=1) @ V
+}
+"""
+
+# bf16 multi-head causal attention written naively, as PERF.md's workload.
+MHA_BF16 = """extern Tensor[bfloat16, B, H, T, D] Q
+extern Tensor[bfloat16, B, H, T, D] K
+extern Tensor[bfloat16, B, H, T, D] V
+def main() {
+    causal = reshape(arange(T), [T, 1]) >= reshape(arange(T), [1, T])
+    s = where(causal, cast(Q @ transpose(K), float32) * 0.088, -1e9)
+    return cast(softmax(s, dim=3), bfloat16) @ V
+}
+"""
+
+
+def _kinds(src: str) -> list[str]:
+    return [k.kind for k in schedule(compile_source(src).optimized.main).kernels]
+
+
+def _attention_specs(graph) -> list:
+    return [spec for spec, _b in kernel_specs(schedule(graph)) if spec.kind == "attention"]
+
+
+# --- what fuses ----------------------------------------------------------------------------------
+
+def test_example_attention_is_one_kernel() -> None:
+    g = compile_file(REPO / "examples" / "attention.xg").optimized.main
+    s = schedule(g)
+    assert [k.kind for k in s.kernels] == ["attention"]
+    k = s.kernels[0]
+    assert s.outputs(k) == [k.anchor] and k.anchor == g.output["t"]
+    (spec,) = _attention_specs(g)
+    assert [n.op for n in spec.nodes] == ["matmul", "cast", "mul", "softmax", "cast", "matmul"]
+    assert not causal(spec)
+
+
+def test_causal_attention_fuses_with_its_mask_computed_in_the_kernel() -> None:
+    g = compile_source(CAUSAL).optimized.main
+    s = schedule(g)
+    # q, k and v projections, then the attention: no kernel writes the [T, T] mask or scores.
+    assert [k.kind for k in s.kernels] == ["matmul", "matmul", "matmul", "attention"]
+    att = s.kernels[-1]
+    assert all(len(g.node(i).shape) < 2 or g.node(i).dtype != "bool" for i in s.inputs(att))
+    assert att.inlined and set(att.inlined) <= s.inlined
+    (spec,) = _attention_specs(g)
+    assert causal(spec)
+    assert [spec.operands[j][1] for j in range(len(spec.operands))].count("scalar") == 1   # SCALE
+
+
+def test_broadcast_mask_and_bias_are_operands_of_the_fused_kernel() -> None:
+    g = compile_source(MASKED).optimized.main
+    s = schedule(g)
+    assert [k.kind for k in s.kernels] == ["attention"]
+    (spec,) = _attention_specs(g)
+    _spec, binding = kernel_specs(s)[0]
+    names = {g.node(i).attr("name") for i in binding.operands}
+    assert {"Q", "V", "KEEP", "BIAS"} <= names and len(binding.operands) == 5    # and K's transpose
+    assert not causal(spec)
+
+
+def test_gpt_style_shared_causal_mask_is_inlined_in_every_layer() -> None:
+    # One mask node read by two layers' attentions (as the PyTorch importer's CSE leaves it).
+    src = """extern Tensor[float32, T, D] Q
+extern Tensor[float32, T, D] K
+extern Tensor[float32, T, D] V
+def main() {
+    m = reshape(arange(T), [1, T]) <= reshape(arange(T), [T, 1])
+    a = softmax(where(m, (Q @ transpose(K)) * 0.5, -1e9), dim=1) @ V
+    return softmax(where(m, (a @ transpose(K)) * 0.5, -1e9), dim=1) @ V
+}
+"""
+    g = compile_source(src).optimized.main
+    s = schedule(g)
+    assert [k.kind for k in s.kernels] == ["attention", "attention"]
+    assert all(causal(spec) for spec in _attention_specs(g))
+
+
+@pytest.mark.parametrize("body", [
+    # the probabilities are a graph output too
+    "p = softmax((Q @ transpose(K)) * 0.125, dim=1)\n    return p @ V, p",
+    # the probabilities are read again
+    "p = softmax((Q @ transpose(K)) * 0.125, dim=1)\n    return p @ V + sum(p, dim=1, keepdim=true)",
+    # the scores are read again
+    "s = Q @ transpose(K)\n    return softmax(s, dim=1) @ V, s",
+    # softmax over the query dim, not the keys
+    "return softmax((Q @ transpose(K)) * 0.125, dim=0) @ V",
+    # not a product with v after the softmax
+    "return exp(softmax((Q @ transpose(K)) * 0.125, dim=1))",
+])
+def test_attention_that_does_not_match_keeps_todays_kernels(body: str) -> None:
+    src = ("extern Tensor[float32, S, D] Q\nextern Tensor[float32, S, D] K\nextern Tensor[float32, S, S] V\n"
+           f"def main() {{\n    {body}\n}}\n")
+    kinds = _kinds(src)
+    assert "attention" not in kinds and "rowwise" in kinds and "matmul" in kinds
+
+
+def test_training_step_reusing_the_probabilities_is_not_fused() -> None:
+    # The gradient of attention needs the probabilities again: they stay in memory.
+    src = """extern Tensor[float32, S, D] Q
+extern Tensor[float32, S, D] K
+extern Tensor[float32, S, D] V
+def loss(Tensor[float32, S, D] q, Tensor[float32, S, D] k, Tensor[float32, S, D] v) -> float32 {
+    return sum(softmax((q @ transpose(k)) * 0.125, dim=1) @ v)
+}
+def main() {
+    return grad(loss, wrt=q)(Q, K, V)
+}
+"""
+    g = compile_source(src).optimized.main
+    s = schedule(g)
+    (sm,) = [n.id for n in g.nodes if n.op.value == "softmax"]
+    assert len(g.users()[sm]) > 1
+    assert [k.kind for k in s.kernels if k.kind == "attention"] == []
+    assert s.kernels[s.owner[sm]].kind == "rowwise"
+
+
+# --- tuning --------------------------------------------------------------------------------------
+
+def _mha_job(dims: dict):
+    g = compile_source(MHA_BF16).optimized.main
+    jobs, _ = plan(g, tuning_env(g, dims))
+    (job,) = [j for j in jobs if j.spec.kind == "attention"]
+    return job
+
+
+def test_attention_problem_counts_flops_and_bytes() -> None:
+    job = _mha_job({"B": 4, "H": 32, "T": 2048, "D": 128})
+    p = job.problem
+    assert (p.kind, p.batch, p.m, p.n, p.k, p.dv, p.causal) == ("attention", 128, 2048, 2048, 128, 128, True)
+    dense = 4 * 128 * 2048 * 2048 * 128
+    assert dense / 2 <= p.flops <= dense / 2 * 1.05            # causal: half, plus the chain's few ops
+    assert p.bytes == 4 * 128 * 2048 * 128 * 2                  # q, k, v and the output, bf16
+
+
+def test_attention_configs_fit_the_chip_and_prediction_is_sane() -> None:
+    job = _mha_job({"B": 4, "H": 32, "T": 2048, "D": 128})
+    p = job.problem
+    h100 = load_profile("H100")
+    kept, dropped = prune(p, full_space(p), h100)
+    assert kept and dropped
+    assert all(attention_smem_bytes(c, 2) <= h100.max_shared_memory_per_block_bytes for c in kept)
+    assert any("shared memory" in why or "registers" in why for _c, why in dropped)
+    cands = candidates(p, h100)
+    assert all(c["BLOCK_D"] == 128 and c["BLOCK_DV"] == 128 for c in cands)
+    best = cands[0]
+    assert best["BLOCK_M"] >= 64 and best["BLOCK_N"] >= 32
+    ms = predict_ms(p, best, h100)
+    assert floor_ms(p, h100) <= ms < 10 * floor_ms(p, h100)
+    # Skipping the blocks above the diagonal is predicted to pay.
+    dense = Problem(**{**p.__dict__, "causal": False, "flops": p.flops * 2})
+    assert predict_ms(dense, best, h100) > 1.5 * ms
+    # The generic config loops over the head dim and splits wide v heads: valid for any size.
+    assert default_config(p)["BLOCK_D"] == 64 and job.fast_variant(best).single
+
+
+def test_attention_spec_text_changes_with_the_mask() -> None:
+    a = _attention_specs(compile_source(MHA_BF16).optimized.main)[0]
+    b = _attention_specs(compile_source(MHA_BF16.replace(">= reshape", "> reshape")).optimized.main)[0]
+    assert causal(a) and not causal(b) and a.digest != b.digest
+
+
+# --- numbers under the interpreter ---------------------------------------------------------------
+
+def _interpret(tmp_path: Path, src: str | Path, tune: dict, runs: list[dict]) -> dict:
+    if isinstance(src, str):
+        path = tmp_path / "prog.xg"
+        path.write_text(src)
+    else:
+        path = src
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(HERE / "interpret_attention.py"), str(path), json.dumps(tune),
+                           json.dumps(runs)], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+BF16_EXAMPLE = REPO / "examples" / "attention.xg"
+
+CASES = {
+    # name: (program, tolerance, tuning dims, odd dims)
+    "example_bf16": (BF16_EXAMPLE, 3e-2, {"S": 32, "D": 64}, {"S": 37, "D": 50}),
+    "example_fp32": ("fp32", 1e-4, {"S": 32, "D": 64}, {"S": 37, "D": 50}),
+    # D=100 loops over the head dim in the generic kernel
+    "causal_fp32": (CAUSAL, 1e-4, {"T": 64, "D": 32}, {"T": 37, "D": 100}),
+    # E=70 splits v's head over two programs in the generic kernel
+    "masked_fp32": (MASKED, 1e-4, {"B": 2, "H": 2, "T": 32, "S": 32, "D": 64, "E": 32},
+                    {"B": 3, "H": 2, "T": 37, "S": 23, "D": 50, "E": 70}),
+    "masked_rows_fp32": (MASKED_ROWS, 1e-4, {"T": 32, "S": 64, "D": 64}, {"T": 37, "S": 71, "D": 50}),
+    "mha_causal_bf16": (MHA_BF16, 3e-2, {"B": 1, "H": 2, "T": 128, "D": 32}, {"B": 2, "H": 1, "T": 37, "D": 50}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fused_kernels_match_float64_reference(tmp_path: Path, name: str) -> None:
+    src, tol, tune, odd = CASES[name]
+    if src == "fp32":
+        src = BF16_EXAMPLE.read_text().replace("bfloat16", "float32")
+    report = _interpret(tmp_path, src, tune, [tune, odd])
+    assert "attention" in report["kinds"] and "rowwise" not in report["kinds"]
+    (aligned, ragged) = report["runs"]
+    for run, variant in ((aligned, "tuned"), (ragged, "generic")):
+        assert run["outputs"]
+        for out in run["outputs"]:
+            assert out["rel_err"] < tol, (run["dims"], out)
+            assert variant in out["variants"], (run["dims"], out)
+
+
+def test_tuning_reference_computes_the_inlined_causal_mask() -> None:
+    # The tuner's float64 reference for a job recomputes the kernel's nodes from its operands:
+    # the causal mask has no kernel, so it must be recomputed too (not drawn at random).
+    import torch
+
+    from xgbuild.tuner.tuner import JobData
+    g = compile_source(CAUSAL).optimized.main
+    jobs, _ = plan(g, tuning_env(g, {"T": 24, "D": 16}))
+    (job,) = [j for j in jobs if j.spec.kind == "attention"]
+    data = JobData(job)
+    binding, _nodes = job.sites[0]
+    jq, jk, jv = job.spec.matmul
+    (js,) = [j for j, (_dt, level) in enumerate(job.spec.operands) if level == "scalar"]
+    value = data.value_fn("cpu")
+    q, kt, v, scale = (value(binding.operands[j]).double() for j in (jq, jk, jv, js))
+    keep = torch.ones(24, 24).tril().bool()
+    want = torch.softmax(torch.where(keep, q @ kt * scale, -1e9), dim=-1) @ v
+    (got,) = data.reference()
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
