@@ -2,7 +2,7 @@
 
 Layout, outside in:
 
-* the file is one zstd frame (level 19, one thread, content size and checksum written, no
+* the file is one zstd frame (level 9, one thread, content size and checksum written, no
   dictionary) followed by a seal: a zstd skippable frame with the sha256 of the frame's bytes and the
   bundle digest (`frame.py`);
 * the frame holds a canonical ustar stream (`ustar.py`): the index `DIGESTS.json` first, then every

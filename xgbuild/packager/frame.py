@@ -1,6 +1,6 @@
 """The outer layer of an `.xge`: one zstd frame holding the tar stream, then a seal.
 
-    file = zstd frame (level 19, one thread, content size and content checksum, no dictionary)
+    file = zstd frame (level 9, one thread, content size and content checksum, no dictionary)
          + seal: a zstd skippable frame (magic 0x184D2A5E, length 68) holding
            b"XGE\\x01", the sha256 of the zstd frame's bytes, and the bundle digest (both raw)
 
@@ -27,7 +27,7 @@ from xgbuild.packager.archive_errors import (
     BundleError, bad_layout, corrupt, not_an_engine, too_large, truncated,
 )
 
-ZSTD_LEVEL = 19
+ZSTD_LEVEL = 9           # 16x faster than 19 on engines of cubins, for about 18% more bytes
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _ZSTD_MAX_BLOCK = 128 * 1024
 _SEAL_MAGIC = (0x184D2A5E).to_bytes(4, "little")

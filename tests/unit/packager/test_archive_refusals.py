@@ -381,8 +381,13 @@ def test_a_bomb_over_the_default_cap_is_refused_before_allocating(tmp_path):
 def test_a_frame_that_understates_its_size_cannot_overrun(tmp_path):
     write_bundle(tmp_path / "e.xge", {"zeros": bytes(4 << 20)})
     data = bytearray((tmp_path / "e.xge").read_bytes()[:-frame.SEAL_SIZE])
-    assert data[4] >> 6 == 2 and data[4] & 0x20             # a 4-byte content size at offset 5
-    data[5:9] = (100_000).to_bytes(4, "little")
+    # The frame header (RFC 8878 3.1.1.1): descriptor byte, window byte unless single-segment,
+    # no dictionary id, then the content size in 2, 4 or 8 bytes.
+    fhd = data[4]
+    width = {1: 2, 2: 4, 3: 8}[fhd >> 6]
+    at = 5 + (0 if fhd & 0x20 else 1)
+    assert fhd & 0x03 == 0 and int.from_bytes(data[at:at + width], "little") > 4 << 20    # the tar stream
+    data[at:at + width] = (100_000).to_bytes(width, "little")
     lying = engine_file(tmp_path, sealed(bytes(data)))
     peak = peak_while(lambda: refused(lying, BundleCorruptError, "the zstd frame does not decode"))
     assert peak < 2 << 20
