@@ -289,7 +289,18 @@ def holds(c: Compiled, launch: Launch, spec: KernelSpec) -> bool:
     return True
 
 
+GRID_YZ_MAX = 65535      # CUDA's limit on a grid's y and z extents
+
+
 def grid_for(c: Compiled, spec: KernelSpec, launch: Launch) -> tuple[int, int, int]:
+    grid = _grid(c, spec, launch)
+    if grid[1] > GRID_YZ_MAX:
+        raise ExecutionError(f"kernel {spec.name} would launch {grid[1]} batch programs along the grid's y "
+                             f"dimension, over CUDA's limit of {GRID_YZ_MAX}: run the batch in smaller pieces")
+    return grid
+
+
+def _grid(c: Compiled, spec: KernelSpec, launch: Launch) -> tuple[int, int, int]:
     if spec.kind == "elementwise":
         return (-(-launch.ints["numel"] // c.config["BLOCK"]), 1, 1)
     if spec.kind == "rowwise":

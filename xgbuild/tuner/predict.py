@@ -285,7 +285,7 @@ def _attention_s(p: Problem, c: Config, hw: GpuProfile, top: Ceilings) -> float:
     bm, bn, bd, bdv, stages = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_D"], c["BLOCK_DV"], c["num_stages"]
     threads = 32 * c["num_warps"]
     smem = attention_smem_bytes(c, p.elem_bytes)
-    regs = attention_regs_per_thread(c) + BASE_REGS_PER_THREAD
+    regs = attention_regs_per_thread(c, p.elem_bytes) + BASE_REGS_PER_THREAD
     per_sm = _blocks_per_sm(hw, threads, regs, smem)
     programs = p.batch * math.ceil(p.m / bm) * math.ceil(p.dv / bdv)
     slots = hw.sm_count * per_sm

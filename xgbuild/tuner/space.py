@@ -199,11 +199,13 @@ def attention_smem_bytes(config: Config, elem_bytes: int) -> int:
     return (bm * config["BLOCK_D"] + kv + bm * bn) * elem_bytes + SMEM_HEADROOM_BYTES
 
 
-def attention_regs_per_thread(config: Config) -> float:
-    """32-bit registers per thread for the output accumulator and the score tile (fp32), and the
-    probabilities (counted at half: 16-bit operands of the second product, or reusing the scores)."""
+def attention_regs_per_thread(config: Config, elem_bytes: int = 2) -> float:
+    """32-bit registers per thread for the output accumulator and the score tile (fp32), the
+    probabilities (counted at half: 16-bit operands of the second product, or reusing the scores),
+    and q's tile, which the tuned (`single`) variant keeps live across the key loop."""
     bm = config["BLOCK_M"]
-    return bm * (config["BLOCK_DV"] + 1.5 * config["BLOCK_N"]) / (32 * config["num_warps"])
+    q_tile = bm * config["BLOCK_D"] * elem_bytes / 4
+    return (bm * (config["BLOCK_DV"] + 1.5 * config["BLOCK_N"]) + q_tile) / (32 * config["num_warps"])
 
 
 def acc_regs_per_thread(config: Config, problem: Problem) -> float:
@@ -291,12 +293,15 @@ def _matmul_k_slice(p: Problem, c: Config, hw: GpuProfile) -> str | None:
     return None
 
 
-def _matmul_smem(p: Problem, c: Config, hw: GpuProfile) -> str | None:
-    need = matmul_smem_bytes(c, p.elem_bytes)
+def _over_smem(need: int, hw: GpuProfile) -> str | None:
     if need > hw.max_shared_memory_per_block_bytes:
         return (f"shared memory {need} B > {hw.max_shared_memory_per_block_bytes} B per block "
                 f"on {hw.name}")
     return None
+
+
+def _matmul_smem(p: Problem, c: Config, hw: GpuProfile) -> str | None:
+    return _over_smem(matmul_smem_bytes(c, p.elem_bytes), hw)
 
 
 def _matmul_regs(p: Problem, c: Config, hw: GpuProfile) -> str | None:
@@ -332,15 +337,11 @@ def _attention_tile_vs_problem(p: Problem, c: Config, hw: GpuProfile) -> str | N
 
 
 def _attention_smem(p: Problem, c: Config, hw: GpuProfile) -> str | None:
-    need = attention_smem_bytes(c, p.elem_bytes)
-    if need > hw.max_shared_memory_per_block_bytes:
-        return (f"shared memory {need} B > {hw.max_shared_memory_per_block_bytes} B per block "
-                f"on {hw.name}")
-    return None
+    return _over_smem(attention_smem_bytes(c, p.elem_bytes), hw)
 
 
 def _attention_regs(p: Problem, c: Config, hw: GpuProfile) -> str | None:
-    regs = attention_regs_per_thread(c)
+    regs = attention_regs_per_thread(c, p.elem_bytes)
     limit = hw.max_registers_per_thread - BASE_REGS_PER_THREAD
     if regs > limit:
         return (f"accumulator and scores take {regs:g} registers per thread > {limit} "

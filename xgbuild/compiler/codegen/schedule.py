@@ -210,7 +210,15 @@ def _attention_patterns(graph: Graph, users: dict[int, list[int]]) -> list[Atten
                         tree += [t for t in acc if t not in tree]
         order = {n.id: k for k, n in enumerate(graph.nodes)}
         found.append(AttentionPattern(chain + tail + [mm2.id], sorted(tree, key=order.__getitem__)))
-    return found
+    # Patterns may share a node (p @ v of one taken as the q @ kT of the next, in
+    # `softmax(softmax(q @ kT) @ v) @ w`): the earlier one wins, the later one stays unfused.
+    kept: list[AttentionPattern] = []
+    claimed: set[int] = set()
+    for p in found:
+        if claimed.isdisjoint(p.nodes):
+            kept.append(p)
+            claimed.update(p.nodes)
+    return kept
 
 
 def schedule(graph: Graph) -> Schedule:

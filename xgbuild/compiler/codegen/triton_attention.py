@@ -17,10 +17,12 @@ product loops over D in chunks), `BLOCK_DV` (the output columns a program covers
 cover a wider v), warps and stages.
 
 Causal block skipping: when the softmax's input is `where(col <= row, x, fill)`, with `col`/`row`
-IOTAs along the key/query dims and `fill` -inf or at most -1e8, a program stops at the first key
-block lying wholly above its rows' diagonal. Every row keeps its key 0, so its max is one of its
-kept scores and exp(fill - max) is 0 for the skipped ones: the result is unchanged. Programs run
-the longest rows first.
+integer IOTAs along the key/query dims and `fill` a constant, a program stops at the first key
+block lying wholly above its rows' diagonal. Every skipped key scores exactly `fill` in every row
+of the program, so the skipped keys are accounted for in closed form after the loop: their count
+times exp(fill - max) joins the softmax's sum, and only if that weight is not 0 for some row (a
+finite fill such as -1e9 above a row's kept scores, never with -inf) are their v rows read and
+added. The result is the unfused program's. Programs run the longest rows first.
 """
 
 from __future__ import annotations
@@ -28,9 +30,7 @@ from __future__ import annotations
 from .emitter import TL, Emitted, Emitter
 from .spec import KernelSpec
 
-# A masked fill at most this is a skipped score's exact zero after exp (float32 underflows below
-# exp(-104)), whatever the kept scores within 1e8 - 104 of it are.
-VERY_NEGATIVE = -1e8
+INTEGERS = {"int8", "int16", "int32", "int64", "uint8"}
 
 
 def parts(spec: KernelSpec) -> tuple[int, int, int]:
@@ -41,25 +41,38 @@ def parts(spec: KernelSpec) -> tuple[int, int, int]:
 
 
 def causal(spec: KernelSpec) -> bool:
-    """Is the softmax's input `where(col <= row, scores, very negative)` (see the module doc)?"""
+    """Is the softmax's input `where(col <= row, scores, fill)` over integer IOTAs (see the module doc)?"""
+    return causal_fill(spec) is not None
+
+
+def causal_fill(spec: KernelSpec) -> float | None:
+    """The constant fill of a causal softmax input (see `causal`), else None."""
     _mm1, sm, _mm2 = parts(spec)
     a = spec.nodes[sm].args[0]
     if a[0] != "n" or spec.nodes[a[1]].op != "where":
-        return False
+        return None
     mask, _then, fill = spec.nodes[a[1]].args
     if fill[0] != "c" or mask[0] != "n":
-        return False
-    value = fill[1]
-    if isinstance(value, str):
-        if value != "-inf":
-            return False
-    elif not float(value) <= VERY_NEGATIVE:
-        return False
+        return None
+    try:
+        value = float(fill[1])              # "-inf" and numbers alike
+    except (TypeError, ValueError):
+        return None
+    if value != value:
+        return None                         # NaN
     cmp = spec.nodes[mask[1]]
-    if cmp.op not in ("le", "ge") or any(x[0] != "n" or spec.nodes[x[1]].op != "iota" for x in cmp.args):
-        return False
+    if cmp.op not in ("le", "ge") or any(x[0] != "n" or spec.nodes[x[1]].op != "iota"
+                                         or spec.nodes[x[1]].dtype not in INTEGERS for x in cmp.args):
+        return None
     levels = tuple(spec.nodes[x[1]].level for x in cmp.args)
-    return levels == (("col", "row") if cmp.op == "le" else ("row", "col"))
+    return value if levels == (("col", "row") if cmp.op == "le" else ("row", "col")) else None
+
+
+def _rounded(value: float, dtype: str) -> float:
+    """`value` as a tensor of `dtype` holds it (the where's fill, rounded as on the CPU)."""
+    import torch
+    from ...runtime.dtypes import TORCH_DTYPES
+    return float(torch.tensor(value, dtype=TORCH_DTYPES[dtype]).float())
 
 
 def _dot(a: str, b: str, acc: str | None, dtype: str) -> str:
@@ -119,8 +132,8 @@ def attention(e: Emitter) -> Emitted:
     w.line('m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)')
     w.line("l_i = tl.zeros([BLOCK_M], tl.float32)")
     w.line("acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)")
-    hi = "tl.minimum(N, (pid_m + 1) * BLOCK_M)" if skip else "N"
-    w.line(f"for n0 in range(0, {hi}, BLOCK_N):")
+    w.line("hi = " + ("tl.minimum(N, (pid_m + 1) * BLOCK_M)" if skip else "N"))
+    w.line("for n0 in range(0, hi, BLOCK_N):")
     w.indent += 1
     w.line("rn = n0 + tl.arange(0, BLOCK_N)")
     w.line("n_ok = rn < N")
@@ -183,7 +196,30 @@ def attention(e: Emitter) -> Emitted:
     w.line(f"acc = {_dot(f'p.to({TL[v_dt]})', 'vv', 'acc', v_dt)}")
     w.line("m_i = m_new")
     w.indent -= 1
-    w.line("out = acc / l_i[:, None]")
+    fill = causal_fill(spec) if skip else None
+    if fill is not None and fill != float("-inf"):
+        # The keys past the last block visited score `fill` in every row here (module doc).
+        w.line("end = tl.minimum(N, tl.cdiv(hi, BLOCK_N) * BLOCK_N)")
+        w.line("n_skip = N - end")
+        w.line(f"f = {_rounded(fill, spec.nodes[spec.nodes[sm].args[0][1]].dtype)!r}   # the fill, as the where holds it")
+        w.line("m_fin = tl.where(n_skip > 0, tl.maximum(m_i, f), m_i)")
+        w.line("alpha = tl.where(n_skip > 0, tl.exp(m_i - m_fin), 1.0)")
+        w.line("w_f = tl.where(n_skip > 0, tl.exp(f - m_fin), 0.0)")
+        w.line("l_i = l_i * alpha + n_skip.to(tl.float32) * w_f")
+        w.line("acc = acc * alpha[:, None]")
+        w.line("if tl.max(w_f, axis=0) > 0:")
+        w.indent += 1
+        w.line("vsum = tl.zeros([BLOCK_DV], tl.float32)")
+        w.line("for n0 in range(end, N, BLOCK_N):")
+        w.indent += 1
+        w.line("rn = n0 + tl.arange(0, BLOCK_N)")
+        w.line(f"vv = tl.load(v_base + rn[:, None] * {svn} + rv[None, :] * {svd}, "
+               "mask=(rn < N)[:, None] & v_ok[None, :], other=0)")
+        w.line("vsum += tl.sum(vv.to(tl.float32), axis=0)")
+        w.indent -= 1
+        w.line("acc += w_f[:, None] * vsum[None, :]")
+        w.indent -= 1
+    w.line("out = tl.where(N > 0, acc / l_i[:, None], 0.0)     # no keys at all: an empty sum, as torch")
     e.store(0, "bid * M * DV + rm[:, None] * DV + rv[None, :]", "out", "m_ok[:, None] & v_ok[None, :]")
     return e.finish({"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_D": cfg["BLOCK_D"],
                      "BLOCK_DV": cfg["BLOCK_DV"]})
