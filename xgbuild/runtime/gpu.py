@@ -337,6 +337,30 @@ def _outputs(graph: Graph, value: Values, shared: dict) -> dict[int, torch.Tenso
     return out
 
 
+def check_gather_indices(graph: Graph, value: Values) -> None:
+    """Range-check the indices of each GATHER that the program computes (an engine input was checked
+    before the run): on the GPU an out-of-range one reads zeros, on the CPU it is an error."""
+    checks = []
+    for n in graph.nodes:
+        if n.op is not Op.GATHER:
+            continue
+        src = graph.node(n.inputs[1])
+        while src.op in (Op.RESHAPE, Op.TRANSPOSE) or (src.op is Op.INDEX and len(src.inputs) == 1):
+            src = graph.node(src.inputs[0])
+        if src.op is not Op.INPUT:
+            idx = value(n.inputs[1])
+            if idx.numel():
+                checks.append((n, graph.node(n.inputs[0]).shape[0], torch.stack(torch.aminmax(idx))))
+    if not checks:
+        return
+    bounds = torch.stack([c[2] for c in checks]).tolist()       # one sync for all of them
+    for (n, rows, _), (lo, hi) in zip(checks, bounds):
+        if lo < 0 or hi >= rows:
+            line = f" at {src_text(n.src)}" if n.src else ""
+            raise ExecutionError(f"index {lo if lo < 0 else hi} is out of bounds for a table of {rows} rows{line} "
+                                 "(computed by the program; on the GPU the lookup read zeros)")
+
+
 class KernelExecutor:
     """Runs a specialised graph with an engine's kernels; `launch(compiled, grid, args)` does the rest.
 
@@ -352,6 +376,9 @@ class KernelExecutor:
         self.device = device
         self.replay = replay and collective is None
         self.collective = collective    # one rank of an SPMD run: see `Values`
+        # Check mode: a GATHER whose indices the program computed (no input check saw them) has
+        # them range-checked after the run (one device sync), where a kernel would read zeros.
+        self.check_indices = False
         self._replays: dict[tuple, Replay] = {}
         self._dynamic: dict[int, tuple[Graph, bool]] = {}
         self._consts: dict[tuple, torch.Tensor] = {}
@@ -402,6 +429,8 @@ class KernelExecutor:
         outputs = _outputs(graph, value, self._consts)
         for nid in list(value.pending):
             value(nid)                  # every rank finishes every collective it issued
+        if self.check_indices:
+            check_gather_indices(graph, value)
         return outputs
 
     def _collectives_ready(self, graph: Graph) -> dict[int, list[Node]]:
@@ -465,6 +494,8 @@ class KernelExecutor:
         for plan, outs in zip(self.plans, produced):
             for nid, t in zip(plan.binding.outputs, outs):
                 value[nid] = t
+        if self.check_indices:
+            check_gather_indices(graph, value)
         return _outputs(graph, value, self._consts)
 
 
@@ -509,6 +540,7 @@ class CudaExecutor:
     def run(self, graph: Graph, inputs: dict[str, torch.Tensor], wait: bool = True) -> RunOutput:
         """Runs the kernels on torch's current stream; `wait` synchronises first (timings are then real)."""
         t0 = time.perf_counter()
+        self.kernels.check_indices = self.check
         values = self._values(graph, inputs)
         if self.check:
             bad = [nid for nid, v in values.items() if v.dtype.is_floating_point and not bool(torch.isfinite(v).all())]

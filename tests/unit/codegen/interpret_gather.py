@@ -119,11 +119,51 @@ def out_of_range() -> dict:
     return {"equal": bool(torch.equal(y, want))}
 
 
+def computed_out_of_range() -> dict:
+    """Indices the program computes (`idx + 1`) run past the table: check mode says so after the
+    run, replayed or not; without check mode the lookup reads zeros."""
+    from xgbuild.compiler.codegen.build import load_function
+    from xgbuild.compiler.codegen.triton_src import Variant, emit
+    from xgbuild.compiler.passes.specialize import bind_symbols, specialize
+    from xgbuild.errors import ExecutionError
+    from xgbuild.runtime.gpu import Compiled, KernelExecutor, KernelPlan
+    from xgbuild.tuner.jobs import plan, tuning_env
+    from xgbuild.tuner.space import default_config
+
+    graph, _sig, _rows = case("strided")                 # table: 41 rows (a transposed [16, 41])
+    good = {"x0": torch.randn(16, 41), "x1": torch.tensor([[0, 39, 5]])}
+    bad = {"x0": good["x0"], "x1": torch.tensor([[0, 40, 5]])}             # 40 + 1 = 41: past the end
+    jobs, launches = plan(graph, tuning_env(graph, {"B": 1, "T": 3}))
+    compiled = {}
+    for job in jobs:
+        em = emit(job.spec, default_config(job.problem), Variant.generic())
+        compiled[job.ident] = (job.spec, Compiled(Variant.generic(), default_config(job.problem), em.params,
+                                                  em.div16, (load_function(em), em)))
+    plans = [KernelPlan(compiled[ident][0], b, [compiled[ident][1]]) for ident, b in launches]
+    sg = specialize(graph, bind_symbols(graph, {k: tuple(v.shape) for k, v in good.items()}))
+    report = {}
+    for label, replay in (("first", False), ("replayed", True)):
+        ex = KernelExecutor(plans, interpret.launch, torch.device("cpu"), replay=replay)
+        ex.check_indices = True
+        ex.run(sg, good)                                # in range: no error (and recorded, if replaying)
+        try:
+            ex.run(sg, bad)
+            report[label] = "no error"
+        except ExecutionError as exc:
+            report[label] = str(exc)
+    ex.check_indices = False
+    report["unchecked"] = "ran" if ex.run(sg, bad) else "?"
+    return report
+
+
 def main() -> None:
     interpret.enable()
     name = sys.argv[1]
     if name == "out_of_range":
         print(json.dumps(out_of_range()))
+        return
+    if name == "computed_out_of_range":
+        print(json.dumps(computed_out_of_range()))
         return
     graph, sig, rows = case(name)
     # Tuned at one size, run at two others (the second input set replayed).

@@ -48,6 +48,14 @@ def test_out_of_range_index_reads_zeros_not_out_of_bounds() -> None:
     assert _interpret("out_of_range") == {"equal": True}
 
 
+def test_computed_indices_out_of_range_are_an_error_in_check_mode() -> None:
+    report = _interpret("computed_out_of_range")
+    for label in ("first", "replayed"):
+        assert "index 41 is out of bounds for a table of 41 rows" in report[label], report
+        assert "computed by the program" in report[label]
+    assert report["unchecked"] == "ran"
+
+
 def test_gather_starts_a_kernel_that_consumers_join_but_a_row_kernel_does_not_absorb() -> None:
     graph, _, _ = case("embed_add")
     s = schedule(graph)

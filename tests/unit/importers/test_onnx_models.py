@@ -148,8 +148,12 @@ def test_gather_of_run_time_indices_is_a_gather_checked_for_range(tmp_path) -> N
     ops = [n.op for n in import_onnx(path).optimized.main.nodes]
     assert Op.GATHER in ops and Op.MATMUL not in ops
     engine = engine_of(path)
-    idx = torch.from_numpy(rng.integers(0, 9, (5, 3)))
-    assert torch.equal(engine(idx), torch.from_numpy(np.maximum(table[idx.numpy()], 0)))
+    idx = torch.from_numpy(rng.integers(-9, 9, (5, 3)))          # negative: counted from the end, as ONNX says
+    idx[0, 0], idx[0, 1] = -9, -1
+    assert torch.equal(engine(idx), torch.from_numpy(np.maximum(np.take(table, idx.numpy(), axis=0), 0)))
     idx[2, 1] = 9
-    with pytest.raises(xg.InputError, match=r"input `i` holds 9, outside \[0, 9\)"):
+    with pytest.raises(xg.InputError, match=r"input `i` holds 9, outside \[-9, 9\)"):
+        engine(idx)
+    idx[2, 1] = -10
+    with pytest.raises(xg.InputError, match=r"input `i` holds -10, outside \[-9, 9\)"):
         engine(idx)

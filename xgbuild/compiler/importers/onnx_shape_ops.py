@@ -193,8 +193,11 @@ def _gather(t, node, args, attrs):
     rows = t.b.shape(table)[0]
     n = t.b.node(idx)
     if n.op is Op.INPUT and n.attr("name") in t.inputs and isinstance(rows, int):
-        lo, hi = t.ranges.get(n.attr("name"), (0, rows))
-        t.ranges[n.attr("name")] = (max(lo, 0), min(hi, rows))
+        lo, hi = t.ranges.get(n.attr("name"), (-rows, rows))
+        t.ranges[n.attr("name")] = (max(lo, -rows), min(hi, rows))
+    if n.op is not Op.IOTA and isinstance(rows, int):
+        # ONNX counts negative indices from the end: -1 is the last row.
+        idx = t.b.where(t.b.compare(Op.LT, idx, 0), t.b.binary(Op.ADD, idx, rows), idx)
     return C.embedding(t.b, table, idx)
 
 
