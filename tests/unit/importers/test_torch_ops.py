@@ -19,6 +19,7 @@ def r(*shape):
 W4 = torch.randn(6, 3, 3, 3)
 WG = torch.randn(6, 2, 3, 3)
 WD = torch.randn(6, 1, 3, 3)
+WR = torch.randn(5, 3, 2, 3)
 B6 = torch.randn(6)
 TABLE = torch.randn(10, 5)
 MASK = torch.randn(4, 4)
@@ -29,6 +30,9 @@ CASES = {
     "conv_stride_pad": (lambda x: F.conv2d(x, W4, B6, stride=2, padding=1), (r(2, 3, 9, 9),)),
     "conv_dilation_asym": (lambda x: F.conv2d(x, W4, None, stride=(1, 2), padding=(2, 0), dilation=2), (r(1, 3, 8, 9),)),
     "conv_groups": (lambda x: F.conv2d(x, WG, B6, padding=1, groups=3), (r(2, 6, 5, 5),)),
+    # patches that tile the image (ViT): one matmul; rows and columns past the last patch dropped
+    "conv_patches": (lambda x: F.conv2d(x, W4, B6, stride=3), (r(2, 3, 11, 10),)),
+    "conv_patches_rect": (lambda x: F.conv2d(x, WR, None, stride=(2, 3)), (r(1, 3, 8, 9),)),
     "conv_depthwise": (lambda x: F.conv2d(x, WD, B6, padding=1, groups=6), (r(2, 6, 5, 5),)),
     "max_pool": (lambda x: F.max_pool2d(x, 3, 2, 1), (r(2, 3, 7, 7),)),
     "max_pool_ceil": (lambda x: F.max_pool2d(x, 2, 2, ceil_mode=True), (r(1, 2, 6, 6),)),
@@ -116,3 +120,15 @@ def test_embedding_is_a_gather_and_arange_a_slice(dtype: torch.dtype, shape: tup
         want = model(fresh)
     # Rows are copied, then added in the table's dtype, as eager does.
     assert engine(fresh).dtype == dtype and torch.equal(engine(fresh), want)
+
+
+def test_patch_convolution_is_one_matmul() -> None:
+    conv = torch.nn.Conv2d(3, 8, 4, stride=4).eval()
+    x = torch.randn(2, 3, 16, 18)
+    imported = import_torch(conv, (x,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    ops = [n.op for n in imported.optimized.main.nodes]
+    assert ops.count(Op.MATMUL) == 1
+    engine = xg.compile(conv, (x,), kernels=False, dynamic_shapes=({0: torch.export.Dim("batch")},))
+    y = torch.randn(5, 3, 16, 18)
+    with torch.no_grad():
+        assert rel_err(engine(y), conv.double()(y.double())) < TOL

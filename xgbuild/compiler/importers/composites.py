@@ -244,7 +244,19 @@ def conv2d(b: IRBuilder, x: Ref, w: Ref, bias: Ref | None, stride: Sequence[int]
     og = o // groups
     depthwise = groups > 1 and cg == 1 and og == 1
     acc = None
-    for kh in range(kh_n):
+    if groups == 1 and tuple(stride) == (kh_n, kw_n) and tuple(dilation) == (1, 1) and not any(pads) \
+            and kh_n * kw_n > 1 and isinstance(o, int):
+        # Patches that tile the image (a ViT's patch embedding): each patch's pixels side by side,
+        # then one matmul with K = C*kh*kw, instead of a matmul per tap.
+        xs = x
+        if h != ho * kh_n:
+            xs = b.slice(xs, 2, 0, ho * kh_n)
+        if wd != wo * kw_n:
+            xs = b.slice(xs, 3, 0, wo * kw_n)
+        patches = b.permute(b.reshape(xs, (n, c, ho, kh_n, wo, kw_n)), (0, 2, 4, 1, 3, 5))
+        cols = b.reshape(patches, (n, ho, wo, c * kh_n * kw_n))
+        acc = b.op(Op.MATMUL, [cols, b.transpose(b.reshape(w, (o, c * kh_n * kw_n)), 0, 1)])
+    for kh in range(kh_n if acc is None else 0):
         for kw in range(kw_n):
             tap = b.permute(_tap(b, x, kh, kw, ho, wo, stride, dilation), (0, 2, 3, 1))   # [N, ho, wo, C]
             wk = b.index(w, [("s", None, None, None), ("s", None, None, None), ("i", kh), ("i", kw)])  # [O, cg]
