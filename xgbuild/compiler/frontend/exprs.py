@@ -349,6 +349,10 @@ class ExprChecker:
                              label="both operands of `@` need the same dtype",
                              help=f"convert one side explicitly, e.g. `cast({self.snippet(e.right)}, {lt.dtype})`")
             return ERROR, R.ANY
+        if self.subst.dtype(lt.dtype) == "bool":
+            self.diags.error(NOT_CALLABLE, e.op_span, detail="operator `@` cannot be applied to `bool` values",
+                             help=f"cast both operands first, e.g. `cast({self.snippet(e.left)}, int32)`")
+            return ERROR, R.ANY
         a, b = lt.shape, rt.shape
         ka = a[-1]
         kb = b[-2] if len(b) >= 2 else b[0]
