@@ -365,9 +365,10 @@ class KernelExecutor:
     """Runs a specialised graph with an engine's kernels; `launch(compiled, grid, args)` does the rest.
 
     With `replay`, the first run at an input signature records its launches and later runs at that
-    signature replay them: no binding, variant checks or view arithmetic per launch (tens of
-    microseconds of Python each). Graphs with run-time INDEX/UNINDEX indices (scalars read back to
-    the host), and runs whose kernels read a view at an offset or a copy, are never recorded."""
+    signature replay them: no binding or variant checks per launch (tens of microseconds of Python
+    each); an operand that is a view at an offset or a copy (a reshape of a transposed value) is
+    computed again from its sources. Graphs with run-time INDEX/UNINDEX indices (scalars read back
+    to the host) and runs with PyTorch operators (EXTERN) are never recorded."""
 
     def __init__(self, plans: list[KernelPlan], launch: Callable[[Compiled, tuple, list], None],
                  device: torch.device, replay: bool = False, collective: Collective | None = None) -> None:
@@ -420,7 +421,8 @@ class KernelExecutor:
             if steps is not None:
                 for i, t in enumerate(outs):
                     sources[t.data_ptr()] = ("out", index, i) if t.data_ptr() not in sources else ("?",)
-                rec = recipe(args, sources)
+                operand = {f"p{j}": nid for j, nid in enumerate(plan.binding.operands)}
+                rec = recipe(args, sources, [operand.get(name) for name, _ty in chosen.params], value)
                 steps = None if rec is None else steps + [(chosen, grid, rec, shapes)]
         if steps is not None:
             if len(self._replays) >= MAX_REPLAYS:
@@ -482,16 +484,14 @@ class KernelExecutor:
 
     def _replay(self, graph: Graph, known: Replay, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
         produced: list[list[torch.Tensor]] = []
-        for chosen, grid, rec, shapes in known.steps:
+        value = Values(graph, self._base(inputs))
+        for plan, (chosen, grid, rec, shapes) in zip(self.plans, known.steps):
             outs = [torch.empty(shape, dtype=dt, device=self.device) for shape, dt in shapes]
             produced.append(outs)
-            args = [inputs[r[1]] if r[0] == "in" else produced[r[1]][r[2]] if r[0] == "out" else r[1]
-                    for r in rec]
+            args = [inputs[r[1]] if r[0] == "in" else produced[r[1]][r[2]] if r[0] == "out"
+                    else value(r[1]) if r[0] == "node" else r[1] for r in rec]
             if all(grid):
                 self.launch(chosen, grid, args)
-
-        value = Values(graph, self._base(inputs))
-        for plan, outs in zip(self.plans, produced):
             for nid, t in zip(plan.binding.outputs, outs):
                 value[nid] = t
         if self.check_indices:

@@ -21,15 +21,19 @@ class Replay:
     steps: list[tuple]    # (Compiled variant, grid, recipe, output shapes/dtypes)
 
 
-def recipe(args: list, sources: dict[int, tuple]) -> list | None:
-    """Each argument by source: ("in", name), ("out", kernel, i) or ("int", value); None when a
-    pointer is not the start of an input or an output (a view at an offset, a copy)."""
+def recipe(args: list, sources: dict[int, tuple], nodes: list, value) -> list | None:
+    """Each argument by source: ("in", name), ("out", kernel, i), ("int", value), or ("node", id)
+    for a pointer that starts no input or output but is the start of that operand node's value (a
+    view at an offset, a copy): the replay computes the view or copy again from its sources. None
+    when a pointer is none of these. `nodes[i]` is argument i's operand node (None: not one)."""
     out = []
-    for a in args:
+    for a, nid in zip(args, nodes):
         if isinstance(a, torch.Tensor):
             src = sources.get(a.data_ptr())
             if src is None or src[0] == "?":
-                return None
+                if nid is None or value(nid).data_ptr() != a.data_ptr():
+                    return None
+                src = ("node", nid)
             out.append(src)
         else:
             out.append(("int", a))

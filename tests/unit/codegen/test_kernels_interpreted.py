@@ -64,6 +64,15 @@ def main() {
     return A @ B, relu(B @ C + 1.0), (A @ B) @ C, E @ A + 2.0, I @ J + 3
 }
 """),
+    # Operands that are views at an offset of a kernel's output and copies (a reshape of a transposed
+    # value, as attention heads merge): replayed by computing them again from their sources.
+    "views": (None, """extern Tensor[float32, 6, 8] X
+extern Tensor[float32, 8, 4] W
+def main() {
+    h = X @ W
+    return reshape(transpose(h), [2, 12]) * 2.0, h[1:5, :] @ transpose(W), reshape(transpose(X), [4, 12]) + 1.0
+}
+"""),
     "batched": (None, """extern Tensor[float32, B, T, D] X
 extern Tensor[float32, D, F] W
 extern Tensor[float32, F] C
