@@ -89,15 +89,27 @@ def inputs(sig: dict, dims: dict[str, int], rows: int, seed: int) -> dict[str, t
     return out
 
 
-def out_of_range() -> dict:
-    """The gather kernel's output where an index is outside the table: masked, so zeros."""
-    from xgbuild.runtime.gpu import KernelExecutor
-    from xgbuild.tuner.jobs import plan, tuning_env
+def generic_plans(graph: Graph, dims: dict[str, int]) -> list:
+    """The graph's launches, each with only its generic variant (interpreted)."""
     from xgbuild.compiler.codegen.build import load_function
     from xgbuild.compiler.codegen.triton_src import Variant, emit
-    from xgbuild.compiler.passes.specialize import bind_symbols, specialize
     from xgbuild.runtime.gpu import Compiled, KernelPlan
+    from xgbuild.tuner.jobs import plan, tuning_env
     from xgbuild.tuner.space import default_config
+
+    jobs, launches = plan(graph, tuning_env(graph, dims))
+    compiled = {}
+    for job in jobs:
+        em = emit(job.spec, default_config(job.problem), Variant.generic())
+        compiled[job.ident] = (job.spec, Compiled(Variant.generic(), default_config(job.problem), em.params,
+                                                  em.div16, (load_function(em), em)))
+    return [KernelPlan(compiled[ident][0], b, [compiled[ident][1]]) for ident, b in launches]
+
+
+def out_of_range() -> dict:
+    """The gather kernel's output where an index is outside the table: masked, so zeros."""
+    from xgbuild.compiler.passes.specialize import bind_symbols, specialize
+    from xgbuild.runtime.gpu import KernelExecutor
 
     g = Builder()
     graph = g.graph(g.op(Op.GATHER, g.input("float32", (8, 5)), g.input("int64", ("T",))))
@@ -105,13 +117,7 @@ def out_of_range() -> dict:
     idx = torch.tensor([7, 8, -1, 100000, 0, -8])
     values = {"x0": table, "x1": idx}
     sg = specialize(graph, bind_symbols(graph, {k: tuple(v.shape) for k, v in values.items()}))
-    jobs, launches = plan(graph, tuning_env(graph, {"T": 6}))
-    compiled = {}
-    for job in jobs:
-        em = emit(job.spec, default_config(job.problem), Variant.generic())
-        compiled[job.ident] = (job.spec, Compiled(Variant.generic(), default_config(job.problem), em.params,
-                                                  em.div16, (load_function(em), em)))
-    plans = [KernelPlan(compiled[ident][0], b, [compiled[ident][1]]) for ident, b in launches]
+    plans = generic_plans(graph, {"T": 6})
     got = KernelExecutor(plans, interpret.launch, torch.device("cpu")).run(sg, values)
     y = next(iter(got.values()))
     want = torch.zeros(6, 5)
@@ -122,24 +128,14 @@ def out_of_range() -> dict:
 def computed_out_of_range() -> dict:
     """Indices the program computes (`idx + 1`) run past the table: check mode says so after the
     run, replayed or not; without check mode the lookup reads zeros."""
-    from xgbuild.compiler.codegen.build import load_function
-    from xgbuild.compiler.codegen.triton_src import Variant, emit
     from xgbuild.compiler.passes.specialize import bind_symbols, specialize
     from xgbuild.errors import ExecutionError
-    from xgbuild.runtime.gpu import Compiled, KernelExecutor, KernelPlan
-    from xgbuild.tuner.jobs import plan, tuning_env
-    from xgbuild.tuner.space import default_config
+    from xgbuild.runtime.gpu import KernelExecutor
 
     graph, _sig, _rows = case("strided")                 # table: 41 rows (a transposed [16, 41])
     good = {"x0": torch.randn(16, 41), "x1": torch.tensor([[0, 39, 5]])}
     bad = {"x0": good["x0"], "x1": torch.tensor([[0, 40, 5]])}             # 40 + 1 = 41: past the end
-    jobs, launches = plan(graph, tuning_env(graph, {"B": 1, "T": 3}))
-    compiled = {}
-    for job in jobs:
-        em = emit(job.spec, default_config(job.problem), Variant.generic())
-        compiled[job.ident] = (job.spec, Compiled(Variant.generic(), default_config(job.problem), em.params,
-                                                  em.div16, (load_function(em), em)))
-    plans = [KernelPlan(compiled[ident][0], b, [compiled[ident][1]]) for ident, b in launches]
+    plans = generic_plans(graph, {"B": 1, "T": 3})
     sg = specialize(graph, bind_symbols(graph, {k: tuple(v.shape) for k, v in good.items()}))
     report = {}
     for label, replay in (("first", False), ("replayed", True)):
