@@ -95,13 +95,25 @@ def node_errors(name: str, batch: int = 2) -> None:
         print(f"  %{r[0]} {r[1]} {r[2]} {r[3]:.2e} {r[4]:.2e}{flag}")
 
 
-def profile_gpt(dtype: torch.dtype) -> None:
+def profile_gpt(dtype: torch.dtype, tune: str = "predict") -> None:
+    """Per-kernel CUDA times of the GPT bench stack; with tune="measure", also every attention and
+    matmul candidate's measured time (which configs the cost model should have picked)."""
     import xg
     from torch_models import GPT
+    from xgbuild.tuner import cuda_measure
     torch.manual_seed(0)
     model = GPT(vocab=8192, ctx=512, d=768, heads=12, layers=4).eval().to(dtype)
     idx = torch.randint(0, 8192, (8, 512))
-    eng = xg.compile(model, (idx,), target=target(), tune="predict",
+    orig_measure = cuda_measure.CudaMeasurer.measure
+
+    def logged(self, job, variant, config, *rest):
+        ms, outs = orig_measure(self, job, variant, config, *rest)
+        if job.problem.kind in ("attention", "matmul"):
+            print(f"[measure] {job.problem.kind} {job.problem} {variant.name if hasattr(variant, 'name') else variant}"
+                  f" {config} {ms:.4f} ms", flush=True)
+        return ms, outs
+    cuda_measure.CudaMeasurer.measure = logged
+    eng = xg.compile(model, (idx,), target=target(), tune=tune,
                      dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4096)},))
     idx = idx.cuda()
     eng.check = False
@@ -117,6 +129,48 @@ def profile_gpt(dtype: torch.dtype) -> None:
     kinds = {k["name"]: k for k in eng.engine.manifest["kernels"]}
     for name, k in list(kinds.items())[:80]:
         print(name, k.get("kind"), k.get("problem", k.get("shape")), [v.get("config") for v in k["variants"]][:1])
+
+
+def attention_space(out: str) -> None:
+    """Every attention candidate's measured time (fp32 and bf16, causal or not, the GPT bench's
+    head shapes) next to the cost model's prediction: what `--tune predict` should pick."""
+    import json
+    import os
+    import torch.nn.functional as F
+    import xg
+    from xgbuild.hw import load_profile
+    from xgbuild.tuner import cuda_measure
+    from xgbuild.tuner.predict import predict_ms
+    rows = []
+    profile = load_profile(target())
+    orig_measure = cuda_measure.CudaMeasurer.measure
+
+    def logged(self, job, variant, config, *rest):
+        ms, outs = orig_measure(self, job, variant, config, *rest)
+        p = job.problem
+        if p.kind == "attention":
+            rows.append({"dtype": p.dtype, "causal": p.causal, "config": config, "ms": ms,
+                         "predicted": predict_ms(p, config, profile)})
+        return ms, outs
+    cuda_measure.CudaMeasurer.measure = logged
+
+    class Attn(torch.nn.Module):
+        def __init__(self, causal):
+            super().__init__()
+            self.causal = causal
+
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+    for dtype in (torch.float32, torch.bfloat16):
+        for causal in (True, False):
+            q, k, v = (torch.randn(8, 12, 512, 64, dtype=dtype) for _ in range(3))
+            xg.compile(Attn(causal), (q, k, v), target=target(), tune="measure")
+    for r in sorted(rows, key=lambda r: (r["dtype"], r["causal"], r["ms"])):
+        c = r["config"]
+        print(f"{r['dtype']} causal={int(r['causal'])} M{c['BLOCK_M']} N{c['BLOCK_N']} w{c['num_warps']} "
+              f"s{c['num_stages']}: {r['ms']:.4f} ms (predicted {r['predicted']:.4f})")
+    with open(os.path.join(out, "attention_space.json"), "w") as f:
+        json.dump(rows, f, indent=1)
 
 
 def vit_fastpath() -> None:
@@ -137,9 +191,13 @@ def vit_fastpath() -> None:
 if __name__ == "__main__":
     what = sys.argv[1:] or ["vit", "gpt-bf16"]
     for w in what:
-        if w == "vit-fastpath":
+        if w == "attention-space":
+            import os
+            attention_space(os.environ.get("OUT", "."))
+        elif w == "vit-fastpath":
             vit_fastpath()
-        elif w.startswith("gpt-"):
-            profile_gpt(torch.bfloat16 if w == "gpt-bf16" else torch.float32)
+        elif w.startswith("gpt-"):       # gpt-bf16, gpt-fp32, gpt-fp32-measure
+            profile_gpt(torch.bfloat16 if w.startswith("gpt-bf16") else torch.float32,
+                        "measure" if w.endswith("-measure") else "predict")
         else:
             node_errors(w)
