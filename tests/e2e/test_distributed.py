@@ -256,7 +256,8 @@ def train_inputs(rand: Rand) -> dict:
                    "STEP": torch.tensor(3.0), "LR": torch.tensor(0.01)}
 
 
-@pytest.mark.parametrize("nproc,plan", [(2, "train_tensor"), (4, "train_data")])
+@pytest.mark.parametrize("nproc,plan", [(2, "train_tensor"), (4, "train_data"), (2, "train_pipeline"),
+                                        (4, "train_pipeline4")])
 def test_training_step_matches_the_single_process_float64_step(tmp_path: Path, rand: Rand, nproc: int,
                                                                plan: str) -> None:
     engine = tmp_path / "train.xge"
@@ -266,8 +267,14 @@ def test_training_step_matches_the_single_process_float64_step(tmp_path: Path, r
     assert done.returncode == 0, done.stderr
     values = train_inputs(rand)
     save_tensors(tmp_path / "in.safetensors", values)
-    done = run_ranks(engine, nproc, "--inputs", str(tmp_path / "in.safetensors"), "--output", str(tmp_path / "o.npz"))
+    done = run_ranks(engine, nproc, "--inputs", str(tmp_path / "in.safetensors"), "--output", str(tmp_path / "o.npz"),
+                     "--json")
     assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    pipeline = plan.startswith("train_pipeline")
+    assert summary["executor"] == ("pipeline-cpu" if pipeline else "spmd-cpu")
+    if pipeline:           # rank 0 receives gradients and the other stages' updated parameters
+        assert summary["comm"]["collectives"] > 0 and summary["comm"]["sends"] > 0
     got = load_tensors(tmp_path / "o.npz")
     ref = Engine.load(engine).run(values, float64=True).tensors     # one process: collectives are identity
     assert set(got) == set(ref)

@@ -71,8 +71,10 @@ def inspect(
         from ..compiler.passes.shard import plan_lines
         fp = m["sharding_plan"]["footprint"]
         out.write("plan        " + "\n            ".join(plan_lines(m["sharding_plan"])) + "\n")
-        out.write(f"per GPU     inputs {fp['inputs']} B, intermediates at the peak {fp['activations']} B "
-                  "(symbolic sizes not counted)\n")
+        for k, one in enumerate(fp.get("per_stage", [fp])):
+            who = f"GPU {k}     " if "per_stage" in fp else "per GPU     "
+            out.write(f"{who}inputs {one['inputs']} B, intermediates at the peak {one['activations']} B "
+                      "(symbolic sizes not counted)\n")
     for src in m["sources"]:
         out.write(f"source      {src['path']} {src['sha256'][:16]}\n")
 

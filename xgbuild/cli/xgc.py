@@ -176,7 +176,8 @@ def _report(exc: CompileError, json_out: bool) -> NoReturn:
 
 
 def _ir_opt_text(compiled) -> str:
-    """The optimised IR; with NUM_GPU > 1, the plan (as comments) before it and each value's layout (`@S(0)`)."""
+    """The optimised IR; with NUM_GPU > 1, the plan (as comments) before it and each value's layout
+    (`@S(0)`), or in a pipeline the GPU that computes it (`@gpu1`; `@each`: every GPU that uses it)."""
     from ..compiler.ir.layout import infer_layouts
     from ..compiler.ir.serialize import to_text
     from ..compiler.passes.shard import plan_lines, plan_of
@@ -184,6 +185,9 @@ def _ir_opt_text(compiled) -> str:
     if compiled.num_gpu == 1 or "shard" not in compiled.passes:
         return to_text(graph)
     notes = {i: str(lay) for i, lay in infer_layouts(graph, compiled.num_gpu).items()}
+    from ..compiler.ir.stages import has_stages, infer_stages
+    if has_stages(graph):        # a pipeline: the GPU each node runs on (free: each GPU that uses it)
+        notes = {i: ("each" if k is None else f"gpu{k}") for i, k in infer_stages(graph).items()}
     plan = plan_of(graph, compiled.num_gpu, compiled.target)
     return "".join(f"# {line}\n" for line in plan_lines(plan)) + to_text(graph, notes)
 

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from ..compiler.ir.graph import tree_ids
 from ..compiler.ir.layout import infer_layouts
+from ..compiler.ir.stages import has_stages
 from ..errors import EngineError, ExecutionError, InputError
 from ..settings import DistEnv
 from .dtypes import XG_NAMES
@@ -75,14 +76,21 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
     local_inputs = {k: (v.chunk(group.world, split[k])[group.rank].clone() if k in split and k not in whole_shapes
                         else v) for k, v in inputs.items()}
     del inputs, shapes
-    plans, launch, mode = _kernel_path(engine, device, float64)
+    staged = group.world > 1 and has_stages(graph)
+    # A pipeline's ranks run torch's ops for now (the engine's kernels are tuned for one process).
+    plans, launch, mode = (None, None, "") if staged else _kernel_path(engine, device, float64)
     executor = SpmdExecutor(group, float64=float64, check=check, overlap=overlap, kernels=plans, launch=launch,
                             kernel_mode=mode)
+    if staged:
+        executor.name = "pipeline-" + device
     _same_executor(group, executor.name)
     out = executor.run(graph, local_inputs, split)
-    layouts = infer_layouts(graph, group.world)
-    whole = {i: _gather(out.values[i], layouts[i].dim if layouts[i].kind == "S" else None, group)
-             for i in tree_ids(graph.output)}
+    if staged:      # outputs arrive on rank 0 only: the others hold what they computed
+        whole = out.values if group.rank == 0 else {}
+    else:
+        layouts = infer_layouts(graph, group.world)
+        whole = {i: _gather(out.values[i], layouts[i].dim if layouts[i].kind == "S" else None, group)
+                 for i in tree_ids(graph.output)}
     total_ms = (time.perf_counter() - t0) * 1e3
     metadata = {
         "target": engine.manifest["target"], "num_gpu": planned, "engine_digest": engine.digest,
@@ -94,8 +102,29 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
         "loaded_as_slices": sorted(whole_shapes),
         "timings": {"total_ms": total_ms, "comm": executor.stats},
     }
+    if staged:
+        mine = _leaves(graph.output, out.values)
+        if group.rank != 0:
+            return RunResult(None, metadata, {}), mine
+        return RunResult(_build(graph.output, whole), metadata, _flat(graph.output, whole)), mine
     return (RunResult(_build(graph.output, whole), metadata, _flat(graph.output, whole)),
             _flat(graph.output, out.values))
+
+
+def _leaves(tree: dict, values: Mapping[int, torch.Tensor], prefix: str = "out") -> dict[str, torch.Tensor]:
+    """The output leaves among `values`, by their output-file names (a Result's leaves only where
+    its tag is here too)."""
+    if "t" in tree:
+        return {prefix: values[tree["t"]]} if tree["t"] in values else {}
+    if "tuple" in tree:
+        out: dict[str, torch.Tensor] = {}
+        for i, item in enumerate(tree["tuple"]):
+            out.update(_leaves(item, values, f"{prefix}_{i}"))
+        return out
+    try:
+        return _flat(tree, values, prefix)
+    except KeyError:            # its tag or value was computed on another rank
+        return {}
 
 
 def _kernel_path(engine: Engine, device: str, float64: bool) -> tuple[list | None, Any, str]:

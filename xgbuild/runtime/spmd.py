@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from ..compiler.ir.graph import Graph, Node, Op, tree_ids
 from ..compiler.ir.layout import Layout, infer_layouts, local_shape, split_inputs
+from ..compiler.ir.stages import Transfer, has_stages, stage_plan
 from ..compiler.ir.serialize import where as src_text
 from ..errors import ExecutionError, InputError
 from .cpu import CpuExecutor, RunOutput
@@ -78,6 +79,8 @@ class SpmdExecutor:
     def run(self, graph: Graph, inputs: dict[str, torch.Tensor], split: dict[str, int]) -> RunOutput:
         """Run `graph` (global shapes) on this rank; `inputs` are whole, except those in `split`,
         which are already this rank's slices. Returns this rank's pieces of the outputs."""
+        if has_stages(graph) and self.group.world > 1:
+            return self._run_stages(graph, inputs)
         if self.plans is not None:
             return self._run_kernels(graph, inputs, split)
         self.ops.memo = {}
@@ -160,6 +163,106 @@ class SpmdExecutor:
                                      "rerun with XG_SPMD_KERNELS=0 to trace its origin op by op")
         comm["total_ms"] = (time.perf_counter() - t_start) * 1e3
         self.stats = comm
+        return RunOutput(outs, [])
+
+    def _run_stages(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> RunOutput:
+        """A pipeline plan's part on this rank (ir/stages.py): the nodes placed here and the free
+        ones they read, in graph order; values cross GPUs by point-to-point sends, posted for each
+        pair of ranks in the order both agree on, so they always pair up. Outputs arrive on rank 0
+        (other ranks return the outputs they computed)."""
+        self.ops.memo = {}
+        self.name = "pipeline-" + ("cuda" if self.group.device.startswith("cuda") else "cpu")
+        rank = self.group.rank
+        plan = stage_plan(graph, rank, self.group.world)
+        outputs = tree_ids(graph.output)
+        vals: dict[int, torch.Tensor] = {}
+        arrived: dict[int, tuple] = {}
+        sent: list = []
+        cursor = {peer: 0 for peer in plan.pairs}
+        comm = {"collectives": 0, "wait_ms": 0.0, "issue_ms": 0.0, "sends": 0, "bytes_sent": 0}
+        t_start = time.perf_counter()
+        device = torch.device(self.group.device) if self.group.device != "cpu" else torch.device("cpu")
+
+        def post(peer: int, upto: int) -> None:
+            """Post this pair's transfers up to `upto` (receives start at once; a send's value is
+            computed by then: the agreed order is graph order, which this rank runs in)."""
+            seq = plan.pairs[peer]
+            while cursor[peer] <= upto:
+                t: Transfer = seq[cursor[peer]]
+                cursor[peer] += 1
+                node = graph.node(t.value)
+                t0 = time.perf_counter()
+                try:
+                    if t.dst == rank:
+                        dtype = self.ops.dtype(node.dtype)
+                        buf = torch.empty(tuple(node.shape), dtype=torch.uint8 if dtype is torch.bool else dtype,
+                                          device=device)
+                        arrived[t.value] = (dist.irecv(buf, src=peer, tag=t.seq), buf, dtype)
+                    else:
+                        x = vals[t.value]
+                        wire = (x.to(torch.uint8) if x.dtype is torch.bool else x).contiguous()
+                        sent[:] = [(w, x) for w, x in sent if not w.is_completed()]   # free what arrived
+                        sent.append((dist.isend(wire, dst=peer, tag=t.seq), wire))
+                        comm["sends"] += 1
+                        comm["bytes_sent"] += wire.numel() * wire.element_size()
+                except RuntimeError as exc:
+                    raise ExecutionError(f"sending %{t.value}{_at(node)} from GPU {t.src} to GPU {t.dst} failed on "
+                                         f"rank {rank}: {_first_line(exc)}") from None
+                comm["issue_ms"] += (time.perf_counter() - t0) * 1e3
+
+        def value(i: int) -> torch.Tensor:
+            if i not in vals and i in plan.recv:
+                t = plan.recv[i]
+                post(t.src, t.seq)
+                work, buf, dtype = arrived.pop(i)
+                t0 = time.perf_counter()
+                try:
+                    work.wait()
+                except RuntimeError as exc:
+                    raise ExecutionError(f"receiving %{i}{_at(graph.node(i))} from GPU {t.src} failed on rank "
+                                         f"{rank}: {_first_line(exc)}") from None
+                comm["wait_ms"] += (time.perf_counter() - t0) * 1e3
+                comm["collectives"] += 1
+                vals[i] = buf.to(torch.bool) if dtype is torch.bool else buf
+            return vals[i]
+
+        last_use = {i: nid for nid in plan.run for i in graph.node(nid).inputs}
+        keep = set(outputs) | set(plan.send)
+        with torch.no_grad(), (device if device.type == "cuda" else nullcontext()):
+            for nid in plan.run:
+                n = graph.node(nid)
+                args = [value(i) for i in n.inputs]
+                vals[nid] = args[0] if n.op is Op.STAGE else self.compute(n, args, inputs)
+                for t in plan.send.get(nid, ()):
+                    post(t.dst, t.seq)
+                if not self.check:
+                    for i in n.inputs:
+                        if last_use.get(i) == nid and i not in keep:
+                            vals.pop(i, None)
+            outs = {i: value(i) for i in outputs if rank == 0 or i in vals}
+            for peer, seq in plan.pairs.items():     # nothing should be left; post it anyway, in order
+                post(peer, len(seq) - 1)
+            for i in list(arrived):
+                value(i)
+            t0 = time.perf_counter()
+            for work, _wire in sent:
+                try:
+                    work.wait()
+                except RuntimeError as exc:
+                    raise ExecutionError(f"a send from rank {rank} failed: {_first_line(exc)}") from None
+            comm["wait_ms"] += (time.perf_counter() - t0) * 1e3
+        comm["total_ms"] = (time.perf_counter() - t_start) * 1e3
+        self.stats = comm
+        if self.check and rank == 0:
+            bad = [i for i, v in outs.items() if v.dtype.is_floating_point and not bool(torch.isfinite(v).all())]
+            if bad:
+                try:
+                    self.ops.guard(graph, vals)          # traced here if every step ran on this rank
+                except KeyError:
+                    pass
+                raise ExecutionError(f"check failed: output %{bad[0]} holds NaN/Inf; it was computed on another "
+                                     "GPU: run the engine in one process (`xgrun` without --nproc) to trace "
+                                     "its origin")
         return RunOutput(outs, [])
 
     def _waiter(self, n: Node, work, finish: Callable[[], torch.Tensor], comm: dict) -> Callable[[], torch.Tensor]:

@@ -71,15 +71,24 @@ def test_the_plan_is_kept_in_the_engine(tmp_path: Path) -> None:
     ('[regions.mlp]\nstrategy = "tensor"\nshard = { w3 = 1 }\n', "XG0505", "no parameter `w3`"),
     ('[values]\nY = 0\n', "XG0505", "`Y`, which is not an input"),
     ('num_gpu = 3\n[values]\nW2 = 1\n', "XG0500", "dimension 1 of `W2` has size 16"),
-    ('[regions.layer1]\nstrategy = "pipeline"\n', "XG0507", "pipeline stages"),
-    ('[regions.layer1]\nstrategy = "data"\nworkers = [0, 1]\n', "XG0507", "pipeline stages"),
+    ('[regions.layer1]\nstrategy = "pipeline"\n', "XG0506", "needs `stage = K`"),
+    ('[regions.layer1]\nstrategy = "data"\nworkers = [0, 1]\n', "XG0507", "also names GPUs"),
+    ('[regions.layer1]\nworkers = [0, 1]\n', "XG0507", "runs on 2 GPUs [0, 1]"),
+    ('[regions.layer1]\nstage = 2\n', "XG0506", "placed on GPU 2, but the engine has 2"),
+    ('[regions.layer1]\nstage = 0\nworkers = [0]\n', "XG0506", "both `stage` and `workers`"),
+    ('[regions.layer1]\nstage = -1\n', "XG0506", "needs `stage = K`"),
+    ('[regions.layer1]\nstage = 1\naxis = 0\n', "XG0506", "`axis` does not apply to strategy \"pipeline\""),
+    ('[regions.layer1]\nstage = 1\n[regions.mlp]\nstrategy = "tensor"\nshard = { w1 = 1 }\n', "XG0507",
+     "pipeline stages with data or tensor parallelism"),
+    ('[regions.layer1]\nstage = 1\n[values]\nX = 0\n', "XG0507", "`[values]` splits `X`"),
     ('[regions.layer1]\nstrategy = "fast"\n', "XG0506", "strategy 'fast'"),
     ('[regions.layer1]\nstrategy = "tensor"\n', "XG0506", "splits nothing"),
     ('[regions.layer1]\nstrategy = "replicated"\naxis = 1\n', "XG0506", "`axis` does not apply"),
     ('layers = 3\n', "XG0506", "unknown key `layers`"),
     ('[values\n', "XG0506", "not TOML"),
-], ids=["region", "param", "value", "indivisible", "pipeline", "workers", "strategy", "tensor-empty", "key",
-        "top-key", "toml"])
+], ids=["region", "param", "value", "indivisible", "pipeline-no-stage", "data-workers", "stage-of-2-gpus",
+        "stage-too-high", "stage-and-workers", "negative-stage", "pipeline-key", "pipeline-and-tensor",
+        "pipeline-and-split", "strategy", "tensor-empty", "key", "top-key", "toml"])
 def test_bad_plans_are_rejected_with_a_code(tmp_path: Path, text: str, code: str, words: str) -> None:
     msg = error(tmp_path, text)
     assert msg.startswith(f"error[{code}]") and words in msg and "plan.toml" in msg, msg

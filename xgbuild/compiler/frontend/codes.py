@@ -265,14 +265,19 @@ A sharding plan (`--sharding plan.toml`) maps names to strategies:
     [regions.mlp]
     strategy = "tensor"
     shard = { w1 = 1, w2 = 0 }   # tensor: parameter -> dimension
+    [regions.head]
+    strategy = "pipeline"
+    stage = 1                 # pipeline: the GPU that runs the region (or `workers = [1]`)
     [values]
     TOKENS = 0                # an external input split along dimension 0
 
 See docs/sharding.md.
 """)
-PLAN_PIPELINE = _code("XG0507", "pipeline stages are not supported", "{detail}", """
-Pipeline parallelism (stages of a program on subsets of the GPUs) is not implemented yet: every
-rank runs the whole program on its shards (SPMD). Use `data`, `tensor` or `replicated`.
+PLAN_PIPELINE = _code("XG0507", "unsupported pipeline plan", "{detail}", """
+A pipeline plan places whole regions on GPUs, one GPU per stage (`stage = K` or
+`workers = [K]`). Not supported yet: a stage of several GPUs, and splitting values inside a
+pipeline (pipeline regions beside `data` or `tensor` regions, `[values]` splits, or the program's
+own `with shard(x, dim=...)`). Use one kind of plan per engine.
 """)
 
 # --- control flow (XG06xx) ------------------------------------------------------------------

@@ -7,16 +7,22 @@ The declarative form of the GT2 seed's signal configs. A plan maps names to stra
     TOKENS = 0                     # an external input split along dim 0
     EMB = "replicated"
     [regions.layer1]               # a `with shard("layer1"):` block, or a function's name
-    strategy = "data"              # data | tensor | replicated   (pipeline: XG0507)
+    strategy = "data"              # data | tensor | replicated | pipeline
     axis = 0                       # data: the dim split in each tensor the region reads
     replicated = ["w"]             # data: tensors that stay whole (parameters)
     [regions.mlp]
     strategy = "tensor"
     shard = { w1 = 1, w2 = 0 }     # tensor: name -> dim
+    [regions.head]
+    strategy = "pipeline"
+    stage = 1                      # pipeline: the GPU (rank) that runs the region (`workers = [1]`)
 
 Owns: reading and validating the file (XG0506, XG0507) and checking its names against a checked
 program (XG0505 unknown, XG0503 conflicting with the source's shards, XG0500 indivisible). Lowering
-applies it: SHARD nodes where the region starts (ir/lower.py); `replicated` is a SHARD with no dim.
+applies it: SHARD nodes where the region starts (ir/lower.py); `replicated` is a SHARD with no dim;
+a pipeline region's stage is a STAGE node on each value it reads (passes/stage.py places the rest).
+A pipeline plan places regions on GPUs and splits nothing: a stage of several GPUs, or pipeline
+regions beside data/tensor ones, are XG0507.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from .codes import PLAN_BAD, PLAN_PIPELINE, PLAN_UNKNOWN, SHARD_CONFLICT, SHARD_
 from .diagnostics import Diagnostic, Severity
 from .source import Span
 
-STRATEGIES = ("data", "tensor", "replicated")
+STRATEGIES = ("data", "tensor", "replicated", "pipeline")
 
 
 @dataclass(frozen=True)
@@ -41,11 +47,14 @@ class RegionPlan:
     axis: int = 0
     replicated: tuple[str, ...] = ()
     shard: tuple[tuple[str, int], ...] = ()
+    stage: int | None = None          # pipeline: the rank that runs the region
 
     def dims_for(self, names: list[str], ranks: dict[str, int]) -> dict[str, int | None]:
         """What the region does to the tensors it reads: name -> dim split, or None (made whole)."""
         if self.strategy == "replicated":
             return {n: None for n in names}
+        if self.strategy == "pipeline":
+            return {}
         if self.strategy == "tensor":
             return {n: d for n, d in self.shard if n in names}
         return {n: self.axis for n in names if n not in self.replicated and ranks.get(n, 0) > self.axis}
@@ -65,6 +74,10 @@ class ShardingPlan:
 
     def region(self, name: str) -> RegionPlan | None:
         return next((r for r in self.regions if r.name == name), None)
+
+    @property
+    def pipeline(self) -> bool:
+        return any(r.strategy == "pipeline" for r in self.regions)
 
 
 def plan_error(code: Code, detail: str, where: str, help: str | None = None) -> CompileError:
@@ -121,9 +134,10 @@ def _region(name: str, body: object, where: str) -> RegionPlan:
     if not isinstance(body, dict):
         raise plan_error(PLAN_BAD, f"`regions.{name}` must be a table", at)
     strategy = body.get("strategy")
-    if strategy == "pipeline" or "stages" in body or "workers" in body:
-        raise plan_error(PLAN_PIPELINE, f"region `{name}` asks for pipeline stages (GPU subsets), which XG does "
-                         "not run yet", at, "use strategy \"data\", \"tensor\" or \"replicated\"")
+    if strategy is None and ("stage" in body or "workers" in body):
+        strategy = "pipeline"             # GT2's spelling: a region on `workers = [k]`
+    if strategy == "pipeline" or "stage" in body or "workers" in body:
+        return _pipeline_region(name, body, at)
     if strategy not in STRATEGIES:
         raise plan_error(PLAN_BAD, f"region `{name}` has strategy {strategy!r}", at,
                          "strategies: " + ", ".join(f'"{s}"' for s in STRATEGIES))
@@ -149,10 +163,44 @@ def _region(name: str, body: object, where: str) -> RegionPlan:
     return RegionPlan(name, strategy, axis, tuple(reps), tuple(sorted(shard.items())))
 
 
+def _pipeline_region(name: str, body: dict, at: str) -> RegionPlan:
+    strategy = body.get("strategy", "pipeline")
+    if strategy != "pipeline":
+        raise plan_error(PLAN_PIPELINE, f"region `{name}` is {strategy!r} and also names GPUs (`stage`/`workers`)",
+                         at, "a stage of several GPUs that splits its work is not supported yet: give a "
+                         "pipeline region one GPU, `stage = K`")
+    extra = sorted(set(body) - {"strategy", "stage", "workers"})
+    if extra:
+        raise plan_error(PLAN_BAD, f"`{extra[0]}` does not apply to strategy \"pipeline\"", at,
+                         "keys for it: `stage` (or `workers = [K]`)")
+    if "stage" in body and "workers" in body:
+        raise plan_error(PLAN_BAD, f"region `{name}` has both `stage` and `workers`", at, "keep one")
+    stage = body.get("stage")
+    if "workers" in body:
+        workers = body["workers"]
+        if not isinstance(workers, list) or not workers or not all(_index(w) for w in workers):
+            raise plan_error(PLAN_BAD, "`workers` must be a list of GPU indices: `workers = [1]`", at)
+        if len(workers) > 1:
+            raise plan_error(PLAN_PIPELINE, f"region `{name}` runs on {len(workers)} GPUs {workers}", at,
+                             "a pipeline stage is one GPU for now (data or tensor parallelism inside a stage "
+                             "is not supported yet): `workers = [K]`")
+        stage = workers[0]
+    if not _index(stage):
+        raise plan_error(PLAN_BAD, f"region `{name}` needs `stage = K`, the GPU that runs it (0, 1, ...), "
+                         f"got {stage!r}", at)
+    return RegionPlan(name, "pipeline", stage=stage)
+
+
+def _index(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 def check_plan(plan: ShardingPlan, typed, num_gpu: int) -> None:
     """The plan's names against the checked program `typed` (a frontend TypedProgram)."""
     regions = {s.name for s in typed.shards if s.region}
     funcs = {n: sig for n, sig in typed.funcs.items() if n != "main"}
+    if plan.pipeline:
+        _check_pipeline(plan, typed, num_gpu)
     source_shards = {(s.function, s.name): s.dim for s in typed.shards if not s.region}
     for name, dim in plan.values:
         where = f"{plan.name}: [values] {name}"
@@ -192,3 +240,22 @@ def _conflict(name: str, mine: int | None, theirs: int | None, where: str) -> Co
     second = theirs if theirs is not None else "none (the plan replicates it)"
     return _error(SHARD_CONFLICT.code, SHARD_CONFLICT.fmt(name=name, first=mine, second=second), where,
                   f"the program's `with shard({name}, dim={mine})` and the plan disagree: keep one")
+
+
+def _check_pipeline(plan: ShardingPlan, typed, num_gpu: int) -> None:
+    """A pipeline plan places regions on GPUs and splits nothing (stages of one GPU each)."""
+    where = f"{plan.name}"
+    mixed = [r.name for r in plan.regions if r.strategy not in ("pipeline", "replicated")]
+    split = [name for name, dim in plan.values if dim is not None]
+    source = [s.name for s in typed.shards if not s.region and s.dim is not None]
+    if mixed or split or source:
+        what = (f"region `{mixed[0]}` is {plan.region(mixed[0]).strategy!r}" if mixed else
+                f"`[values]` splits `{split[0]}`" if split else f"the program shards `{source[0]}`")
+        raise plan_error(PLAN_PIPELINE, f"pipeline stages with data or tensor parallelism: {what}", where,
+                         "a pipeline plan places whole regions on GPUs; splitting inside a stage is not "
+                         "supported yet")
+    for r in plan.regions:
+        if r.strategy == "pipeline" and r.stage >= num_gpu:
+            raise plan_error(PLAN_BAD, f"region `{r.name}` is placed on GPU {r.stage}, but the engine has "
+                             f"{num_gpu} (NUM_GPU)", f"{plan.name}: [regions.{r.name}]",
+                             f"stages are 0 to {num_gpu - 1}; raise NUM_GPU (`--num-gpu`) or move the region")

@@ -55,6 +55,9 @@ class Op(str, Enum):
     ALL_REDUCE = "all_reduce"  # attrs: reduce ("sum"): partial sums added up on every rank
     REDUCE_SCATTER = "reduce_scatter"  # attrs: dim: partial sums added up, each rank keeping its slice
     ALL_TO_ALL = "all_to_all"  # attrs: src, dim: split along dim instead of along src
+    # pipeline stages (passes/stage.py, ir/stages.py): identity within one process
+    STAGE = "stage"            # attrs: stage: from here on, the value is used on GPU `stage`; before
+                               # passes/stage.py also (g, x) with no attr: g goes where x lives (a VJP)
 
 
 UNARY = {Op.NEG, Op.NOT, Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.SIGMOID, Op.TANH, Op.GELU, Op.SILU,
@@ -63,7 +66,7 @@ BINARY = {Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MOD, Op.EQ, Op.NE, Op.LT, Op.LE, Op
           Op.OR, Op.MAXIMUM, Op.MINIMUM}
 COMPARE = {Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE}
 REDUCE = {Op.SUM, Op.MEAN, Op.MAX, Op.MIN}
-COLLECTIVE = {Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL}
+COLLECTIVE = {Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL, Op.STAGE}
 
 
 @dataclass(frozen=True)

@@ -267,6 +267,16 @@ class FunctionLowering:
                 self.env[x.id] = (nid, ty)
 
     def apply_region(self, region: RegionPlan, names: list[str], src: tuple | None) -> None:
+        if region.strategy == "pipeline":
+            # Every value the region reads is used on its GPU; what it computes follows
+            # (passes/stage.py places the rest of the graph).
+            for name in names:
+                value, ty = self.env[name]
+                if isinstance(value, int):
+                    n = self.b.node(value)
+                    self.env[name] = (self.b.add(Op.STAGE, (value,), n.dtype, n.shape,
+                                                 attrs_of(stage=region.stage), src), ty)
+            return
         ranks = {n: len(self.b.node(v).shape) for n in names if isinstance(v := self.env[n][0], int)}
         for name, dim in region.dims_for(names, ranks).items():
             self.split(name, dim, src)

@@ -37,6 +37,8 @@ def verify(graph: Graph, *, check_shapes: bool = True) -> None:
         if n.op in (Op.INDEX, Op.UNINDEX):
             dynamic = sum(1 for item in n.attr("items", ()) if item[0] == "d")
             arity = 1 + dynamic
+        if n.op is Op.STAGE:
+            arity = 1 if n.attr("stage") is not None else 2
         if arity is not None and n.op is not Op.CALL and len(n.inputs) != arity:
             raise IRError(f"{where}: takes {arity} inputs, has {len(n.inputs)}")
         for key in _ATTRS.get(n.op, ()):

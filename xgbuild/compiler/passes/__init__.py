@@ -18,6 +18,7 @@ from .cse import cse
 from .dce import dce
 from .inline import inline
 from .shard import shard
+from .stage import stage
 
 Pass = Callable[[Program], Program]
 
@@ -27,6 +28,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("const-fold", const_fold),
     ("cse", cse),
     ("dce", dce),
+    ("stage", stage),
     ("shard", shard),
 ]
 PASS_NAMES = [name for name, _ in PIPELINE]

@@ -113,12 +113,17 @@ def differentiate(fn: Graph, wrt: tuple[int, ...], with_value: bool, tuple_wrt: 
     b.nodes = list(fn.nodes)
     b.params = list(fn.params)
     A = _Adjoints(b)
+    staged = any(n.op is Op.STAGE for n in fn.nodes)
     loss = fn.node(out_ids[0])
     A.adj[loss.id] = A.add(Op.FULL, (), loss, attrs=attrs_of(value=1.0))
     for n in reversed(fn.nodes):
         g = A.adj.get(n.id)
         if g is None or n.op in NON_DIFFERENTIABLE:
             continue
+        if staged:
+            # Pipeline stages: a node's gradient is computed on the GPU that runs the node, so the
+            # backward pass mirrors the forward one (passes/stage.py resolves the marker).
+            g = b.add(Op.STAGE, (g, n.id), A.node(g).dtype, A.node(g).shape, (), n.src)
         _vjp(A, n, g)
     grads = []
     for pos in wrt:

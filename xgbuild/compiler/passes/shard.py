@@ -23,6 +23,7 @@ from ...hw import load_profile
 from ..ir.graph import Graph, Node, Op, Program, attrs_of, tree_ids, tree_map
 from ..ir.layout import (P, R, Layout, S, collective_bytes, infer_layouts, local_shape, nbytes, rules, shardable,
                          split_inputs)
+from ..ir.stages import has_stages, stage_summary
 from ..frontend.codes import SHARD_INDIVISIBLE, SHARD_MEMORY
 
 INF = float("inf")
@@ -188,7 +189,13 @@ def _share(node: Node, n: int) -> float:
 # --- the per-GPU memory check -------------------------------------------------------------------
 def footprint(graph: Graph, n: int) -> dict:
     """Bytes one GPU holds: its pieces of the inputs, and the peak of intermediates alive at once
-    (in program order, each freed after its last use). Symbolic sizes are left out (unknown)."""
+    (in program order, each freed after its last use). Symbolic sizes are left out (unknown).
+    A pipeline: the fullest GPU's, with every GPU's in `per_stage`."""
+    if n > 1 and has_stages(graph):
+        from .stage import stage_footprint
+        per = stage_footprint(graph, n)
+        worst = max(range(n), key=lambda k: per[k]["total"])
+        return {**per[worst], "stage": worst, "per_stage": per}
     layouts = infer_layouts(graph, n)
     outputs = set(tree_ids(graph.output))
     last: dict[int, int] = {}
@@ -218,12 +225,14 @@ def footprint(graph: Graph, n: int) -> dict:
 
 def check_footprint(graph: Graph, n: int, target: str) -> dict:
     fp = footprint(graph, n)
+    stage = fp.get("stage")
     profile = load_profile(target)
     if fp["total"] > profile.hbm_bytes:
         big = max(graph.inputs, key=lambda kv: nbytes(graph.node(kv[1])) or 0, default=None)
         hint = (f"the largest input is `{big[0]}` ({_gb(nbytes(graph.node(big[1])) or 0)}); shard it "
                 f"(`with shard({big[0]}, dim=0)` or a --sharding plan) or raise NUM_GPU") if big else "raise NUM_GPU"
-        who = "the one GPU" if n == 1 else f"each of the {n} GPUs"
+        who = ("the one GPU" if n == 1 else f"GPU {stage} (its pipeline stage)" if stage is not None
+               else f"each of the {n} GPUs")
         detail = (f"{who} needs {_gb(fp['total'])} (inputs {_gb(fp['inputs'])}, "
                   f"intermediates at the peak {_gb(fp['activations'])}), more than the {profile.name}'s "
                   f"{_gb(profile.hbm_bytes)} of HBM")
@@ -254,7 +263,11 @@ def plan_of(graph: Graph, n: int, target: str | None = None) -> dict:
         ic = load_profile(target).interconnect
         # The datasheet figure counts both directions; a ring step sends one way.
         link = {"interconnect": ic.kind, "predicted_comm_ms": sum(known) / (ic.bandwidth_bytes_per_s / 2) * 1e3}
-    return {**link,
+    stages = {"pipeline": stage_summary(graph, n)} if n > 1 and has_stages(graph) else {}
+    if stages and target:
+        ic = load_profile(target).interconnect
+        link["predicted_comm_ms"] += stages["pipeline"]["bytes_moved"] / (ic.bandwidth_bytes_per_s / 2) * 1e3
+    return {**link, **stages,
         "num_gpu": n,
         "inputs": {names[i]: str(layouts[i]) for _, i in graph.inputs},
         "outputs": [str(layouts[i]) for i in tree_ids(graph.output)],
@@ -269,10 +282,14 @@ def plan_lines(plan: dict) -> list[str]:
     """The plan for people: inputs and outputs, then each collective with the bytes it moves."""
     n = plan["num_gpu"]
     moving = sum(1 for c in plan["collectives"] if c["op"] != "shard")
-    lines = [f"sharding plan over {n} GPU{'s' if n > 1 else ''}: {moving} collective{'s' if moving != 1 else ''} "
-             f"and {len(plan['collectives']) - moving} local slices, "
-             f"{_bytes(plan['bytes_moved'])} sent per GPU" + (" + symbolic sizes" if plan["bytes_unknown"] else "")]
+    if "pipeline" in plan and not plan["collectives"]:
+        lines = [f"pipeline plan over {n} GPUs (one stage each; nothing is split)"]
+    else:
+        lines = [f"sharding plan over {n} GPU{'s' if n > 1 else ''}: {moving} collective{'s' if moving != 1 else ''} "
+                 f"and {len(plan['collectives']) - moving} local slices, "
+                 f"{_bytes(plan['bytes_moved'])} sent per GPU" + (" + symbolic sizes" if plan["bytes_unknown"] else "")]
     whole = [name for name, lay in plan["inputs"].items() if lay == "R"]
+    layouts = "pipeline" not in plan      # a pipeline splits nothing: every value is whole (R)
     if "predicted_comm_ms" in plan:
         ms = plan["predicted_comm_ms"]
         took = f"{ms:.2f} ms" if ms >= 0.1 else f"{ms * 1e3:.3g} us"
@@ -281,10 +298,19 @@ def plan_lines(plan: dict) -> list[str]:
     for name, lay in plan["inputs"].items():
         if lay != "R":
             lines.append(f"  input  {name:<14} {lay}")
-    if whole:
+    if whole and layouts:
         lines.append(f"  inputs loaded whole (R): {', '.join(whole[:8])}" + (f" and {len(whole) - 8} more" if len(whole) > 8 else ""))
-    for k, lay in enumerate(plan["outputs"]):
+    for k, lay in enumerate(plan["outputs"] if layouts else []):
         lines.append(f"  output {k:<14} {lay}" + ("  (gathered to rank 0)" if lay.startswith("S") else ""))
+    if "pipeline" in plan:
+        pp = plan["pipeline"]
+        lines.append(f"  nodes per GPU {pp['nodes']} (+{pp['free_nodes']} computed on each GPU that uses them); "
+                     f"{len(pp['transfers'])} point-to-point sends, {_bytes(pp['bytes_moved'])} in all"
+                     + (" + symbolic sizes" if pp["bytes_unknown"] else "") + "; outputs end on GPU 0")
+        for t in pp["transfers"]:
+            moved = "? bytes (symbolic)" if t["bytes"] is None else _bytes(t["bytes"])
+            where = f"  line {t['line']}" if t["line"] else ""
+            lines.append(f"  %{t['id']:<5} send GPU {t['from']} -> GPU {t['to']}  {moved}{where}")
     for c in plan["collectives"]:
         moved = "? bytes (symbolic)" if c["bytes"] is None else _bytes(c["bytes"])
         where = f"  line {c['line']}" if c["line"] else ""
