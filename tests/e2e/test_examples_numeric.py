@@ -67,7 +67,7 @@ TENSOR_EXAMPLES = sorted(CASES)
 
 
 def test_every_example_has_a_reference() -> None:
-    assert set(EXAMPLE_NAMES) == set(CASES) | {"safe_div", "data_parallel"}, \
+    assert set(EXAMPLE_NAMES) == set(CASES) | {"safe_div", "data_parallel", "pipeline"}, \
         "a new example needs a float64 reference here"
 
 
@@ -92,6 +92,17 @@ def test_data_parallel_example_matches_float64_reference(rand: Rand, example_eng
     inputs, refs = data_parallel_case(rand)
     for got, ref in zip(xg.run_engine(example_engines["data_parallel"], inputs).value, refs):
         assert_close(got, ref, 1e-5, rand, "data_parallel (one process)")
+
+
+def test_pipeline_example_matches_float64_reference_in_one_process_and_on_two_ranks(rand: Rand) -> None:
+    # examples/pipeline.xg is data_parallel.xg's training step with a layer per GPU and its batch in
+    # 4 microbatches (examples/pipeline.toml); with or without the plan, one step is the same math.
+    engine = xg.compile_file(EXAMPLES / "pipeline.xg", sharding=EXAMPLES / "pipeline.toml", kernels=False)
+    inputs, refs = data_parallel_case(rand)
+    for how, result in (("one process", xg.run_engine(engine, inputs)),
+                        ("2 ranks", xg.run_engine(engine, inputs, nproc=2))):
+        for got, ref in zip(result.value, refs):
+            assert_close(got, ref, 1e-5, rand, f"pipeline example ({how})")
 
 
 @pytest.mark.parametrize("name", TENSOR_EXAMPLES)

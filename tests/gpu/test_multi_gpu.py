@@ -84,12 +84,13 @@ def test_sharded_matmuls_and_mlp_on_nccl(tmp_path: Path, n: int) -> None:
         assert rel(got[name], want) < TOL, name
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_training_step_on_nccl(tmp_path: Path, n: int) -> None:
+@pytest.mark.parametrize("n,plan", [(2, "train_tensor"), (4, "train_tensor"), (2, "train_pipeline"),
+                                    (4, "train_pipeline4")])
+def test_training_step_on_nccl(tmp_path: Path, n: int, plan: str) -> None:
     need(n)
     engine = tmp_path / "train.xge"
     done = xg("xgc", str(REPO / "models" / "train.xg"), "--no-kernels", "--num-gpu", str(n), "--sharding",
-              str(REPO / "models" / "plans" / "train_tensor.toml"), "--out", str(engine))
+              str(REPO / "models" / "plans" / f"{plan}.toml"), "--out", str(engine))
     assert done.returncode == 0, done.stderr
     gen = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
     vals = {}
@@ -107,6 +108,28 @@ def test_training_step_on_nccl(tmp_path: Path, n: int) -> None:
     done = xg("xgrun", str(engine), "--nproc", str(n), "--device", "cuda", "--inputs", str(tmp_path / "in.safetensors"),
               "--output", str(tmp_path / "o.safetensors"))
     assert done.returncode == 0, done.stderr
+    got = load_tensors(tmp_path / "o.safetensors")
+    ref = Engine.load(engine).run(vals, float64=True).tensors
+    for name, want in ref.items():
+        assert rel(got[name], want) < TOL, name
+
+
+def test_pipeline_with_microbatches_on_nccl(tmp_path: Path) -> None:
+    # A layer per GPU, 4 microbatches: point-to-point sends on NCCL, posted in the agreed order.
+    need(2)
+    engine = tmp_path / "pipeline.xge"
+    done = xg("xgc", str(REPO / "examples" / "pipeline.xg"), "--no-kernels", "--sharding",
+              str(REPO / "examples" / "pipeline.toml"), "--out", str(engine))
+    assert done.returncode == 0, done.stderr
+    gen = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    vals = {"X": torch.randn(64, 32, generator=gen), "Y": torch.randn(64, 8, generator=gen),
+            "W1": torch.randn(32, 16, generator=gen) * 0.3, "W2": torch.randn(16, 8, generator=gen) * 0.3}
+    save_tensors(tmp_path / "in.safetensors", vals)
+    done = xg("xgrun", str(engine), "--nproc", "2", "--device", "cuda", "--inputs", str(tmp_path / "in.safetensors"),
+              "--output", str(tmp_path / "o.safetensors"), "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["executor"] == "pipeline-cuda" and summary["comm"]["microbatches"] == 4
     got = load_tensors(tmp_path / "o.safetensors")
     ref = Engine.load(engine).run(vals, float64=True).tensors
     for name, want in ref.items():

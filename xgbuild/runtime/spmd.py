@@ -166,40 +166,43 @@ class SpmdExecutor:
         return RunOutput(outs, [])
 
     def _run_stages(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> RunOutput:
-        """A pipeline plan's part on this rank (ir/stages.py): the nodes placed here and the free
-        ones they read, in graph order; values cross GPUs by point-to-point sends, posted for each
-        pair of ranks in the order both agree on, so they always pair up. Outputs arrive on rank 0
-        (other ranks return the outputs they computed)."""
-        self.ops.memo = {}
+        """A pipeline plan's part on this rank (ir/stages.py): its tasks in order (with
+        microbatches, each per-microbatch node once per microbatch, stage by stage overlapping);
+        values cross GPUs by point-to-point sends, posted for each pair of ranks in the order both
+        agree on, so they always pair up. Outputs arrive on rank 0 (other ranks return the outputs
+        they computed)."""
         self.name = "pipeline-" + ("cuda" if self.group.device.startswith("cuda") else "cpu")
         rank = self.group.rank
         plan = stage_plan(graph, rank, self.group.world)
-        outputs = tree_ids(graph.output)
-        vals: dict[int, torch.Tensor] = {}
-        arrived: dict[int, tuple] = {}
+        g, parts = plan.graph, plan.parts
+        outputs = tree_ids(g.output)
+        vals: dict[tuple, torch.Tensor] = {}
+        arrived: dict[tuple, tuple] = {}
         sent: list = []
+        memos: dict = {}
         cursor = {peer: 0 for peer in plan.pairs}
-        comm = {"collectives": 0, "wait_ms": 0.0, "issue_ms": 0.0, "sends": 0, "bytes_sent": 0}
+        comm = {"collectives": 0, "wait_ms": 0.0, "issue_ms": 0.0, "sends": 0, "bytes_sent": 0,
+                "microbatches": parts, "tasks": len(plan.tasks)}
         t_start = time.perf_counter()
         device = torch.device(self.group.device) if self.group.device != "cpu" else torch.device("cpu")
 
         def post(peer: int, upto: int) -> None:
             """Post this pair's transfers up to `upto` (receives start at once; a send's value is
-            computed by then: the agreed order is graph order, which this rank runs in)."""
+            computed by then: ir/stages.py orders them so)."""
             seq = plan.pairs[peer]
             while cursor[peer] <= upto:
                 t: Transfer = seq[cursor[peer]]
                 cursor[peer] += 1
-                node = graph.node(t.value)
+                node = g.node(t.value)
                 t0 = time.perf_counter()
                 try:
                     if t.dst == rank:
                         dtype = self.ops.dtype(node.dtype)
                         buf = torch.empty(tuple(node.shape), dtype=torch.uint8 if dtype is torch.bool else dtype,
                                           device=device)
-                        arrived[t.value] = (dist.irecv(buf, src=peer, tag=t.seq), buf, dtype)
+                        arrived[t.key] = (dist.irecv(buf, src=peer, tag=t.seq), buf, dtype)
                     else:
-                        x = vals[t.value]
+                        x = vals[t.key]
                         wire = (x.to(torch.uint8) if x.dtype is torch.bool else x).contiguous()
                         sent[:] = [(w, x) for w, x in sent if not w.is_completed()]   # free what arrived
                         sent.append((dist.isend(wire, dst=peer, tag=t.seq), wire))
@@ -210,40 +213,48 @@ class SpmdExecutor:
                                          f"rank {rank}: {_first_line(exc)}") from None
                 comm["issue_ms"] += (time.perf_counter() - t0) * 1e3
 
-        def value(i: int) -> torch.Tensor:
-            if i not in vals and i in plan.recv:
-                t = plan.recv[i]
+        def value(key: tuple) -> torch.Tensor:
+            if key not in vals and key in plan.recv:
+                t = plan.recv[key]
                 post(t.src, t.seq)
-                work, buf, dtype = arrived.pop(i)
+                work, buf, dtype = arrived.pop(key)
                 t0 = time.perf_counter()
                 try:
                     work.wait()
                 except RuntimeError as exc:
-                    raise ExecutionError(f"receiving %{i}{_at(graph.node(i))} from GPU {t.src} failed on rank "
-                                         f"{rank}: {_first_line(exc)}") from None
+                    raise ExecutionError(f"receiving %{key[0]}{_at(g.node(key[0]))} from GPU {t.src} failed on "
+                                         f"rank {rank}: {_first_line(exc)}") from None
                 comm["wait_ms"] += (time.perf_counter() - t0) * 1e3
                 comm["collectives"] += 1
-                vals[i] = buf.to(torch.bool) if dtype is torch.bool else buf
-            return vals[i]
+                vals[key] = buf.to(torch.bool) if dtype is torch.bool else buf
+            return vals[key]
 
-        last_use = {i: nid for nid in plan.run for i in graph.node(nid).inputs}
-        keep = set(outputs) | set(plan.send)
+        remaining: dict[tuple, int] = {}          # reads left of each value here (to free it)
+        for nid, m in plan.tasks:
+            for key in plan.needs(nid, m):
+                remaining[key] = remaining.get(key, 0) + 1
+        keep = {(i, None) for i in outputs} | set(plan.send)
         with torch.no_grad(), (device if device.type == "cuda" else nullcontext()):
-            for nid in plan.run:
-                n = graph.node(nid)
-                args = [value(i) for i in n.inputs]
-                vals[nid] = args[0] if n.op is Op.STAGE else self.compute(n, args, inputs)
-                for t in plan.send.get(nid, ()):
+            for nid, m in plan.tasks:
+                n = g.node(nid)
+                reads = plan.needs(nid, m)
+                args = [value(k) for k in reads]
+                self.ops.memo = memos.setdefault(m, {})
+                vals[(nid, m)] = self._task(n, m, parts, args, inputs)
+                for t in plan.send.get((nid, m), ()):
                     post(t.dst, t.seq)
                 if not self.check:
-                    for i in n.inputs:
-                        if last_use.get(i) == nid and i not in keep:
-                            vals.pop(i, None)
-            outs = {i: value(i) for i in outputs if rank == 0 or i in vals}
+                    for key in reads:
+                        remaining[key] -= 1
+                        if not remaining[key] and key not in keep:
+                            vals.pop(key, None)
+            # Keyed by the engine graph's output ids (the microbatched graph has its own).
+            outs = {orig: value((i, None)) for orig, i in zip(tree_ids(graph.output), outputs)
+                    if rank == 0 or (i, None) in vals}
             for peer, seq in plan.pairs.items():     # nothing should be left; post it anyway, in order
                 post(peer, len(seq) - 1)
-            for i in list(arrived):
-                value(i)
+            for key in list(arrived):
+                value(key)
             t0 = time.perf_counter()
             for work, _wire in sent:
                 try:
@@ -256,14 +267,28 @@ class SpmdExecutor:
         if self.check and rank == 0:
             bad = [i for i, v in outs.items() if v.dtype.is_floating_point and not bool(torch.isfinite(v).all())]
             if bad:
-                try:
-                    self.ops.guard(graph, vals)          # traced here if every step ran on this rank
-                except KeyError:
-                    pass
-                raise ExecutionError(f"check failed: output %{bad[0]} holds NaN/Inf; it was computed on another "
-                                     "GPU: run the engine in one process (`xgrun` without --nproc) to trace "
-                                     "its origin")
+                raise ExecutionError(f"check failed: output %{bad[0]} holds NaN/Inf; run the engine in one process "
+                                     "(`xgrun` without --nproc) to trace its origin op by op")
         return RunOutput(outs, [])
+
+    def _task(self, n: Node, m: int | None, parts: int, args: list[torch.Tensor],
+              inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Node `n` for microbatch `m` (None: once). Combinations act over microbatches
+        (ir/microbatch.py): `args` holds every microbatch's piece where the node reads them all."""
+        op = n.op
+        if op is Op.STAGE:
+            return args[0]
+        if op is Op.SHARD:
+            return args[0].chunk(parts, n.attr("dim"))[m]
+        if op is Op.ALL_GATHER:
+            return torch.cat(args, n.attr("dim"))
+        if op is Op.ALL_REDUCE:
+            return torch.stack(args).sum(0)
+        if op is Op.REDUCE_SCATTER:
+            return torch.stack(args).sum(0).chunk(parts, n.attr("dim"))[m]
+        if op is Op.ALL_TO_ALL:
+            return torch.cat(args, n.attr("src")).chunk(parts, n.attr("dim"))[m]
+        return self.compute(n, args, inputs)
 
     def _waiter(self, n: Node, work, finish: Callable[[], torch.Tensor], comm: dict) -> Callable[[], torch.Tensor]:
         """What a consumer of collective `n` calls: wait for the transfer (errors name this rank),

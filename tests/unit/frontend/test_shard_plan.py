@@ -81,6 +81,19 @@ def test_the_plan_is_kept_in_the_engine(tmp_path: Path) -> None:
     ('[regions.layer1]\nstage = 1\n[regions.mlp]\nstrategy = "tensor"\nshard = { w1 = 1 }\n', "XG0507",
      "pipeline stages with data or tensor parallelism"),
     ('[regions.layer1]\nstage = 1\n[values]\nX = 0\n', "XG0507", "`[values]` splits `X`"),
+    ('[pipeline]\nmicrobatches = 2\nsplit = { X = 0 }\n', "XG0506", "microbatches need pipeline regions"),
+    ('[regions.layer1]\nstage = 1\n[pipeline]\nmicrobatches = 0\nsplit = { X = 0 }\n', "XG0506",
+     "`microbatches` must be a positive integer"),
+    ('[regions.layer1]\nstage = 1\n[pipeline]\nmicrobatches = 2\n', "XG0506", "`split` names no input"),
+    ('[regions.layer1]\nstage = 1\n[pipeline]\nsplit = { X = 0 }\n', "XG0506", "needs `microbatches`"),
+    ('[regions.layer1]\nstage = 1\n[pipeline]\nmicrobatches = 2\nsplit = { Z = 0 }\n', "XG0505",
+     "splits `Z` into microbatches"),
+    ('[regions.layer1]\nstage = 1\n[pipeline]\nmicrobatches = 3\nsplit = { X = 0 }\n', "XG0506",
+     "3 microbatches do not divide"),
+    ('[regions.layer1]\nstage = 1\n[pipeline]\nmicrobatches = 2\nsplit = { X = 2 }\n', "XG0506",
+     "has 2 dimensions"),
+    ('[regions.layer1]\nstage = 1\n[pipeline]\nmicrobatches = 2\nsplit = { X = 0 }\nsched = 1\n', "XG0506",
+     "unknown key `sched`"),
     ('[regions.layer1]\nstrategy = "fast"\n', "XG0506", "strategy 'fast'"),
     ('[regions.layer1]\nstrategy = "tensor"\n', "XG0506", "splits nothing"),
     ('[regions.layer1]\nstrategy = "replicated"\naxis = 1\n', "XG0506", "`axis` does not apply"),
@@ -88,7 +101,8 @@ def test_the_plan_is_kept_in_the_engine(tmp_path: Path) -> None:
     ('[values\n', "XG0506", "not TOML"),
 ], ids=["region", "param", "value", "indivisible", "pipeline-no-stage", "data-workers", "stage-of-2-gpus",
         "stage-too-high", "stage-and-workers", "negative-stage", "pipeline-key", "pipeline-and-tensor",
-        "pipeline-and-split", "strategy", "tensor-empty", "key", "top-key", "toml"])
+        "pipeline-and-split", "micro-no-regions", "micro-zero", "micro-no-split", "split-no-micro",
+        "micro-unknown-input", "micro-indivisible", "micro-dim", "micro-key", "strategy", "tensor-empty", "key", "top-key", "toml"])
 def test_bad_plans_are_rejected_with_a_code(tmp_path: Path, text: str, code: str, words: str) -> None:
     msg = error(tmp_path, text)
     assert msg.startswith(f"error[{code}]") and words in msg and "plan.toml" in msg, msg

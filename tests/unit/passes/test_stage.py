@@ -12,7 +12,7 @@ from xgbuild.compiler.driver import compile_file, compile_source
 from xgbuild.compiler.frontend import CheckOptions
 from xgbuild.compiler.frontend.shard_plan import load_plan
 from xgbuild.compiler.ir.graph import Op, tree_ids
-from xgbuild.compiler.ir.stages import infer_stages, stage_plan
+from xgbuild.compiler.ir.stages import infer_stages, stage_plan, stage_plans
 from xgbuild.compiler.passes.shard import footprint, plan_lines, plan_of
 from xgbuild.errors import CompileError
 from xgbuild.runtime.cpu import CpuExecutor
@@ -70,37 +70,95 @@ def test_ranks_agree_on_the_order_of_their_transfers() -> None:
     pos = {n.id: k for k, n in enumerate(g.nodes)}
     for p in plans:                                     # a rank runs its nodes in graph order
         assert [pos[i] for i in p.run] == sorted(pos[i] for i in p.run)
-        assert not set(p.run) & set(p.recv)
-    assert all(tree_ids(g.output)[k] in set(plans[0].run) | set(plans[0].recv) for k in range(len(tree_ids(g.output))))
+        assert not set(p.tasks) & set(p.recv)
+    assert all((i, None) in set(plans[0].tasks) | set(plans[0].recv) for i in tree_ids(g.output))
 
 
-def test_every_rank_run_in_one_process_gives_the_whole_programs_result() -> None:
-    # Each rank's part, run in turn with transfers copied between them, equals one process's run.
-    c = compiled(REPO_ROOT / "models" / "plans" / "train_pipeline.toml", REPO_ROOT / "models" / "train.xg", 2)
-    g = c.optimized.main
-    inputs = train_values(g)
+def run_ranks_in_turn(g, world: int, inputs: dict) -> dict[int, torch.Tensor]:
+    """Every rank's tasks run in one process, each rank going as far as the values it has received
+    allow (a value is there once its sender computed it), with combinations over microbatches done
+    as the runtime does; returns rank 0's outputs by the engine graph's output ids."""
+    from xgbuild.runtime.spmd import Group, SpmdExecutor
+    ex = SpmdExecutor(Group(0, world), float64=True, check=False)
+    plans = stage_plans(g, world)
+    mg = plans[0].graph
+    vals: list[dict] = [{} for _ in range(world)]
+    idx = [0] * world
+    while any(idx[r] < len(plans[r].tasks) for r in range(world)):
+        progressed = False
+        for r, plan in enumerate(plans):
+            while idx[r] < len(plan.tasks):
+                nid, m = plan.tasks[idx[r]]
+                reads = plan.needs(nid, m)
+                have = [vals[r].get(k) if k not in plan.recv else vals[plan.recv[k].src].get(k) for k in reads]
+                if any(v is None for v in have):
+                    break
+                vals[r][(nid, m)] = ex._task(mg.node(nid), m, plan.parts, have, inputs)
+                idx[r] += 1
+                progressed = True
+        assert progressed, "the ranks' tasks wait on each other"
+    out = {}
+    for orig, i in zip(tree_ids(g.output), tree_ids(mg.output)):
+        key = (i, None)
+        out[orig] = vals[0][key] if key not in plans[0].recv else vals[plans[0].recv[key].src][key]
+    return out
+
+
+def whole_run(g, inputs: dict) -> dict[int, torch.Tensor]:
     ex = CpuExecutor(float64=True, check=False, timings=False)
     whole: dict[int, torch.Tensor] = {}
     for n in g.nodes:
         whole[n.id] = ex.eval(n, [whole[i] for i in n.inputs], inputs)
-    got: dict[int, dict[int, torch.Tensor]] = {0: {}, 1: {}}
-    plans = [stage_plan(g, r, 2) for r in range(2)]
-    pending = {r: list(plans[r].run) for r in range(2)}
-    while any(pending.values()):           # run whatever is ready on each rank: no deadlock
-        progressed = False
-        for r in range(2):
-            while pending[r]:
-                n = g.node(pending[r][0])
-                if any(i not in got[r] and i in plans[r].recv and i not in got[1 - r] for i in n.inputs):
-                    break
-                args = [got[r][i] if i in got[r] else got[1 - r][i] for i in n.inputs]
-                got[r][n.id] = ex.eval(n, args, inputs)
-                pending[r].pop(0)
-                progressed = True
-        assert progressed
-    for i in tree_ids(g.output):
-        value = got[0].get(i, got[1].get(i))
-        assert torch.equal(value, whole[i])
+    return {i: whole[i] for i in tree_ids(g.output)}
+
+
+@pytest.mark.parametrize("plan,world,micro", [("train_pipeline", 2, 1), ("train_pipeline4", 4, 1),
+                                              ("train_pipeline", 2, 4), ("train_pipeline4", 4, 2)])
+def test_every_rank_run_in_turn_gives_the_whole_programs_result(tmp_path: Path, plan: str, world: int,
+                                                                micro: int) -> None:
+    text = (REPO_ROOT / "models" / "plans" / f"{plan}.toml").read_text().split("[pipeline]")[0]
+    if micro > 1:   # the model has no batch dim: its 32 tokens go in microbatches (attention gathers them)
+        text += f"\n[pipeline]\nmicrobatches = {micro}\nsplit = {{ TOKENS = 0, TARGETS = 0 }}\n"
+    (tmp_path / "p.toml").write_text(text)
+    g = compiled(tmp_path / "p.toml", REPO_ROOT / "models" / "train.xg", world).optimized.main
+    inputs = train_values(g)
+    got, want = run_ranks_in_turn(g, world, inputs), whole_run(g, inputs)
+    for i, w in want.items():
+        err = float((got[i].double() - w).norm() / max(float(w.norm()), 1e-30))
+        assert err < 1e-12 if micro == 1 else err < 1e-9, (i, err)
+
+
+def test_microbatches_overlap_the_stages_gpipe_style() -> None:
+    g = compiled(REPO_ROOT / "examples" / "pipeline.toml").optimized.main
+    plans = stage_plans(g, 2)
+    first, last = plans
+    assert first.parts == 4
+    mg = first.graph
+    # GPU 0: every microbatch's forward before any backward; GPU 1: each microbatch's forward and
+    # backward in turn. The activations go over one microbatch at a time, and so do their gradients.
+    fwd = [m for nid, m in first.tasks if mg.node(nid).op is Op.RELU]
+    bwd = [m for nid, m in first.tasks if mg.node(nid).op is Op.WHERE]
+    assert fwd == [0, 1, 2, 3] and bwd == [0, 1, 2, 3]
+    assert first.tasks.index(next(t for t in first.tasks if mg.node(t[0]).op is Op.WHERE)) > \
+        first.tasks.index(next(t for t in first.tasks if mg.node(t[0]).op is Op.RELU and t[1] == 3))
+    sent = [t for t in first.pairs[1] if t.src == 0]
+    assert [t.mb for t in sent] == [0, 1, 2, 3]
+    back = [t for t in first.pairs[1] if t.src == 1 and t.mb is not None]
+    assert [t.mb for t in back] == [0, 1, 2, 3]
+    mm = [(nid, m) for nid, m in last.tasks if mg.node(nid).op is Op.MATMUL]
+    assert [m for _, m in mm][:3] == [0, 0, 0]          # forward, then both backward products of microbatch 0
+    # Weight gradients add up over microbatches once: one all_reduce/reduce_scatter family per weight.
+    assert sum(1 for nid, m in last.tasks if mg.node(nid).op is Op.ALL_REDUCE) == 1
+
+
+def test_microbatches_equal_the_whole_batch(rand=None) -> None:
+    g = compiled(REPO_ROOT / "examples" / "pipeline.toml").optimized.main
+    gen = torch.Generator().manual_seed(5)
+    inputs = {name: torch.randn(tuple(g.node(nid).shape), generator=gen, dtype=torch.float64)
+              for name, nid in g.inputs}
+    got, want = run_ranks_in_turn(g, 2, inputs), whole_run(g, inputs)
+    for i, w in want.items():
+        assert float((got[i] - w).norm() / w.norm()) < 1e-12
 
 
 def test_each_gpu_holds_only_its_stage() -> None:

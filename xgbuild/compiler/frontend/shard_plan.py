@@ -16,6 +16,9 @@ The declarative form of the GT2 seed's signal configs. A plan maps names to stra
     [regions.head]
     strategy = "pipeline"
     stage = 1                      # pipeline: the GPU (rank) that runs the region (`workers = [1]`)
+    [pipeline]                     # with pipeline regions: stages overlap on microbatches
+    microbatches = 4
+    split = { X = 0 }              # the inputs split into microbatches, and along which dim
 
 Owns: reading and validating the file (XG0506, XG0507) and checking its names against a checked
 program (XG0505 unknown, XG0503 conflicting with the source's shards, XG0500 indivisible). Lowering
@@ -67,6 +70,8 @@ class ShardingPlan:
     num_gpu: int | None
     values: tuple[tuple[str, int | None], ...]  # None: replicated
     regions: tuple[RegionPlan, ...]
+    microbatches: int = 1                         # [pipeline]
+    micro_split: tuple[tuple[str, int], ...] = ()
 
     @property
     def sha256(self) -> str:
@@ -102,10 +107,10 @@ def load_plan(path: Path | str) -> ShardingPlan:
         doc = tomllib.loads(raw.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise plan_error(PLAN_BAD, f"the sharding plan is not TOML: {exc}", path.name) from None
-    unknown = set(doc) - {"num_gpu", "values", "regions"}
+    unknown = set(doc) - {"num_gpu", "values", "regions", "pipeline"}
     if unknown:
         raise plan_error(PLAN_BAD, f"unknown key `{sorted(unknown)[0]}`", path.name,
-                         "a plan has `num_gpu`, a `[values]` table and `[regions.NAME]` tables")
+                         "a plan has `num_gpu`, a `[values]` table, `[regions.NAME]` tables and a `[pipeline]` table")
     num_gpu = doc.get("num_gpu")
     if num_gpu is not None and (not isinstance(num_gpu, int) or isinstance(num_gpu, bool) or num_gpu < 1):
         raise plan_error(PLAN_BAD, f"`num_gpu` must be a positive integer, got {num_gpu!r}", path.name)
@@ -119,7 +124,30 @@ def load_plan(path: Path | str) -> ShardingPlan:
             raise plan_error(PLAN_BAD, f"`values.{name}` must be a dimension (0, 1, ...) or \"replicated\", "
                              f"got {v!r}", path.name)
     regions = [_region(name, body, path.name) for name, body in _table(doc, "regions", path.name).items()]
-    return ShardingPlan(path.name, raw, num_gpu, tuple(sorted(values)), tuple(sorted(regions, key=lambda r: r.name)))
+    micro, split = _pipeline_table(_table(doc, "pipeline", path.name), f"{path.name}: [pipeline]")
+    if (micro > 1 or split) and not any(r.strategy == "pipeline" for r in regions):
+        raise plan_error(PLAN_BAD, "`[pipeline]` microbatches need pipeline regions", f"{path.name}: [pipeline]",
+                         "place regions on GPUs: `[regions.NAME]` with `stage = K`")
+    return ShardingPlan(path.name, raw, num_gpu, tuple(sorted(values)), tuple(sorted(regions, key=lambda r: r.name)),
+                        micro, split)
+
+
+def _pipeline_table(body: dict, at: str) -> tuple[int, tuple[tuple[str, int], ...]]:
+    extra = sorted(set(body) - {"microbatches", "split"})
+    if extra:
+        raise plan_error(PLAN_BAD, f"unknown key `{extra[0]}` in `[pipeline]`", at, "keys: `microbatches`, `split`")
+    micro = body.get("microbatches", 1)
+    if not _index(micro) or micro < 1:
+        raise plan_error(PLAN_BAD, f"`microbatches` must be a positive integer, got {micro!r}", at)
+    split = body.get("split", {})
+    if not isinstance(split, dict) or not all(_index(d) for d in split.values()):
+        raise plan_error(PLAN_BAD, "`split` must map inputs to dimensions: `split = { X = 0 }`", at)
+    if micro > 1 and not split:
+        raise plan_error(PLAN_BAD, f"{micro} microbatches of what? `split` names no input", at,
+                         "say which inputs hold the batch, and along which dim: `split = { X = 0, Y = 0 }`")
+    if split and micro == 1:
+        raise plan_error(PLAN_BAD, "`split` needs `microbatches` of at least 2", at)
+    return micro, tuple(sorted(split.items()))
 
 
 def _table(doc: dict, key: str, where: str) -> dict:
@@ -254,6 +282,20 @@ def _check_pipeline(plan: ShardingPlan, typed, num_gpu: int) -> None:
         raise plan_error(PLAN_PIPELINE, f"pipeline stages with data or tensor parallelism: {what}", where,
                          "a pipeline plan places whole regions on GPUs; splitting inside a stage is not "
                          "supported yet")
+    for name, dim in plan.micro_split:
+        at = f"{plan.name}: [pipeline] split.{name}"
+        ty = typed.externals.get(name)
+        if ty is None:
+            raise plan_error(PLAN_UNKNOWN, f"the plan splits `{name}` into microbatches, which is not an input of "
+                             "the program", at, "inputs: " + (", ".join(f"`{n}`" for n in sorted(typed.externals))
+                                                          or "none"))
+        shape = getattr(ty, "shape", ())
+        if dim >= len(shape):
+            raise plan_error(PLAN_BAD, f"`{name}` has {len(shape)} dimensions; the plan splits dimension {dim}", at)
+        if isinstance(shape[dim], int) and shape[dim] % plan.microbatches:
+            raise plan_error(PLAN_BAD, f"dimension {dim} of `{name}` has size {shape[dim]}, which "
+                             f"{plan.microbatches} microbatches do not divide", at,
+                             "choose a number of microbatches that divides the batch")
     for r in plan.regions:
         if r.strategy == "pipeline" and r.stage >= num_gpu:
             raise plan_error(PLAN_BAD, f"region `{r.name}` is placed on GPU {r.stage}, but the engine has "

@@ -58,6 +58,8 @@ class Op(str, Enum):
     # pipeline stages (passes/stage.py, ir/stages.py): identity within one process
     STAGE = "stage"            # attrs: stage: from here on, the value is used on GPU `stage`; before
                                # passes/stage.py also (g, x) with no attr: g goes where x lives (a VJP)
+    MICROBATCH = "microbatch"  # attrs: dim, parts: a pipeline splits this input into `parts` microbatches
+                               # along dim (ir/microbatch.py)
 
 
 UNARY = {Op.NEG, Op.NOT, Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.SIGMOID, Op.TANH, Op.GELU, Op.SILU,
@@ -66,7 +68,7 @@ BINARY = {Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MOD, Op.EQ, Op.NE, Op.LT, Op.LE, Op
           Op.OR, Op.MAXIMUM, Op.MINIMUM}
 COMPARE = {Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE}
 REDUCE = {Op.SUM, Op.MEAN, Op.MAX, Op.MIN}
-COLLECTIVE = {Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL, Op.STAGE}
+COLLECTIVE = {Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL, Op.STAGE, Op.MICROBATCH}
 
 
 @dataclass(frozen=True)

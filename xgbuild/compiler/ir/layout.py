@@ -208,7 +208,7 @@ def rules(node: Node, ins: list[Node], n: int | None) -> list[Rule]:
         return _index(node, ins, n)
     if op is Op.GATHER:
         return _gather(node, ins, n)
-    if op is Op.STAGE:          # a placement marker: any layout passes through
+    if op in (Op.STAGE, Op.MICROBATCH):     # markers: any layout passes through
         return [((R,), R), ((P,), P)] + [((S(e),), S(e)) for e in range(len(node.shape))]
     return [(tuple(R for _ in ins), R)]      # RANDN, RAND: on whole values (the same on every rank)
 

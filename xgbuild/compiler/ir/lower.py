@@ -140,6 +140,12 @@ class FunctionLowering:
                 self.env[name] = (nid, ty)
             for name, dim in (self.plan.values if self.plan else ()):
                 self.split(name, dim, None)
+            for name, dim in (self.plan.micro_split if self.plan else ()):
+                value, ty = self.env[name]
+                if isinstance(value, int):          # ir/microbatch.py: split in time by a pipeline run
+                    n = self.b.node(value)
+                    self.env[name] = (self.b.add(Op.MICROBATCH, (value,), n.dtype, n.shape,
+                                                 attrs_of(dim=dim, parts=self.plan.microbatches), None), ty)
         else:
             for pname, ptype in self.sig.params:
                 self.env[pname] = (self.param(ptype), ptype)

@@ -40,88 +40,203 @@ def infer_stages(graph: Graph) -> dict[int, int | None]:
     return st
 
 
+Key = tuple    # (node id, microbatch) in the microbatched graph; microbatch None: a value made once
+
+
 @dataclass(frozen=True)
 class Transfer:
-    value: int          # the node id sent
+    value: int          # the node id sent (in the microbatched graph)
+    mb: int | None      # its microbatch (None: a value made once)
     src: int            # the rank that computes it
     dst: int            # the rank that reads it
     seq: int            # its place among the transfers between src and dst (both directions)
 
+    @property
+    def key(self) -> Key:
+        return (self.value, self.mb)
+
 
 @dataclass
 class RankPlan:
-    """One rank's part of a staged graph."""
+    """One rank's part of a staged graph (`graph`: microbatched, ir/microbatch.py)."""
     rank: int
-    run: list[int]                                     # node ids this rank computes, graph order
-    recv: dict[int, Transfer] = field(default_factory=dict)    # value -> how it arrives here
-    send: dict[int, list[Transfer]] = field(default_factory=dict)   # value -> where it goes
+    graph: Graph
+    parts: int                                         # microbatches (1: none)
+    per_microbatch: frozenset
+    tasks: list[Key] = field(default_factory=list)     # what this rank computes, in order
+    recv: dict[Key, Transfer] = field(default_factory=dict)        # value -> how it arrives here
+    send: dict[Key, list[Transfer]] = field(default_factory=dict)  # value -> where it goes
     pairs: dict[int, list[Transfer]] = field(default_factory=dict)  # peer -> transfers, agreed order
+
+    @property
+    def run(self) -> list[int]:
+        """The nodes this rank computes (each once, in order)."""
+        return list(dict.fromkeys(nid for nid, _ in self.tasks))
+
+    def needs(self, nid: int, mb: int | None) -> list[Key]:
+        """The values task (nid, mb) reads."""
+        n = self.graph.node(nid)
+        every = n.op in ALL_PARTS or mb is None
+        out: list[Key] = []
+        for i in n.inputs:
+            if i not in self.per_microbatch:
+                out.append((i, None))
+            elif every:
+                out.extend((i, m) for m in range(self.parts))
+            else:
+                out.append((i, mb))
+        return out
+
+
+# Combinations over microbatches that read every microbatch's piece of their input.
+ALL_PARTS = (Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL)
 
 
 def stage_plan(graph: Graph, rank: int, world: int) -> RankPlan:
-    st = infer_stages(graph)
-    outputs = tree_ids(graph.output)
-    pos = {n.id: k for k, n in enumerate(graph.nodes)}
-    # Every (value, src, dst) that crosses GPUs: a placed value read by a node on another GPU, or
-    # an output computed away from rank 0.
-    crossings: set[tuple[int, int, int]] = set()
-    for n in graph.nodes:
+    return stage_plans(graph, world)[rank]
+
+
+def stage_plans(graph: Graph, world: int) -> list[RankPlan]:
+    """Every rank's part. Each rank runs its nodes, and the free ones it needs, in graph order;
+    with microbatches, runs of per-microbatch nodes go microbatch by microbatch, and a run ends
+    where a node waits for a value that comes back from another GPU after this one sent it (the
+    backward pass) or reads every microbatch: stage k runs all forward microbatches, then the
+    backward ones (GPipe), overlapping the other stages. A simulation of all ranks in step gives
+    each transfer its time; every pair posts its transfers in that order, which each side reaches
+    in its own order of work, so sends and receives pair up."""
+    from .microbatch import microbatch_graph
+    mb = microbatch_graph(graph)
+    g, parts, per = mb.graph, mb.parts, mb.per_microbatch
+    st = infer_stages(g)
+    outputs = tree_ids(g.output)
+    plans = [RankPlan(r, g, parts, per) for r in range(world)]
+    # Which values cross GPUs (any microbatch of them), and to where.
+    cross: dict[int, set[int]] = {}
+    for n in g.nodes:
         here = st[n.id]
         if here is None:
             continue
         for i in n.inputs:
             if st[i] is not None and st[i] != here:
-                crossings.add((i, st[i], here))
+                cross.setdefault(i, set()).add(here)
     for i in outputs:
         if st[i] not in (None, 0):
-            crossings.add((i, st[i], 0))
-    by_pair: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
-    for v, a, b in sorted(crossings, key=lambda c: (pos[c[0]], c[2])):
-        by_pair.setdefault((min(a, b), max(a, b)), []).append((v, a, b))
-    plan = RankPlan(rank, [])
-    for (lo, hi), items in by_pair.items():
-        if rank not in (lo, hi):
-            continue
-        peer = hi if rank == lo else lo
-        seq = [Transfer(v, a, b, k) for k, (v, a, b) in enumerate(items)]
-        plan.pairs[peer] = seq
-        for t in seq:
-            if t.dst == rank:
-                plan.recv[t.value] = t
+            cross.setdefault(i, set()).add(0)
+    # The stages each value depends on (a value received back after this GPU's own sends closes a
+    # round trip: the forward/backward boundary).
+    anc: dict[int, frozenset] = {}
+    for n in g.nodes:
+        a: set[int] = set()
+        for i in n.inputs:
+            a |= anc[i]
+            if st[i] is not None:
+                a.add(st[i])
+        anc[n.id] = frozenset(a)
+    after_per: dict[int, bool] = {}              # depends on some per-microbatch value
+    for n in g.nodes:
+        after_per[n.id] = any(i in per or after_per[i] for i in n.inputs)
+    for plan in plans:
+        r = plan.rank
+        need: set[int] = set()
+        stack = [n.id for n in g.nodes if st[n.id] == r] + ([i for i in outputs if st[i] is None] if r == 0 else [])
+        while stack:
+            i = stack.pop()
+            if i in need:
+                continue
+            need.add(i)
+            if st[i] is None or st[i] == r:
+                stack.extend(j for j in g.node(i).inputs if not (st[j] is not None and st[j] != r))
+        run = [n.id for n in g.nodes if n.id in need and (st[n.id] is None or st[n.id] == r)]
+        seg: list[int] = []
+
+        def flush() -> None:
+            plan.tasks.extend((nid, m) for m in range(parts) for nid in seg)
+            seg.clear()
+        for nid in run:
+            n = g.node(nid)
+            if nid not in per and not after_per[nid]:
+                plan.tasks.append((nid, None))       # needs no microbatch: runs ahead, no barrier
+                continue
+            if nid in per:
+                back = any(st[i] is not None and st[i] != r and r in anc[i] for i in n.inputs)
+                if n.op in ALL_PARTS or (back and seg):
+                    flush()
+                seg.append(nid)
             else:
-                plan.send.setdefault(t.value, []).append(t)
-    # What this rank computes: its own nodes, and the free nodes they (or, on rank 0, the outputs) read.
-    need: set[int] = set()
-    stack = [n.id for n in graph.nodes if st[n.id] == rank]
-    if rank == 0:
-        stack += [i for i in outputs if st[i] is None]
-    while stack:
-        i = stack.pop()
-        if i in need:
-            continue
-        need.add(i)
-        if st[i] is None or st[i] == rank:
-            stack.extend(j for j in graph.node(i).inputs if j not in plan.recv)
-    plan.run = [n.id for n in graph.nodes if n.id in need and n.id not in plan.recv]
-    return plan
+                flush()
+                plan.tasks.append((nid, None))
+        flush()
+    # Simulate the ranks in step (one time unit per task) to time each transfer.
+    sent_at: dict[Key, int] = {}
+    idx, clock = [0] * world, [0] * world
+    events: list[tuple[int, int, int, Key]] = []       # (time, src, graph position, key)
+    pos = {n.id: k for k, n in enumerate(g.nodes)}
+    while any(idx[r] < len(plans[r].tasks) for r in range(world)):
+        moved = False
+        for r in range(world):
+            plan = plans[r]
+            while idx[r] < len(plan.tasks):
+                nid, m = plan.tasks[idx[r]]
+                remote = [k for k in plan.needs(nid, m) if st[k[0]] is not None and st[k[0]] != r]
+                if any(k not in sent_at for k in remote):
+                    break
+                clock[r] = max([clock[r], *(sent_at[k] for k in remote)]) + 1
+                if nid in cross:
+                    sent_at[(nid, m)] = clock[r]
+                    events.append((clock[r], r, pos[nid], (nid, m)))
+                idx[r] += 1
+                moved = True
+        if not moved:
+            stuck = {r: plans[r].tasks[idx[r]] for r in range(world) if idx[r] < len(plans[r].tasks)}
+            raise RuntimeError(f"internal: the pipeline schedule cannot go on (rank: next task {stuck})")
+    by_pair: dict[tuple[int, int], list[Transfer]] = {}
+    for _t, src, _p, (nid, m) in sorted(events, key=lambda e: (e[0], e[1], e[2], -1 if e[3][1] is None else e[3][1])):
+        for dst in sorted(cross[nid]):
+            pair = (min(src, dst), max(src, dst))
+            seq = by_pair.setdefault(pair, [])
+            seq.append(Transfer(nid, m, src, dst, len(seq)))
+    for (lo, hi), seq in by_pair.items():
+        for r, peer in ((lo, hi), (hi, lo)):
+            plans[r].pairs[peer] = seq
+            for t in seq:
+                if t.dst == r:
+                    plans[r].recv[t.key] = t
+                else:
+                    plans[r].send.setdefault(t.key, []).append(t)
+    return plans
 
 
 def stage_summary(graph: Graph, world: int) -> dict:
-    """The placement as data (manifest, inspect, --emit ir-opt): nodes per GPU and what each
-    pair of GPUs sends, in bytes."""
+    """The placement as data (manifest, inspect, --emit ir-opt): nodes per GPU, microbatches, and
+    what each pair of GPUs sends (per value: how many times, and bytes in all)."""
     from .layout import nbytes
     st = infer_stages(graph)
-    nodes = [sum(1 for n in graph.nodes if st[n.id] == k and n.op is not Op.STAGE) for k in range(world)]
+    nodes = [sum(1 for n in graph.nodes if st[n.id] == k and n.op not in (Op.STAGE, Op.MICROBATCH))
+             for k in range(world)]
     free = sum(1 for n in graph.nodes if st[n.id] is None and n.op not in (Op.INPUT, Op.CONST))
-    sends = []
-    for a in range(world):
-        plan = stage_plan(graph, a, world)
-        for v, ts in plan.send.items():
+    plans = stage_plans(graph, world)
+    g = plans[0].graph
+    known_ids = {n.id for n in graph.nodes}
+
+    def shown(v: int) -> int:
+        """The node of `graph` a value of the microbatched graph comes from (a combination over
+        microbatches has a fresh id: name what it combines)."""
+        while v not in known_ids and g.node(v).inputs:
+            v = g.node(v).inputs[0]
+        return v
+    sends: dict[tuple[int, int, int], dict] = {}
+    for plan in plans:
+        for ts in plan.send.values():
             for t in ts:
-                node = graph.node(v)
-                sends.append({"id": v, "from": t.src, "to": t.dst, "bytes": nbytes(node),
-                              "line": node.src[0] if node.src else None})
-    sends.sort(key=lambda s: (s["from"], s["to"], s["id"]))
-    known = [s["bytes"] for s in sends if s["bytes"] is not None]
-    return {"stages": world, "nodes": nodes, "free_nodes": free, "transfers": sends,
-            "bytes_moved": sum(known), "bytes_unknown": len(known) != len(sends)}
+                node = g.node(t.value)
+                row = sends.setdefault((t.src, t.dst, t.value), {
+                    "id": shown(t.value), "from": t.src, "to": t.dst, "times": 0, "bytes": 0,
+                    "line": node.src[0] if node.src else None})
+                size = nbytes(node)
+                row["times"] += 1
+                row["bytes"] = None if size is None or row["bytes"] is None else row["bytes"] + size
+    rows = sorted(sends.values(), key=lambda s: (s["from"], s["to"], s["id"]))
+    known = [s["bytes"] for s in rows if s["bytes"] is not None]
+    return {"stages": world, "microbatches": plans[0].parts, "nodes": nodes, "free_nodes": free,
+            "transfers": rows, "tasks": [len(p.tasks) for p in plans],
+            "bytes_moved": sum(known), "bytes_unknown": len(known) != len(rows)}

@@ -12,12 +12,12 @@ from .shapes import ShapeError, infer
 _ARITY = {**{op: 1 for op in UNARY}, **{op: 2 for op in BINARY}, Op.WHERE: 3, Op.MATMUL: 2, Op.GATHER: 2,
           Op.INPUT: 0, Op.PARAM: 0, Op.CONST: 0, Op.FULL: 0, Op.RANDN: 1, Op.RAND: 1, Op.IOTA: 0, Op.TRANSPOSE: 1,
           Op.RESHAPE: 1, Op.SOFTMAX: 1, Op.LOG_SOFTMAX: 1, Op.PROJ: 1, Op.SHARD: 1,
-          Op.ALL_GATHER: 1, Op.ALL_REDUCE: 1, Op.REDUCE_SCATTER: 1, Op.ALL_TO_ALL: 1, Op.SUM: 1, Op.MEAN: 1, Op.MAX: 1, Op.MIN: 1}
+          Op.ALL_GATHER: 1, Op.ALL_REDUCE: 1, Op.REDUCE_SCATTER: 1, Op.ALL_TO_ALL: 1, Op.MICROBATCH: 1, Op.SUM: 1, Op.MEAN: 1, Op.MAX: 1, Op.MIN: 1}
 _ATTRS = {Op.INPUT: ("name",), Op.PARAM: ("index",), Op.CONST: ("value",), Op.FULL: ("value",),
           Op.TRANSPOSE: ("dim0", "dim1"), Op.INDEX: ("items",), Op.UNINDEX: ("items",), Op.CALL: ("func",), Op.PROJ: ("index",),
           Op.EXTERN: ("call", "args"),
           Op.SOFTMAX: ("dim",), Op.LOG_SOFTMAX: ("dim",), Op.SHARD: ("dim",),
-          Op.ALL_GATHER: ("dim",), Op.REDUCE_SCATTER: ("dim",), Op.ALL_TO_ALL: ("src", "dim")}
+          Op.ALL_GATHER: ("dim",), Op.REDUCE_SCATTER: ("dim",), Op.ALL_TO_ALL: ("src", "dim"), Op.MICROBATCH: ("dim", "parts")}
 DTYPES = {"bool", "int8", "int16", "int32", "int64", "uint8", "float16", "bfloat16", "float32", "float64"}
 
 

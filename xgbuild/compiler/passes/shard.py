@@ -283,7 +283,10 @@ def plan_lines(plan: dict) -> list[str]:
     n = plan["num_gpu"]
     moving = sum(1 for c in plan["collectives"] if c["op"] != "shard")
     if "pipeline" in plan and not plan["collectives"]:
-        lines = [f"pipeline plan over {n} GPUs (one stage each; nothing is split)"]
+        mb = plan["pipeline"].get("microbatches", 1)
+        lines = [f"pipeline plan over {n} GPUs (one stage each)" + (
+            f", {mb} microbatches: each GPU runs its forward pass microbatch by microbatch, then the backward "
+            "pass, overlapping the other stages" if mb > 1 else ", no microbatches: the stages run in turn")]
     else:
         lines = [f"sharding plan over {n} GPU{'s' if n > 1 else ''}: {moving} collective{'s' if moving != 1 else ''} "
                  f"and {len(plan['collectives']) - moving} local slices, "
@@ -304,13 +307,15 @@ def plan_lines(plan: dict) -> list[str]:
         lines.append(f"  output {k:<14} {lay}" + ("  (gathered to rank 0)" if lay.startswith("S") else ""))
     if "pipeline" in plan:
         pp = plan["pipeline"]
+        sends = sum(t.get("times", 1) for t in pp["transfers"])
         lines.append(f"  nodes per GPU {pp['nodes']} (+{pp['free_nodes']} computed on each GPU that uses them); "
-                     f"{len(pp['transfers'])} point-to-point sends, {_bytes(pp['bytes_moved'])} in all"
+                     f"{sends} point-to-point sends, {_bytes(pp['bytes_moved'])} in all"
                      + (" + symbolic sizes" if pp["bytes_unknown"] else "") + "; outputs end on GPU 0")
         for t in pp["transfers"]:
             moved = "? bytes (symbolic)" if t["bytes"] is None else _bytes(t["bytes"])
+            times = f" ({t['times']} microbatches)" if t.get("times", 1) > 1 else ""
             where = f"  line {t['line']}" if t["line"] else ""
-            lines.append(f"  %{t['id']:<5} send GPU {t['from']} -> GPU {t['to']}  {moved}{where}")
+            lines.append(f"  %{t['id']:<5} send GPU {t['from']} -> GPU {t['to']}  {moved}{times}{where}")
     for c in plan["collectives"]:
         moved = "? bytes (symbolic)" if c["bytes"] is None else _bytes(c["bytes"])
         where = f"  line {c['line']}" if c["line"] else ""

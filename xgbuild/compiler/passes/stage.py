@@ -17,7 +17,8 @@ from dataclasses import replace
 from ..frontend.codes import PLAN_PIPELINE
 from ..ir.graph import Graph, Op, Program, attrs_of, tree_ids, tree_map
 from ..ir.layout import nbytes
-from ..ir.stages import has_stages, infer_stages, stage_plan
+from ..ir.microbatch import microbatch_graph, microbatches
+from ..ir.stages import has_stages, infer_stages, stage_plans
 from .shard import ShardingError
 
 
@@ -35,6 +36,9 @@ def stage(program: Program) -> Program:
     nodes = []
     for n in g.nodes:
         n = replace(n, inputs=tuple(alias.get(i, i) for i in n.inputs))
+        if n.op is Op.MICROBATCH and program.num_gpu == 1:
+            alias[n.id] = n.inputs[0]               # one GPU: the whole batch at once
+            continue
         if n.op is Op.STAGE:
             k = st.get(n.id)
             if k is None or (n.attr("stage") is None and st.get(n.inputs[0]) == k):
@@ -42,41 +46,52 @@ def stage(program: Program) -> Program:
                 continue
             n = replace(n, inputs=n.inputs[:1], attrs=attrs_of(stage=k))
         nodes.append(n)
-    return replace(program, main=g.with_nodes(nodes, tree_map(g.output, lambda i: alias.get(i, i))))
+    g = g.with_nodes(nodes, tree_map(g.output, lambda i: alias.get(i, i)))
+    if program.num_gpu > 1:
+        try:
+            microbatch_graph(g)    # the microbatch plan must work (a dim the count does not divide: XG0500)
+        except ShardingError as exc:
+            parts = microbatches(g)
+            text = str(exc).replace(f"`NUM_GPU = {parts}`", f"{parts} microbatches")
+            raise ShardingError(exc.code, f"{text} (planning the pipeline's microbatches)", exc.src,
+                                "choose a number of microbatches that divides it") from None
+    return replace(program, main=g)
 
 
 def stage_footprint(graph: Graph, world: int) -> list[dict]:
     """Bytes each GPU holds: the inputs it reads and the peak of the values alive at once while it
-    runs its nodes (a received value from its first use here, or at the end for an output; each
-    value is freed after its last use here, a value only sent once it is sent)."""
+    runs its tasks, microbatch by microbatch (a received value from its first use here, or at the
+    end for an output; each value is freed after its last use here, a value only sent once it is
+    sent)."""
     out = []
-    outputs = set(tree_ids(graph.output))
-    for rank in range(world):
-        plan = stage_plan(graph, rank, world)
-        order = plan.run
-        last: dict[int, int] = {}
-        for k, nid in enumerate(order):
-            for i in graph.node(nid).inputs:
-                last[i] = k
-        size = {i: nbytes(graph.node(i)) or 0 for i in [*order, *plan.recv]}
-        first: dict[int, int] = {}
-        for k, nid in enumerate(order):
-            for i in graph.node(nid).inputs:
-                if i in plan.recv:
-                    first.setdefault(i, k)
-        inputs = sum(size[i] for i in order if graph.node(i).op is Op.INPUT)
+    for plan in stage_plans(graph, world):
+        g = plan.graph
+        outputs = {(i, None) for i in tree_ids(g.output)}
+        size = {}
+        last: dict = {}
+        first: dict = {}
+        for k, (nid, m) in enumerate(plan.tasks):
+            size[(nid, m)] = nbytes(g.node(nid)) or 0
+            for key in plan.needs(nid, m):
+                last[key] = k
+                if key in plan.recv:
+                    first.setdefault(key, k)
+        for key in plan.recv:
+            size[key] = nbytes(g.node(key[0])) or 0
+        inputs = sum(size[(nid, m)] for nid, m in plan.tasks if g.node(nid).op is Op.INPUT)
         live = peak = 0
-        for k, nid in enumerate(order):
-            node = graph.node(nid)
-            live += sum(size[i] for i in set(node.inputs) if first.get(i) == k)    # arrives for its first use
-            if node.op is not Op.INPUT:
-                live += size[nid]
+        for k, (nid, m) in enumerate(plan.tasks):
+            here = (nid, m)
+            reads = set(plan.needs(nid, m))
+            live += sum(size[key] for key in reads if first.get(key) == k)     # arrives for its first use
+            if g.node(nid).op is not Op.INPUT:
+                live += size[here]
             peak = max(peak, live)
-            for i in set(node.inputs):
-                if last.get(i) == k and graph.node(i).op is not Op.INPUT and i not in outputs:
-                    live -= size[i]
-            if nid not in last and nid in plan.send and nid not in outputs and node.op is not Op.INPUT:
-                live -= size[nid]
-        peak = max(peak, live + sum(size[i] for i in plan.recv if i not in first))    # outputs, at the end
+            for key in reads:
+                if last.get(key) == k and g.node(key[0]).op is not Op.INPUT and key not in outputs:
+                    live -= size[key]
+            if here not in last and here in plan.send and here not in outputs and g.node(nid).op is not Op.INPUT:
+                live -= size[here]
+        peak = max(peak, live + sum(size[key] for key in plan.recv if key not in first))   # outputs, at the end
         out.append({"inputs": inputs, "activations": peak, "total": inputs + peak})
     return out

@@ -1,0 +1,67 @@
+"""Microbatches for a pipeline: the batch split in time instead of over GPUs.
+
+A pipeline plan's `[pipeline] microbatches = M` with `split = { X = 0 }` puts a
+MICROBATCH(x, dim=d, parts=M) marker on each split input (identity in one process: the whole
+batch at once gives the same result). For a pipeline run, `microbatch_graph` plans the program as
+if M ranks each held one microbatch, with the sharding pass's own rules (ir/layout.py): the
+markers are splits, a value is R (whole: computed once), S(d) (one piece per microbatch) or P (one
+addend per microbatch: a weight gradient), and the pass's conversions become combinations over
+microbatches:
+
+| conversion | over microbatches |
+| --- | --- |
+| shard (R -> S) | piece m of the whole value, for microbatch m |
+| all_gather (S -> R) | the pieces joined, once all are done |
+| all_reduce (P -> R) | the addends summed (gradient accumulation), once all are done |
+| reduce_scatter (P -> S) | the sum's piece m |
+| all_to_all (S(a) -> S(b)) | the pieces joined along a, split along b |
+
+Outputs are made whole. The graph returned has each node's shape for one microbatch (per-m
+nodes) or the whole value (once nodes); `per_microbatch` says which nodes run M times. It exists
+only at run time (and for `inspect`): the engine stores the unsplit graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .graph import Graph, Node, Op, attrs_of, tree_map
+from .layout import R, infer_layouts, local_shape
+
+COMBINE = (Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL)
+
+
+def microbatches(graph: Graph) -> int:
+    """The graph's microbatch count (1: none)."""
+    parts = {n.attr("parts") for n in graph.nodes if n.op is Op.MICROBATCH}
+    if len(parts) > 1:
+        raise ValueError(f"microbatch markers disagree on the count: {sorted(parts)}")
+    return parts.pop() if parts else 1
+
+
+@dataclass(frozen=True)
+class Microbatched:
+    graph: Graph                 # per-microbatch shapes; COMBINE ops act over microbatches
+    parts: int
+    per_microbatch: frozenset    # node ids run once per microbatch (the rest run once)
+
+
+def microbatch_graph(graph: Graph) -> Microbatched:
+    from ..passes.shard import _Planner
+    parts = microbatches(graph)
+    if parts == 1:
+        return Microbatched(graph, 1, frozenset())
+    # The markers become the sharding pass's splits, over `parts` virtual ranks.
+    marked = graph.with_nodes([replace(n, op=Op.SHARD, attrs=attrs_of(dim=n.attr("dim")))
+                               if n.op is Op.MICROBATCH else n for n in graph.nodes])
+    planner = _Planner(marked, parts)
+    planned = planner.run()
+    whole = tree_map(planned.output, lambda i: planner.convert(i, R, None))
+    planned = planned.with_nodes(planner.nodes, whole)
+    layouts = infer_layouts(planned, parts)
+    nodes: list[Node] = []
+    for n in planned.nodes:
+        lay = layouts[n.id]
+        nodes.append(replace(n, shape=local_shape(n.shape, lay, parts)))
+    per = frozenset(n.id for n in planned.nodes if layouts[n.id] != R)
+    return Microbatched(planned.with_nodes(nodes, whole), parts, per)
