@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ..compiler.ir.graph import tree_ids
 from ..compiler.ir.layout import infer_layouts
-from ..compiler.ir.stages import has_stages
+from ..compiler.ir.stages import has_stages, stage_inputs
 from ..errors import EngineError, ExecutionError, InputError
 from ..settings import DistEnv
 from .dtypes import XG_NAMES
@@ -59,9 +59,18 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
     this rank's own pieces of them (for `--output-per-rank`)."""
     planned = check_world(engine, group.world)
     device = "cuda" if group.device.startswith("cuda") else "cpu"
+    external_values = dict(external_values or {})
+    unread: frozenset[str] = frozenset()
+    if group.world > 1 and has_stages(engine.graph):
+        # A pipeline rank holds only the inputs its stage reads: the rest stand in as meta tensors.
+        mine = stage_inputs(engine.graph, group.rank)
+        unread = frozenset(external_values) - mine
+        external_values = {k: (torch.empty(v.shape, dtype=v.dtype, device="meta")
+                               if k in unread and isinstance(v, torch.Tensor) else v)
+                           for k, v in external_values.items()}
     if device == "cuda":
-        external_values = {k: _to(v, group.device) for k, v in (external_values or {}).items()}
-    inputs = engine.prepare_inputs(external_values, device)
+        external_values = {k: (v if k in unread else _to(v, group.device)) for k, v in external_values.items()}
+    inputs = engine.prepare_inputs(external_values, device, placeholders=unread)
     whole_shapes = dict(whole_shapes or {})
     split = split_inputs(engine.graph)
     if set(whole_shapes) - set(split):

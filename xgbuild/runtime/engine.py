@@ -114,7 +114,10 @@ class Engine:
         return self.manifest["entry"]["inputs"]
 
     # --- inputs ---------------------------------------------------------------------------------
-    def prepare_inputs(self, values: Mapping[str, Any] | None, device: str) -> dict[str, torch.Tensor]:
+    def prepare_inputs(self, values: Mapping[str, Any] | None, device: str,
+                       placeholders: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+        """The inputs checked against the signature. Those named in `placeholders` (inputs a
+        pipeline rank does not read) may be `meta` tensors: only their shapes and dtypes count."""
         values = dict(values or {})
         expected = [s["name"] for s in self.signature]
         missing = [n for n in expected if n not in values]
@@ -133,6 +136,9 @@ class Engine:
             if got != spec["dtype"]:
                 raise InputError(f"input `{name}` has dtype {got}, the engine expects {spec['dtype']} "
                                  "(XG never converts implicitly)")
+            if name in placeholders and t.device.type == "meta":
+                out[name] = t
+                continue
             if t.device.type != device:
                 raise InputError(f"input `{name}` is on {t.device}, but the engine runs on {device}")
             if "range" in spec and t.numel():

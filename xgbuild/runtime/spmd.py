@@ -30,6 +30,7 @@ from ..compiler.ir.graph import Graph, Node, Op, tree_ids
 from ..compiler.ir.layout import Layout, infer_layouts, local_shape, split_inputs
 from ..compiler.ir.stages import Transfer, has_stages, stage_plan
 from ..compiler.ir.serialize import where as src_text
+from ..compiler.passes.shard import ShardingError
 from ..errors import ExecutionError, InputError
 from .cpu import CpuExecutor, RunOutput
 
@@ -173,7 +174,11 @@ class SpmdExecutor:
         they computed)."""
         self.name = "pipeline-" + ("cuda" if self.group.device.startswith("cuda") else "cpu")
         rank = self.group.rank
-        plan = stage_plan(graph, rank, self.group.world)
+        try:
+            plan = stage_plan(graph, rank, self.group.world)
+        except ShardingError as exc:     # a symbolic batch that the microbatches do not divide
+            raise InputError(str(exc).replace("`NUM_GPU = ", "the pipeline's microbatch count (")
+                             .replace("` does not divide", ") does not divide")) from None
         g, parts = plan.graph, plan.parts
         outputs = tree_ids(g.output)
         vals: dict[tuple, torch.Tensor] = {}
@@ -233,21 +238,26 @@ class SpmdExecutor:
         for nid, m in plan.tasks:
             for key in plan.needs(nid, m):
                 remaining[key] = remaining.get(key, 0) + 1
-        keep = {(i, None) for i in outputs} | set(plan.send)
+        keep = {(i, None) for i in outputs}
         with torch.no_grad(), (device if device.type == "cuda" else nullcontext()):
+            self._connect(plan)
             for nid, m in plan.tasks:
                 n = g.node(nid)
                 reads = plan.needs(nid, m)
                 args = [value(k) for k in reads]
                 self.ops.memo = memos.setdefault(m, {})
-                vals[(nid, m)] = self._task(n, m, parts, args, inputs)
-                for t in plan.send.get((nid, m), ()):
+                here = (nid, m)
+                vals[here] = self._task(n, m, parts, args, inputs)
+                for t in plan.send.get(here, ()):
                     post(t.dst, t.seq)
-                if not self.check:
-                    for key in reads:
+                # A value goes once this rank's tasks have read it and its sends are posted (a
+                # send holds its own reference until it arrives).
+                for key in [*reads, here]:
+                    if key in reads:
                         remaining[key] -= 1
-                        if not remaining[key] and key not in keep:
-                            vals.pop(key, None)
+                    if not remaining.get(key) and key not in keep and key in vals and \
+                            all(cursor[t.dst] > t.seq for t in plan.send.get(key, ())):
+                        del vals[key]
             # Keyed by the engine graph's output ids (the microbatched graph has its own).
             outs = {orig: value((i, None)) for orig, i in zip(tree_ids(graph.output), outputs)
                     if rank == 0 or (i, None) in vals}
@@ -270,6 +280,22 @@ class SpmdExecutor:
                 raise ExecutionError(f"check failed: output %{bad[0]} holds NaN/Inf; run the engine in one process "
                                      "(`xgrun` without --nproc) to trace its origin op by op")
         return RunOutput(outs, [])
+
+    def _connect(self, plan) -> None:
+        """Open each pair's link before any transfer, every rank visiting its pairs in one global
+        order (NCCL builds a pair's communicator at its first send or receive and blocks until both
+        ranks are there: ranks meeting their peers in different orders would wait on each other)."""
+        rank = self.group.rank
+        device = torch.device(self.group.device) if self.group.device != "cpu" else None
+        for peer in sorted(plan.pairs):
+            token = torch.zeros(1, device=device)
+            try:
+                if rank < peer:
+                    dist.send(token, dst=peer, tag=1 << 30)
+                else:
+                    dist.recv(token, src=peer, tag=1 << 30)
+            except RuntimeError as exc:
+                raise ExecutionError(f"rank {rank} could not reach rank {peer}: {_first_line(exc)}") from None
 
     def _task(self, n: Node, m: int | None, parts: int, args: list[torch.Tensor],
               inputs: dict[str, torch.Tensor]) -> torch.Tensor:

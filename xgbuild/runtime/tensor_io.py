@@ -78,19 +78,25 @@ def load_tensors(path: Path, *, role: str = "inputs file") -> dict[str, torch.Te
 
 
 def load_tensor_shards(path: Path, split: dict[str, int], rank: int, world: int, *,
-                       role: str = "inputs file") -> tuple[dict[str, torch.Tensor], dict[str, tuple[int, ...]]]:
+                       role: str = "inputs file", only: set[str] | None = None
+                       ) -> tuple[dict[str, torch.Tensor], dict[str, tuple[int, ...]]]:
     """One rank's inputs: whole tensors, except that for each `name -> dim` in `split` only this
     rank's slice along dim (of `world` equal ones). Returns (tensors, whole shapes of the split ones).
+    With `only` (a pipeline rank's inputs), the others are `meta` tensors: shape and dtype, no data.
 
     From `.safetensors` only the slice's bytes are read (the file is memory-mapped), so no rank
-    holds a whole split input; other formats are read whole, then sliced.
+    holds a whole split input, nor an input it does not read; other formats are read whole, then
+    sliced.
     """
     path = Path(path)
-    if _suffix(path, role) != ".safetensors" or not split:
+    if _suffix(path, role) != ".safetensors" or (not split and only is None):
         whole = load_tensors(path, role=role)
         shapes = {k: tuple(v.shape) for k, v in whole.items() if k in split}
         for k in shapes:
             whole[k] = _slice_of(f"{role} {path}", k, whole[k], split[k], rank, world).clone()
+        if only is not None:
+            whole = {k: (v if k in only else torch.empty(v.shape, dtype=v.dtype, device="meta"))
+                     for k, v in whole.items()}
         return whole, shapes
     if not path.is_file():
         raise TensorIOError(f"{role} {path} " + ("is not a regular file" if path.exists() else "does not exist"))
@@ -98,6 +104,14 @@ def load_tensor_shards(path: Path, split: dict[str, int], rank: int, world: int,
     try:
         with safetensors.safe_open(str(path), framework="pt") as f:
             for name in f.keys():
+                if only is not None and name not in only:
+                    view = f.get_slice(name)
+                    dtype = _SAFETENSORS_DTYPES.get(view.get_dtype())
+                    if dtype is None:
+                        raise TensorIOError(f"{role} {path}: tensor {name!r} has dtype {view.get_dtype()}, which XG "
+                                            f"does not support (XG dtypes: {', '.join(TORCH_DTYPES)})")
+                    out[name] = torch.empty(tuple(view.get_shape()), dtype=dtype, device="meta")
+                    continue
                 if name not in split:
                     out[name] = _checked(f"{role} {path}", name, f.get_tensor(name))
                     continue
@@ -112,6 +126,12 @@ def load_tensor_shards(path: Path, split: dict[str, int], rank: int, world: int,
     except Exception as e:  # noqa: BLE001  (the parser's many error types, as in load_tensors)
         raise TensorIOError(f"{role} {path} is not a valid safetensors file: {_summarize(e)}") from None
     return out, shapes
+
+
+# safetensors' dtype names (the header's) for the dtypes XG reads.
+_SAFETENSORS_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
+                       "I32": torch.int32, "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "F32": torch.float32, "F64": torch.float64}
 
 
 def _bounds(where: str, name: str, shape: tuple[int, ...], dim: int, rank: int, world: int) -> tuple[int, int]:

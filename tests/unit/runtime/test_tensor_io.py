@@ -383,3 +383,13 @@ def test_describe_checksum_is_stable():
     assert describe(bf)["checksum"] == hashlib.sha256(struct.pack("<2H", 0x3F80, 0xC000)).hexdigest()[:16]
     assert describe(torch.tensor([True, False]))["checksum"] == hashlib.sha256(b"\x01\x00").hexdigest()[:16]
     assert describe(torch.tensor(7, dtype=torch.int64))["shape"] == []
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".npz"])
+def test_a_pipeline_rank_reads_only_its_inputs(tmp_path: Path, suffix: str) -> None:
+    from xgbuild.runtime.tensor_io import load_tensor_shards
+    path = tmp_path / f"in{suffix}"
+    save_tensors(path, {"A": torch.randn(4, 6), "B": torch.arange(6, dtype=torch.int64)})
+    got, shapes = load_tensor_shards(path, {}, 1, 2, only={"B"})
+    assert got["A"].device.type == "meta" and tuple(got["A"].shape) == (4, 6) and got["A"].dtype == torch.float32
+    assert torch.equal(got["B"], torch.arange(6)) and shapes == {}

@@ -12,9 +12,10 @@ Before `passes/stage.py` a STAGE(g, x) node (no `stage` attr; autodiff's rule fo
 gradient back to wherever x lives; the pass turns it into STAGE(g, stage=k) or drops it, so a
 compiled engine holds only the first kind and `infer_stages` reads the plan back from the graph.
 
-`stage_plan` turns placement into what one rank does: the nodes it runs (in graph order) and the
-transfers between each pair of GPUs, in one order every rank agrees on (the graph order of the
-value sent), so point-to-point sends and receives pair up without deadlock. Outputs go to rank 0.
+`stage_plans` turns placement into what each rank does: its tasks (a node, for one microbatch or
+once) and the transfers between each pair of GPUs, in one order both sides agree on (the time of
+each send in a step-by-step simulation of all ranks), so point-to-point sends and receives pair
+up without deadlock. Outputs go to rank 0. `stage_inputs` names the inputs a rank reads.
 """
 
 from __future__ import annotations
@@ -38,6 +39,23 @@ def infer_stages(graph: Graph) -> dict[int, int | None]:
         placed = [st[i] for i in n.inputs if st[i] is not None]
         st[n.id] = max(placed) if placed else None
     return st
+
+
+def stage_inputs(graph: Graph, rank: int) -> set[str]:
+    """The inputs rank `rank` of a staged graph reads (directly or through free nodes): the only
+    ones it loads. Rank 0 also computes the outputs that are free."""
+    st = infer_stages(graph)
+    need: set[int] = set()
+    stack = [n.id for n in graph.nodes if st[n.id] == rank]
+    if rank == 0:
+        stack += [i for i in tree_ids(graph.output) if st[i] is None]
+    while stack:
+        i = stack.pop()
+        if i in need:
+            continue
+        need.add(i)
+        stack.extend(j for j in graph.node(i).inputs if st[j] is None)
+    return {name for name, nid in graph.inputs if nid in need}
 
 
 Key = tuple    # (node id, microbatch) in the microbatched graph; microbatch None: a value made once
@@ -166,29 +184,45 @@ def stage_plans(graph: Graph, world: int) -> list[RankPlan]:
                 flush()
                 plan.tasks.append((nid, None))
         flush()
-    # Simulate the ranks in step (one time unit per task) to time each transfer.
+    # Simulate the ranks in step (one time unit per task) to time each transfer; each rank runs
+    # the first task of its order that is ready (list scheduling), so the orders never deadlock.
     sent_at: dict[Key, int] = {}
-    idx, clock = [0] * world, [0] * world
+    clock = [0] * world
     events: list[tuple[int, int, int, Key]] = []       # (time, src, graph position, key)
     pos = {n.id: k for k, n in enumerate(g.nodes)}
-    while any(idx[r] < len(plans[r].tasks) for r in range(world)):
+    pending = [list(p.tasks) for p in plans]
+    done = [set() for _ in range(world)]
+    order = [[] for _ in range(world)]
+    relaxed = False
+    while any(pending):
         moved = False
         for r in range(world):
             plan = plans[r]
-            while idx[r] < len(plan.tasks):
-                nid, m = plan.tasks[idx[r]]
-                remote = [k for k in plan.needs(nid, m) if st[k[0]] is not None and st[k[0]] != r]
-                if any(k not in sent_at for k in remote):
+            while pending[r]:
+                pick = None
+                for j, (nid, m) in enumerate(pending[r] if relaxed else pending[r][:1]):
+                    ks = plan.needs(nid, m)
+                    if all((k in sent_at) if (st[k[0]] is not None and st[k[0]] != r) else (k in done[r]) for k in ks):
+                        pick = j
+                        break
+                if pick is None:
                     break
+                relaxed = False
+                nid, m = pending[r].pop(pick)
+                remote = [k for k in plan.needs(nid, m) if st[k[0]] is not None and st[k[0]] != r]
                 clock[r] = max([clock[r], *(sent_at[k] for k in remote)]) + 1
+                done[r].add((nid, m))
+                order[r].append((nid, m))
                 if nid in cross:
                     sent_at[(nid, m)] = clock[r]
                     events.append((clock[r], r, pos[nid], (nid, m)))
-                idx[r] += 1
                 moved = True
         if not moved:
-            stuck = {r: plans[r].tasks[idx[r]] for r in range(world) if idx[r] < len(plans[r].tasks)}
-            raise RuntimeError(f"internal: the pipeline schedule cannot go on (rank: next task {stuck})")
+            if relaxed:
+                raise RuntimeError("internal: the pipeline schedule cannot go on")
+            relaxed = True
+    for r in range(world):
+        plans[r].tasks = order[r]
     by_pair: dict[tuple[int, int], list[Transfer]] = {}
     for _t, src, _p, (nid, m) in sorted(events, key=lambda e: (e[0], e[1], e[2], -1 if e[3][1] is None else e[3][1])):
         for dst in sorted(cross[nid]):
