@@ -1,8 +1,11 @@
 """Benchmark: XG engines on 1, 2 and 4 GPUs (NCCL), strong scaling of one step.
 
 Workloads: a large matmul with its rows split over the GPUs (`--size`, bfloat16), the same with
-the contracting dim split (partial sums and an all-reduce), and the training step of
-models/train.xg scaled up (`--train-dims`) under models/plans/train_tensor.toml. For each GPU
+the contracting dim split (partial sums and an all-reduce), the training step of
+models/train.xg scaled up (`--train-dims`) under models/plans/train_tensor.toml, and a pipeline: a
+4-layer float32 MLP training step (`--pipeline-dims`), its layers placed on the GPUs and its batch in
+`--microbatches` (ideal efficiency M / (M + n - 1) for M microbatches on n GPUs; its ranks and its
+one-GPU baseline run PyTorch's ops). For each GPU
 count (up to what the host has) every rank runs the engine's SPMD plan (runtime/spmd.py) on its
 shards: warm-up, then `--steps` timed steps, each fenced by a device synchronisation and a barrier.
 On GPUs the engines carry kernels tuned for the local GPU at each rank's shapes (`--tune`, default
@@ -51,6 +54,36 @@ def main() {{
 }}
 """
 SHARDS = {"matmul-rows": "shard(A, dim=0)", "matmul-contract": "shard(A, dim=1), shard(B, dim=0)"}
+# A 4-layer MLP training step for the pipeline workload: one function per layer, placed on GPUs by a
+# plan made for each GPU count (layer i on GPU i * n // 4), the batch in microbatches.
+PIPELINE = """
+extern Tensor[float32, {b}, {d}] X
+extern Tensor[float32, {b}, {d}] Y
+{externs}
+{layers}
+def loss(Tensor[float32, B, D] x, Tensor[float32, B, D] y, {params}) -> float32 {{
+    d = {chain} - y
+    return mean(d * d)
+}}
+def main() {{
+    (l, g) = value_and_grad(loss, wrt=({wrt}))(X, Y, {args})
+    ({grads}) = g
+    return (l, {updates})
+}}
+"""
+
+
+def pipeline_source(b: int, d: int) -> str:
+    layers = "\n".join(f"def layer{i}(Tensor[float32, B, D] x, Tensor[float32, D, D] w) -> Tensor[float32, B, D] {{\n"
+                       f"    return gelu(x @ w)\n}}" for i in range(4))
+    chain = "x"
+    for i in range(4):
+        chain = f"layer{i}({chain}, w{i})"
+    return PIPELINE.format(b=b, d=d, externs="\n".join(f"extern Tensor[float32, {d}, {d}] W{i}" for i in range(4)),
+                           layers=layers, params=", ".join(f"Tensor[float32, D, D] w{i}" for i in range(4)),
+                           chain=chain, wrt=", ".join(f"w{i}" for i in range(4)),
+                           args=", ".join(f"W{i}" for i in range(4)), grads=", ".join(f"g{i}" for i in range(4)),
+                           updates=", ".join(f"W{i} - 0.01 * g{i}" for i in range(4)))
 
 
 # ------------------------------------------------------------------------------------- building
@@ -62,6 +95,17 @@ def build(workdir: Path, workload: str, ngpu: int, args) -> Path:
     from xgbuild.runtime.engine import Engine
 
     options = CheckOptions(num_gpu=ngpu, target=args.target)
+    if workload == "pipeline":
+        b, d = (int(x) for x in args.pipeline_dims.split(","))
+        plan_path = workdir / f"pipeline-{ngpu}.toml"
+        plan_path.write_text("".join(f"[regions.layer{i}]\nstage = {i * ngpu // 4}\n" for i in range(4)) + (
+            f"[pipeline]\nmicrobatches = {args.microbatches}\nsplit = {{ X = 0, Y = 0 }}\n" if ngpu > 1 else ""))
+        compiled = compile_source(pipeline_source(b, d), "pipeline.xg", options,
+                                  plan=load_plan(plan_path) if ngpu > 1 else None)
+        out = workdir / f"{workload}-{ngpu}.xge"
+        # Pipeline ranks run torch's ops: so does the one-GPU baseline, for a fair efficiency.
+        Engine.from_compiled(compiled, None).save(out)
+        return out
     if workload.startswith("matmul"):
         dtype = "bfloat16" if args.device == "cuda" else "float32"
         src = MATMUL.format(dtype=dtype, n=args.size, shards=SHARDS[workload])
@@ -125,10 +169,13 @@ def worker(args) -> None:
 
     plans, launch_fn, mode = _kernel_path(engine, "cuda" if dev != "cpu" else "cpu", False)
 
+    names = []
+
     def steps(overlap: bool) -> list[float]:
         ex = SpmdExecutor(group, check=False, overlap=overlap, kernels=plans, launch=launch_fn, kernel_mode=mode)
         for _ in range(2):
             ex.run(graph, local_inputs, split)
+        names.append(ex.name)
         out = []
         for _ in range(args.steps):
             sync()
@@ -160,7 +207,7 @@ def worker(args) -> None:
                     times.append((time.perf_counter() - t0) * 1e3)
             comm_ms = sum(times)       # the second pass: warm
     result = {"rank": group.rank, "step_ms": statistics.median(normal), "serial_ms": statistics.median(serial),
-              "comm_ms": comm_ms, "executor": SpmdExecutor(group, kernels=plans, kernel_mode=mode).name}
+              "comm_ms": comm_ms, "executor": names[0]}
     gathered = [None] * group.world
     if group.world > 1:
         dist.all_gather_object(gathered, result)
@@ -227,7 +274,9 @@ def main() -> None:
     p.add_argument("--size", type=int, default=16384)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--train-dims", default="T=8192,D=2048,F=8192,V=1024")
-    p.add_argument("--workloads", default="matmul-rows,matmul-contract,train")
+    p.add_argument("--workloads", default="matmul-rows,matmul-contract,train,pipeline")
+    p.add_argument("--pipeline-dims", default="4096,4096", help="batch,width of the pipeline workload's MLP")
+    p.add_argument("--microbatches", type=int, default=8, help="the pipeline workload's microbatches")
     p.add_argument("--target", default=None)
     p.add_argument("--tune", default="measure", choices=["measure", "cache", "predict"])
     p.add_argument("--no-kernels", dest="kernels", action="store_false",
@@ -264,7 +313,7 @@ def main() -> None:
                              "efficiency": (base / (n * step)) if base else None, "overlap": overlap,
                              "executor": ranks[0]["executor"],
                              "collectives": sum(1 for c in plan["collectives"] if c["op"] != "shard"),
-                             "bytes_per_gpu": plan["bytes_moved"]})
+                             "bytes_per_gpu": plan["bytes_moved"] + plan.get("pipeline", {}).get("bytes_moved", 0)})
     baselines = torch_baselines(args) if any(w.startswith("matmul") for w in args.workloads.split(",")) else {}
     print(f"{'workload':<16} {'GPUs':>4} {'ms/step':>9} {'efficiency':>10} {'comm ms':>8} {'overlap':>8} "
           f"{'collectives':>11} {'MB/GPU':>8}  executor")
