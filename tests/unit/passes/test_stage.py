@@ -14,6 +14,7 @@ from xgbuild.compiler.frontend.shard_plan import load_plan
 from xgbuild.compiler.ir.graph import Op, tree_ids
 from xgbuild.compiler.ir.stages import infer_stages, stage_plan, stage_plans
 from xgbuild.compiler.passes.shard import footprint, plan_lines, plan_of
+from xgbuild.compiler.passes.stage import stage_footprint
 from xgbuild.errors import CompileError
 from xgbuild.runtime.cpu import CpuExecutor
 
@@ -128,27 +129,44 @@ def test_every_rank_run_in_turn_gives_the_whole_programs_result(tmp_path: Path, 
         assert err < 1e-12 if micro == 1 else err < 1e-9, (i, err)
 
 
-def test_microbatches_overlap_the_stages_gpipe_style() -> None:
-    g = compiled(REPO_ROOT / "examples" / "pipeline.toml").optimized.main
-    plans = stage_plans(g, 2)
-    first, last = plans
+def _example(tmp_path: Path, schedule: str):
+    text = (REPO_ROOT / "examples" / "pipeline.toml").read_text() + f'schedule = "{schedule}"\n'
+    (tmp_path / "p.toml").write_text(text)
+    return compiled(tmp_path / "p.toml").optimized.main
+
+
+def _order(plan, ops=(Op.RELU, Op.WHERE)) -> list:
+    mg = plan.graph
+    return [("F" if mg.node(nid).op is Op.RELU else "B", m) for nid, m in plan.tasks if mg.node(nid).op in ops]
+
+
+def test_gpipe_runs_every_forward_microbatch_then_the_backward_ones(tmp_path: Path) -> None:
+    first, last = stage_plans(_example(tmp_path, "gpipe"), 2)
     assert first.parts == 4
-    mg = first.graph
-    # GPU 0: every microbatch's forward before any backward; GPU 1: each microbatch's forward and
-    # backward in turn. The activations go over one microbatch at a time, and so do their gradients.
-    fwd = [m for nid, m in first.tasks if mg.node(nid).op is Op.RELU]
-    bwd = [m for nid, m in first.tasks if mg.node(nid).op is Op.WHERE]
-    assert fwd == [0, 1, 2, 3] and bwd == [0, 1, 2, 3]
-    assert first.tasks.index(next(t for t in first.tasks if mg.node(t[0]).op is Op.WHERE)) > \
-        first.tasks.index(next(t for t in first.tasks if mg.node(t[0]).op is Op.RELU and t[1] == 3))
-    sent = [t for t in first.pairs[1] if t.src == 0]
-    assert [t.mb for t in sent] == [0, 1, 2, 3]
-    back = [t for t in first.pairs[1] if t.src == 1 and t.mb is not None]
-    assert [t.mb for t in back] == [0, 1, 2, 3]
-    mm = [(nid, m) for nid, m in last.tasks if mg.node(nid).op is Op.MATMUL]
-    assert [m for _, m in mm][:3] == [0, 0, 0]          # forward, then both backward products of microbatch 0
-    # Weight gradients add up over microbatches once: one all_reduce/reduce_scatter family per weight.
+    assert _order(first) == [("F", 0), ("F", 1), ("F", 2), ("F", 3), ("B", 0), ("B", 1), ("B", 2), ("B", 3)]
+    # The activations go over one microbatch at a time, and so do their gradients.
+    assert [t.mb for t in first.pairs[1] if t.src == 0] == [0, 1, 2, 3]
+    assert [t.mb for t in first.pairs[1] if t.src == 1 and t.mb is not None] == [0, 1, 2, 3]
+    mg = last.graph
+    mm = [m for nid, m in last.tasks if mg.node(nid).op is Op.MATMUL]
+    assert mm[:3] == [0, 0, 0]          # the last GPU: forward, then both backward products, per microbatch
+    # Weight gradients add up over microbatches once.
     assert sum(1 for nid, m in last.tasks if mg.node(nid).op is Op.ALL_REDUCE) == 1
+
+
+def test_1f1b_interleaves_after_one_warm_up_microbatch_per_gpu_downstream(tmp_path: Path) -> None:
+    g = _example(tmp_path, "1f1b")
+    first, _ = stage_plans(g, 2)
+    assert _order(first) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)]
+    # GPU 0 holds two microbatches' activations at most instead of four.
+    one = stage_footprint(g, 2)[0]["activations"]
+    assert one < stage_footprint(_example(tmp_path, "gpipe"), 2)[0]["activations"]
+    gen = torch.Generator().manual_seed(9)
+    inputs = {name: torch.randn(tuple(g.node(nid).shape), generator=gen, dtype=torch.float64)
+              for name, nid in g.inputs}
+    got, want = run_ranks_in_turn(g, 2, inputs), whole_run(g, inputs)
+    for i, w in want.items():
+        assert float((got[i] - w).norm() / w.norm()) < 1e-12
 
 
 def test_microbatches_equal_the_whole_batch(rand=None) -> None:

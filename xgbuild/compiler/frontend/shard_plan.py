@@ -19,6 +19,7 @@ The declarative form of the GT2 seed's signal configs. A plan maps names to stra
     [pipeline]                     # with pipeline regions: stages overlap on microbatches
     microbatches = 4
     split = { X = 0 }              # the inputs split into microbatches, and along which dim
+    schedule = "1f1b"              # or "gpipe"
 
 Owns: reading and validating the file (XG0506, XG0507) and checking its names against a checked
 program (XG0505 unknown, XG0503 conflicting with the source's shards, XG0500 indivisible). Lowering
@@ -72,6 +73,7 @@ class ShardingPlan:
     regions: tuple[RegionPlan, ...]
     microbatches: int = 1                         # [pipeline]
     micro_split: tuple[tuple[str, int], ...] = ()
+    schedule: str = "1f1b"
 
     @property
     def sha256(self) -> str:
@@ -124,18 +126,22 @@ def load_plan(path: Path | str) -> ShardingPlan:
             raise plan_error(PLAN_BAD, f"`values.{name}` must be a dimension (0, 1, ...) or \"replicated\", "
                              f"got {v!r}", path.name)
     regions = [_region(name, body, path.name) for name, body in _table(doc, "regions", path.name).items()]
-    micro, split = _pipeline_table(_table(doc, "pipeline", path.name), f"{path.name}: [pipeline]")
+    micro, split, schedule = _pipeline_table(_table(doc, "pipeline", path.name), f"{path.name}: [pipeline]")
     if (micro > 1 or split) and not any(r.strategy == "pipeline" for r in regions):
         raise plan_error(PLAN_BAD, "`[pipeline]` microbatches need pipeline regions", f"{path.name}: [pipeline]",
                          "place regions on GPUs: `[regions.NAME]` with `stage = K`")
     return ShardingPlan(path.name, raw, num_gpu, tuple(sorted(values)), tuple(sorted(regions, key=lambda r: r.name)),
-                        micro, split)
+                        micro, split, schedule)
 
 
-def _pipeline_table(body: dict, at: str) -> tuple[int, tuple[tuple[str, int], ...]]:
-    extra = sorted(set(body) - {"microbatches", "split"})
+def _pipeline_table(body: dict, at: str) -> tuple[int, tuple[tuple[str, int], ...], str]:
+    extra = sorted(set(body) - {"microbatches", "split", "schedule"})
     if extra:
-        raise plan_error(PLAN_BAD, f"unknown key `{extra[0]}` in `[pipeline]`", at, "keys: `microbatches`, `split`")
+        raise plan_error(PLAN_BAD, f"unknown key `{extra[0]}` in `[pipeline]`", at,
+                         "keys: `microbatches`, `split`, `schedule`")
+    schedule = body.get("schedule", "1f1b")
+    if schedule not in ("1f1b", "gpipe"):
+        raise plan_error(PLAN_BAD, f"`schedule` is {schedule!r}", at, 'schedules: "1f1b" (the default), "gpipe"')
     micro = body.get("microbatches", 1)
     if not _index(micro) or micro < 1:
         raise plan_error(PLAN_BAD, f"`microbatches` must be a positive integer, got {micro!r}", at)
@@ -147,7 +153,7 @@ def _pipeline_table(body: dict, at: str) -> tuple[int, tuple[tuple[str, int], ..
                          "say which inputs hold the batch, and along which dim: `split = { X = 0, Y = 0 }`")
     if split and micro == 1:
         raise plan_error(PLAN_BAD, "`split` needs `microbatches` of at least 2", at)
-    return micro, tuple(sorted(split.items()))
+    return micro, tuple(sorted(split.items())), schedule
 
 
 def _table(doc: dict, key: str, where: str) -> dict:

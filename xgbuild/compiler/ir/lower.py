@@ -145,7 +145,8 @@ class FunctionLowering:
                 if isinstance(value, int):          # ir/microbatch.py: split in time by a pipeline run
                     n = self.b.node(value)
                     self.env[name] = (self.b.add(Op.MICROBATCH, (value,), n.dtype, n.shape,
-                                                 attrs_of(dim=dim, parts=self.plan.microbatches), None), ty)
+                                                 attrs_of(dim=dim, parts=self.plan.microbatches,
+                                                          schedule=self.plan.schedule), None), ty)
         else:
             for pname, ptype in self.sig.params:
                 self.env[pname] = (self.param(ptype), ptype)

@@ -44,6 +44,7 @@ class Microbatched:
     graph: Graph                 # per-microbatch shapes; COMBINE ops act over microbatches
     parts: int
     per_microbatch: frozenset    # node ids run once per microbatch (the rest run once)
+    schedule: str = "1f1b"       # "1f1b" | "gpipe" (ir/stages.py)
 
 
 def microbatch_graph(graph: Graph) -> Microbatched:
@@ -51,6 +52,7 @@ def microbatch_graph(graph: Graph) -> Microbatched:
     parts = microbatches(graph)
     if parts == 1:
         return Microbatched(graph, 1, frozenset())
+    schedule = next(n.attr("schedule", "1f1b") for n in graph.nodes if n.op is Op.MICROBATCH)
     # The markers become the sharding pass's splits, over `parts` virtual ranks.
     marked = graph.with_nodes([replace(n, op=Op.SHARD, attrs=attrs_of(dim=n.attr("dim")))
                                if n.op is Op.MICROBATCH else n for n in graph.nodes])
@@ -64,4 +66,4 @@ def microbatch_graph(graph: Graph) -> Microbatched:
         lay = layouts[n.id]
         nodes.append(replace(n, shape=local_shape(n.shape, lay, parts)))
     per = frozenset(n.id for n in planned.nodes if layouts[n.id] != R)
-    return Microbatched(planned.with_nodes(nodes, whole), parts, per)
+    return Microbatched(planned.with_nodes(nodes, whole), parts, per, schedule)

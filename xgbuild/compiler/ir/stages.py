@@ -125,6 +125,7 @@ def stage_plans(graph: Graph, world: int) -> list[RankPlan]:
     from .microbatch import microbatch_graph
     mb = microbatch_graph(graph)
     g, parts, per = mb.graph, mb.parts, mb.per_microbatch
+    schedule = mb.schedule
     st = infer_stages(g)
     outputs = tree_ids(g.output)
     plans = [RankPlan(r, g, parts, per) for r in range(world)]
@@ -165,25 +166,60 @@ def stage_plans(graph: Graph, world: int) -> list[RankPlan]:
             if st[i] is None or st[i] == r:
                 stack.extend(j for j in g.node(i).inputs if not (st[j] is not None and st[j] != r))
         run = [n.id for n in g.nodes if n.id in need and (st[n.id] is None or st[n.id] == r)]
+        # Blocks: ("once", id) runs once; ("seg", ids, back) runs ids microbatch by microbatch (back:
+        # it starts where a value comes back to this GPU, a backward pass).
+        blocks: list[tuple] = []
         seg: list[int] = []
+        seg_back = False
 
-        def flush() -> None:
-            plan.tasks.extend((nid, m) for m in range(parts) for nid in seg)
-            seg.clear()
+        def close() -> None:
+            if seg:
+                blocks.append(("seg", list(seg), seg_back))
+                seg.clear()
         for nid in run:
             n = g.node(nid)
             if nid not in per and not after_per[nid]:
-                plan.tasks.append((nid, None))       # needs no microbatch: runs ahead, no barrier
+                blocks.append(("once", nid))         # needs no microbatch: runs ahead, no barrier
                 continue
             if nid in per:
                 back = any(st[i] is not None and st[i] != r and r in anc[i] for i in n.inputs)
                 if n.op in ALL_PARTS or (back and seg):
-                    flush()
+                    close()
+                if not seg:
+                    seg_back = back
                 seg.append(nid)
             else:
-                flush()
-                plan.tasks.append((nid, None))
-        flush()
+                close()
+                blocks.append(("once", nid))
+        close()
+        # 1F1B: a forward run followed by its backward run interleave after a warm-up of one
+        # forward microbatch per GPU downstream (those hold the others in flight), so this GPU keeps
+        # at most that many microbatches' activations; GPipe runs all forwards, then all backwards.
+        downstream = {st[n.id] for n in g.nodes if r in anc[n.id] and st[n.id] is not None} - {r}
+        warm = min(parts, len(downstream))
+        k = 0
+        while k < len(blocks):
+            kind, *body = blocks[k]
+            if kind == "once":
+                plan.tasks.append((body[0], None))
+                k += 1
+                continue
+            j = k + 1
+            while j < len(blocks) and blocks[j][0] == "once" and not after_per[blocks[j][1]]:
+                j += 1                               # values needing no microbatch can go first
+            if schedule == "1f1b" and j < len(blocks) and blocks[j][0] == "seg" and blocks[j][2]:
+                plan.tasks.extend((blocks[x][1], None) for x in range(k + 1, j))
+                fwd, bwd = body[0], blocks[j][1]
+                steps = [(fwd, m) for m in range(warm)]
+                for i in range(parts):
+                    if warm + i < parts:
+                        steps.append((fwd, warm + i))
+                    steps.append((bwd, i))
+                plan.tasks.extend((nid, m) for ids, m in steps for nid in ids)
+                k = j + 1
+                continue
+            plan.tasks.extend((nid, m) for m in range(parts) for nid in body[0])
+            k += 1
     # Simulate the ranks in step (one time unit per task) to time each transfer; each rank runs
     # the first task of its order that is ready (list scheduling), so the orders never deadlock.
     sent_at: dict[Key, int] = {}
@@ -271,6 +307,8 @@ def stage_summary(graph: Graph, world: int) -> dict:
                 row["bytes"] = None if size is None or row["bytes"] is None else row["bytes"] + size
     rows = sorted(sends.values(), key=lambda s: (s["from"], s["to"], s["id"]))
     known = [s["bytes"] for s in rows if s["bytes"] is not None]
-    return {"stages": world, "microbatches": plans[0].parts, "nodes": nodes, "free_nodes": free,
+    from .microbatch import microbatch_graph
+    return {"stages": world, "microbatches": plans[0].parts, "schedule": microbatch_graph(graph).schedule,
+            "nodes": nodes, "free_nodes": free,
             "transfers": rows, "tasks": [len(p.tasks) for p in plans],
             "bytes_moved": sum(known), "bytes_unknown": len(known) != len(rows)}

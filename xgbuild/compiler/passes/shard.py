@@ -284,9 +284,11 @@ def plan_lines(plan: dict) -> list[str]:
     moving = sum(1 for c in plan["collectives"] if c["op"] != "shard")
     if "pipeline" in plan and not plan["collectives"]:
         mb = plan["pipeline"].get("microbatches", 1)
+        how = {"1f1b": "after a warm-up, each GPU alternates one forward and one backward microbatch (1F1B)",
+               "gpipe": "each GPU runs every forward microbatch, then the backward ones (GPipe)"}
         lines = [f"pipeline plan over {n} GPUs (one stage each)" + (
-            f", {mb} microbatches: each GPU runs its forward pass microbatch by microbatch, then the backward "
-            "pass, overlapping the other stages" if mb > 1 else ", no microbatches: the stages run in turn")]
+            f", {mb} microbatches: {how.get(plan['pipeline'].get('schedule'), '')}" if mb > 1
+            else ", no microbatches: the stages run in turn")]
     else:
         lines = [f"sharding plan over {n} GPU{'s' if n > 1 else ''}: {moving} collective{'s' if moving != 1 else ''} "
                  f"and {len(plan['collectives']) - moving} local slices, "
