@@ -3,6 +3,7 @@ transfers every rank agrees on, per-GPU memory, and every rank's part run in one
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,17 @@ def run_ranks_in_turn(g, world: int, inputs: dict) -> dict[int, torch.Tensor]:
     return out
 
 
+def assert_ranks_match_one_process(g, world: int = 2) -> None:
+    """Fresh random float64 inputs: every rank's tasks, run in turn, give one process's outputs."""
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=torch.Generator().manual_seed(time.time_ns() % 2**63)))
+    gen = torch.Generator().manual_seed(seed)
+    inputs = {name: torch.randn(tuple(g.node(nid).shape), generator=gen, dtype=torch.float64)
+              for name, nid in g.inputs}
+    got, want = run_ranks_in_turn(g, world, inputs), whole_run(g, inputs)
+    for i, w in want.items():
+        assert float((got[i] - w).norm() / w.norm()) < 1e-12, f"output %{i} (seed {seed})"
+
+
 def whole_run(g, inputs: dict) -> dict[int, torch.Tensor]:
     ex = CpuExecutor(float64=True, check=False, timings=False)
     whole: dict[int, torch.Tensor] = {}
@@ -161,22 +173,12 @@ def test_1f1b_interleaves_after_one_warm_up_microbatch_per_gpu_downstream(tmp_pa
     # GPU 0 holds two microbatches' activations at most instead of four.
     one = stage_footprint(g, 2)[0]["activations"]
     assert one < stage_footprint(_example(tmp_path, "gpipe"), 2)[0]["activations"]
-    gen = torch.Generator().manual_seed(9)
-    inputs = {name: torch.randn(tuple(g.node(nid).shape), generator=gen, dtype=torch.float64)
-              for name, nid in g.inputs}
-    got, want = run_ranks_in_turn(g, 2, inputs), whole_run(g, inputs)
-    for i, w in want.items():
-        assert float((got[i] - w).norm() / w.norm()) < 1e-12
+    assert_ranks_match_one_process(g)
 
 
-def test_microbatches_equal_the_whole_batch(rand=None) -> None:
+def test_microbatches_equal_the_whole_batch() -> None:
     g = compiled(REPO_ROOT / "examples" / "pipeline.toml").optimized.main
-    gen = torch.Generator().manual_seed(5)
-    inputs = {name: torch.randn(tuple(g.node(nid).shape), generator=gen, dtype=torch.float64)
-              for name, nid in g.inputs}
-    got, want = run_ranks_in_turn(g, 2, inputs), whole_run(g, inputs)
-    for i, w in want.items():
-        assert float((got[i] - w).norm() / w.norm()) < 1e-12
+    assert_ranks_match_one_process(g)
 
 
 def test_each_gpu_holds_only_its_stage() -> None:
@@ -245,12 +247,7 @@ def test_orders_that_would_wait_on_each_other_are_rescheduled(tmp_path: Path) ->
     (tmp_path / "p.toml").write_text("[regions.fa]\nstage = 0\n[regions.fb]\nstage = 1\n[regions.fc]\nstage = 0\n"
                                      "[regions.fd]\nstage = 0\n[pipeline]\nmicrobatches = 2\nsplit = { X = 0 }\n")
     g = compiled(tmp_path / "p.toml", tmp_path / "p.xg").optimized.main
-    gen = torch.Generator().manual_seed(3)
-    inputs = {name: torch.randn(tuple(g.node(nid).shape), generator=gen, dtype=torch.float64)
-              for name, nid in g.inputs}
-    got, want = run_ranks_in_turn(g, 2, inputs), whole_run(g, inputs)
-    for i, w in want.items():
-        assert float((got[i] - w).norm() / w.norm()) < 1e-12
+    assert_ranks_match_one_process(g)
 
 
 def test_each_rank_reads_only_the_inputs_of_its_stage() -> None:
