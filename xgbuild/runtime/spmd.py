@@ -76,6 +76,7 @@ class SpmdExecutor:
         if kernels is not None:
             self.name = f"spmd-kernels-{kernel_mode or self.name[5:]}"
         self.stats: dict = {}
+        self._linked = False         # pipeline: pair links opened (once per executor)
 
     def run(self, graph: Graph, inputs: dict[str, torch.Tensor], split: dict[str, int]) -> RunOutput:
         """Run `graph` (global shapes) on this rank; `inputs` are whole, except those in `split`,
@@ -175,7 +176,7 @@ class SpmdExecutor:
         self.name = "pipeline-" + ("cuda" if self.group.device.startswith("cuda") else "cpu")
         rank = self.group.rank
         try:
-            plan = stage_plan(graph, rank, self.group.world)
+            plan = _stage_plan(graph, rank, self.group.world)
         except ShardingError as exc:     # a symbolic batch that the microbatches do not divide
             raise InputError(str(exc).replace("`NUM_GPU = ", "the pipeline's microbatch count (")
                              .replace("` does not divide", ") does not divide")) from None
@@ -240,7 +241,9 @@ class SpmdExecutor:
                 remaining[key] = remaining.get(key, 0) + 1
         keep = {(i, None) for i in outputs}
         with torch.no_grad(), (device if device.type == "cuda" else nullcontext()):
-            self._connect(plan)
+            if not self._linked:
+                self._connect(plan)
+                self._linked = True
             for nid, m in plan.tasks:
                 n = g.node(nid)
                 reads = plan.needs(nid, m)
@@ -372,6 +375,21 @@ class SpmdExecutor:
 
 
 _MOVES = (Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL)
+_PLANS: dict[tuple, tuple] = {}          # (graph id, rank, world) -> (graph, plan), least recent first
+_MAX_PLANS = 8
+
+
+def _stage_plan(graph: Graph, rank: int, world: int):
+    """This rank's pipeline plan, made once per specialised graph (the simulation behind it costs
+    milliseconds, which every step would otherwise pay before its first task)."""
+    key = (id(graph), rank, world)
+    hit = _PLANS.pop(key, None)
+    if hit is None or hit[0] is not graph:
+        hit = (graph, stage_plan(graph, rank, world))
+    _PLANS[key] = hit
+    while len(_PLANS) > _MAX_PLANS:
+        _PLANS.pop(next(iter(_PLANS)))
+    return hit[1]
 
 
 def _comm_early(graph: Graph) -> list[Node]:

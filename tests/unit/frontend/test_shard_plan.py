@@ -96,6 +96,7 @@ def test_the_plan_is_kept_in_the_engine(tmp_path: Path) -> None:
      "unknown key `sched`"),
     ('[regions.layer1]\nstage = 1\n[pipeline]\nmicrobatches = 2\nsplit = { X = 0 }\nschedule = "zb"\n', "XG0506",
      "`schedule` is 'zb'"),
+    ('[regions.layer1]\nstage = 1\n[pipeline]\nschedule = "gpipe"\n', "XG0506", "the plan has none"),
     ('[regions.layer1]\nstrategy = "fast"\n', "XG0506", "strategy 'fast'"),
     ('[regions.layer1]\nstrategy = "tensor"\n', "XG0506", "splits nothing"),
     ('[regions.layer1]\nstrategy = "replicated"\naxis = 1\n', "XG0506", "`axis` does not apply"),
@@ -104,7 +105,7 @@ def test_the_plan_is_kept_in_the_engine(tmp_path: Path) -> None:
 ], ids=["region", "param", "value", "indivisible", "pipeline-no-stage", "data-workers", "stage-of-2-gpus",
         "stage-too-high", "stage-and-workers", "negative-stage", "pipeline-key", "pipeline-and-tensor",
         "pipeline-and-split", "micro-no-regions", "micro-zero", "micro-no-split", "split-no-micro",
-        "micro-unknown-input", "micro-indivisible", "micro-dim", "micro-key", "micro-schedule", "strategy", "tensor-empty", "key", "top-key", "toml"])
+        "micro-unknown-input", "micro-indivisible", "micro-dim", "micro-key", "micro-schedule", "schedule-no-micro", "strategy", "tensor-empty", "key", "top-key", "toml"])
 def test_bad_plans_are_rejected_with_a_code(tmp_path: Path, text: str, code: str, words: str) -> None:
     msg = error(tmp_path, text)
     assert msg.startswith(f"error[{code}]") and words in msg and "plan.toml" in msg, msg

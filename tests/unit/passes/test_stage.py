@@ -267,3 +267,24 @@ def test_a_symbolic_batch_the_microbatches_do_not_divide_is_an_input_error(tmp_p
     sg = specialize(g, bind_symbols(g, shapes))
     with pytest.raises(InputError, match="microbatch count"):
         SpmdExecutor(Group(0, 2))._run_stages(sg, {k: torch.zeros(v) for k, v in shapes.items()})
+
+
+def test_1f1b_warm_up_is_one_microbatch_per_later_gpu(tmp_path: Path) -> None:
+    # A 4-layer MLP, a layer per GPU, 8 microbatches: GPU k runs 4 - k forward microbatches before
+    # its first backward one (the 1F1B warm-up), so it holds 4 - k microbatches' activations at most.
+    import sys
+    sys.path.insert(0, str(REPO_ROOT / "tools" / "bench"))
+    from bench_multi_gpu import pipeline_source
+    (tmp_path / "p.xg").write_text(pipeline_source(64, 16))
+    (tmp_path / "p.toml").write_text("".join(f"[regions.layer{i}]\nstage = {i}\n" for i in range(4))
+                                     + "[pipeline]\nmicrobatches = 8\nsplit = { X = 0, Y = 0 }\n")
+    g = compile_file(tmp_path / "p.xg", CheckOptions(num_gpu=4), plan=load_plan(tmp_path / "p.toml")).optimized.main
+    plans = stage_plans(g, 4)
+    for k, plan in enumerate(plans):
+        mg = plan.graph
+        gelu = [m for nid, m in plan.tasks if mg.node(nid).op is Op.GELU]
+        first_back = next(i for i, (nid, m) in enumerate(plan.tasks) if mg.node(nid).op is Op.ERF)   # gelu's VJP
+        forwards_first = sum(1 for nid, m in plan.tasks[:first_back] if mg.node(nid).op is Op.GELU)
+        assert gelu == sorted(gelu) and len(gelu) == 8
+        assert forwards_first == min(8, 4 - k), (k, forwards_first)
+    assert_ranks_match_one_process(g, world=4)

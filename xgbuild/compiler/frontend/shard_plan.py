@@ -127,6 +127,9 @@ def load_plan(path: Path | str) -> ShardingPlan:
                              f"got {v!r}", path.name)
     regions = [_region(name, body, path.name) for name, body in _table(doc, "regions", path.name).items()]
     micro, split, schedule = _pipeline_table(_table(doc, "pipeline", path.name), f"{path.name}: [pipeline]")
+    if "schedule" in _table(doc, "pipeline", path.name) and micro == 1:
+        raise plan_error(PLAN_BAD, "a `schedule` orders microbatches, and the plan has none", f"{path.name}: [pipeline]",
+                         "add `microbatches = M` and `split = { X = 0 }`, or drop `schedule`")
     if (micro > 1 or split) and not any(r.strategy == "pipeline" for r in regions):
         raise plan_error(PLAN_BAD, "`[pipeline]` microbatches need pipeline regions", f"{path.name}: [pipeline]",
                          "place regions on GPUs: `[regions.NAME]` with `stage = K`")

@@ -151,6 +151,15 @@ def stage_plans(graph: Graph, world: int) -> list[RankPlan]:
             if st[i] is not None:
                 a.add(st[i])
         anc[n.id] = frozenset(a)
+    first_at: dict[int, int] = {}                # each GPU's first node, by graph position
+    deps_on: dict[int, set[int]] = {r: set() for r in range(world)}    # GPUs whose nodes depend on r
+    for k, n in enumerate(g.nodes):
+        if st[n.id] is not None:
+            first_at.setdefault(st[n.id], k)
+            for r in anc[n.id] - {st[n.id]}:
+                deps_on[r].add(st[n.id])
+    for r in range(world):
+        first_at.setdefault(r, len(g.nodes))
     after_per: dict[int, bool] = {}              # depends on some per-microbatch value
     for n in g.nodes:
         after_per[n.id] = any(i in per or after_per[i] for i in n.inputs)
@@ -195,7 +204,9 @@ def stage_plans(graph: Graph, world: int) -> list[RankPlan]:
         # 1F1B: a forward run followed by its backward run interleave after a warm-up of one
         # forward microbatch per GPU downstream (those hold the others in flight), so this GPU keeps
         # at most that many microbatches' activations; GPipe runs all forwards, then all backwards.
-        downstream = {st[n.id] for n in g.nodes if r in anc[n.id] and st[n.id] is not None} - {r}
+        # Downstream: the GPUs whose work starts later in the program and depends on this one's
+        # (the backward pass also depends on it, from earlier GPUs: those do not count).
+        downstream = {s for s in deps_on[r] if first_at[s] > first_at[r]}
         warm = min(parts, len(downstream))
         k = 0
         while k < len(blocks):

@@ -60,38 +60,52 @@ def stage(program: Program) -> Program:
 
 def stage_footprint(graph: Graph, world: int) -> list[dict]:
     """Bytes each GPU holds: the inputs it reads and the peak of the values alive at once while it
-    runs its tasks, microbatch by microbatch (a received value from its first use here, or at the
-    end for an output; each value is freed after its last use here, a value only sent once it is
-    sent)."""
+    runs its tasks, as the runtime does (runtime/spmd.py): a receive's buffer from when it is posted
+    (when a task needs it, or a later transfer of its pair is posted), each value freed once this
+    GPU's tasks have read it and its sends are posted; outputs are kept."""
     out = []
     for plan in stage_plans(graph, world):
         g = plan.graph
         outputs = {(i, None) for i in tree_ids(g.output)}
-        size = {}
-        last: dict = {}
-        first: dict = {}
-        for k, (nid, m) in enumerate(plan.tasks):
-            size[(nid, m)] = nbytes(g.node(nid)) or 0
+        size = lambda key: nbytes(g.node(key[0])) or 0       # noqa: E731
+        remaining: dict = {}
+        for nid, m in plan.tasks:
             for key in plan.needs(nid, m):
-                last[key] = k
-                if key in plan.recv:
-                    first.setdefault(key, k)
-        for key in plan.recv:
-            size[key] = nbytes(g.node(key[0])) or 0
-        inputs = sum(size[(nid, m)] for nid, m in plan.tasks if g.node(nid).op is Op.INPUT)
+                remaining[key] = remaining.get(key, 0) + 1
+        cursor = {peer: 0 for peer in plan.pairs}
         live = peak = 0
-        for k, (nid, m) in enumerate(plan.tasks):
+        freed: set = set()
+
+        def post(peer: int, upto: int) -> int:
+            added = 0
+            while cursor[peer] <= upto:
+                t = plan.pairs[peer][cursor[peer]]
+                cursor[peer] += 1
+                if t.dst == plan.rank:
+                    added += size(t.key)
+            return added
+        inputs = sum(size((nid, m)) for nid, m in plan.tasks if g.node(nid).op is Op.INPUT)
+        for nid, m in plan.tasks:
             here = (nid, m)
-            reads = set(plan.needs(nid, m))
-            live += sum(size[key] for key in reads if first.get(key) == k)     # arrives for its first use
-            if g.node(nid).op is not Op.INPUT:
-                live += size[here]
-            peak = max(peak, live)
+            reads = plan.needs(nid, m)
             for key in reads:
-                if last.get(key) == k and g.node(key[0]).op is not Op.INPUT and key not in outputs:
-                    live -= size[key]
-            if here not in last and here in plan.send and here not in outputs and g.node(nid).op is not Op.INPUT:
-                live -= size[here]
-        peak = max(peak, live + sum(size[key] for key in plan.recv if key not in first))   # outputs, at the end
+                if key in plan.recv:
+                    live += post(plan.recv[key].src, plan.recv[key].seq)
+            if g.node(nid).op is not Op.INPUT:
+                live += size(here)
+            for t in plan.send.get(here, ()):
+                live += post(t.dst, t.seq)
+            peak = max(peak, live)
+            for key in [*reads, here]:                    # as the runtime frees them
+                if key in reads:
+                    remaining[key] -= 1
+                if not remaining.get(key) and key not in freed and key not in outputs \
+                        and g.node(key[0]).op is not Op.INPUT \
+                        and all(cursor[t.dst] > t.seq for t in plan.send.get(key, ())):
+                    live -= size(key)
+                    freed.add(key)
+        for peer, seq in plan.pairs.items():              # outputs arriving at the end
+            live += post(peer, len(seq) - 1)
+        peak = max(peak, live)
         out.append({"inputs": inputs, "activations": peak, "total": inputs + peak})
     return out
