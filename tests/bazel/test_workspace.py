@@ -40,21 +40,27 @@ def test_train_engine_for_gb200_through_bazel_and_bazelisk(repo_workspace):
     assert engines[0] == engines[1]
 
 
-def test_sharding_plan_attribute_builds_the_many_gpu_engine(repo_workspace, tmp_path):
-    """`sharding = "plans/train_tensor.toml"`: the plan reaches the jobs and link actions, and the
-    engine is the one `xgc --num-gpu 2 --sharding ...` links from the same tuning results."""
-    res = repo_workspace.build("//models:train_engine_tp2", "--config=h100", "--config=predict")
+@pytest.mark.parametrize("target,plan", [("train_engine_tp2", "train_tensor"), ("train_engine_pp2", "train_pipeline")])
+def test_sharding_plan_attribute_builds_the_many_gpu_engine(repo_workspace, tmp_path, target, plan):
+    """`sharding = "plans/...toml"` (tensor parallel, or a pipeline): the plan reaches the jobs and
+    link actions, and the engine is the one `xgc --num-gpu 2 --sharding ...` links from the same
+    tuning results."""
+    res = repo_workspace.build(f"//models:{target}", "--config=h100", "--config=predict")
     assert res.returncode == 0, explain(res)
-    engine = repo_workspace.bin("models/train_engine_tp2.xge")
+    engine = repo_workspace.bin(f"models/{target}.xge")
     manifest = inspect(engine)
     assert manifest["num_gpu"] == 2 and manifest["target"] == "H100"
-    plan = manifest["sharding_plan"]
-    assert plan["num_gpu"] == 2 and plan["collectives"], plan.keys()
-    results = sorted(engine.parent.glob("train_engine_tp2.tune/result-*.json"))
+    sharding = manifest["sharding_plan"]
+    assert sharding["num_gpu"] == 2
+    if plan == "train_pipeline":
+        assert sharding["pipeline"]["transfers"] and not sharding["collectives"], sharding.keys()
+    else:
+        assert sharding["collectives"], sharding.keys()
+    results = sorted(engine.parent.glob(f"{target}.tune/result-*.json"))
     assert results
-    out = tmp_path / "tp2.xge"
+    out = tmp_path / f"{target}.xge"
     cli = subprocess.run([str(PYTHON), "-m", "xgbuild.cli.xgc", "models/train.xg", "--target", "H100", "--num-gpu",
-                          "2", "--sharding", "models/plans/train_tensor.toml", "--out", str(out), "--quiet",
+                          "2", "--sharding", f"models/plans/{plan}.toml", "--out", str(out), "--quiet",
                           *[a for r in results for a in ("--kernels-from", str(r))]],
                          capture_output=True, text=True, timeout=600, cwd=repo_workspace.root)
     assert cli.returncode == 0, cli.stderr
