@@ -61,7 +61,8 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
     device = "cuda" if group.device.startswith("cuda") else "cpu"
     external_values = dict(external_values or {})
     unread: frozenset[str] = frozenset()
-    if group.world > 1 and has_stages(engine.graph):
+    staged = group.world > 1 and has_stages(engine.graph)
+    if staged:
         # A pipeline rank holds only the inputs its stage reads: the rest stand in as meta tensors.
         mine = stage_inputs(engine.graph, group.rank)
         unread = frozenset(external_values) - mine
@@ -85,7 +86,6 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
     local_inputs = {k: (v.chunk(group.world, split[k])[group.rank].clone() if k in split and k not in whole_shapes
                         else v) for k, v in inputs.items()}
     del inputs, shapes
-    staged = group.world > 1 and has_stages(graph)
     # A pipeline's ranks run torch's ops for now (the engine's kernels are tuned for one process).
     plans, launch, mode = (None, None, "") if staged else _kernel_path(engine, device, float64)
     executor = SpmdExecutor(group, float64=float64, check=check, overlap=overlap, kernels=plans, launch=launch,
@@ -95,7 +95,7 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
     _same_executor(group, executor.name)
     out = executor.run(graph, local_inputs, split)
     if staged:      # outputs arrive on rank 0 only: the others hold what they computed
-        whole = out.values if group.rank == 0 else {}
+        whole = out.values
     else:
         layouts = infer_layouts(graph, group.world)
         whole = {i: _gather(out.values[i], layouts[i].dim if layouts[i].kind == "S" else None, group)
@@ -111,29 +111,10 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
         "loaded_as_slices": sorted(whole_shapes),
         "timings": {"total_ms": total_ms, "comm": executor.stats},
     }
-    if staged:
-        mine = _leaves(graph.output, out.values)
-        if group.rank != 0:
-            return RunResult(None, metadata, {}), mine
-        return RunResult(_build(graph.output, whole), metadata, _flat(graph.output, whole)), mine
-    return (RunResult(_build(graph.output, whole), metadata, _flat(graph.output, whole)),
-            _flat(graph.output, out.values))
-
-
-def _leaves(tree: dict, values: Mapping[int, torch.Tensor], prefix: str = "out") -> dict[str, torch.Tensor]:
-    """The output leaves among `values`, by their output-file names (a Result's leaves only where
-    its tag is here too)."""
-    if "t" in tree:
-        return {prefix: values[tree["t"]]} if tree["t"] in values else {}
-    if "tuple" in tree:
-        out: dict[str, torch.Tensor] = {}
-        for i, item in enumerate(tree["tuple"]):
-            out.update(_leaves(item, values, f"{prefix}_{i}"))
-        return out
-    try:
-        return _flat(tree, values, prefix)
-    except KeyError:            # its tag or value was computed on another rank
-        return {}
+    mine = _flat(graph.output, out.values, partial=staged)
+    if staged and group.rank != 0:
+        return RunResult(None, metadata, {}), mine
+    return RunResult(_build(graph.output, whole), metadata, _flat(graph.output, whole)), mine
 
 
 def _kernel_path(engine: Engine, device: str, float64: bool) -> tuple[list | None, Any, str]:

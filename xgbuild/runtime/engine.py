@@ -271,18 +271,23 @@ def _scalar(t: torch.Tensor) -> Any:
     return t.item() if t.dim() == 0 else t
 
 
-def _flat(tree: dict, values: dict[int, torch.Tensor], prefix: str = "out") -> dict[str, torch.Tensor]:
+def _flat(tree: dict, values: Mapping[int, torch.Tensor], prefix: str = "out", *,
+          partial: bool = False) -> dict[str, torch.Tensor]:
+    """The output leaves by their output-file names; `partial`: only those among `values` (a
+    pipeline rank's own outputs; a Result only where its tag is there too)."""
     if "t" in tree:
-        return {prefix: values[tree["t"]]}
+        return {prefix: values[tree["t"]]} if not partial or tree["t"] in values else {}
     if "tuple" in tree:
         out: dict[str, torch.Tensor] = {}
         for i, item in enumerate(tree["tuple"]):
-            out.update(_flat(item, values, f"{prefix}_{i}"))
+            out.update(_flat(item, values, f"{prefix}_{i}", partial=partial))
         return out
+    if partial and tree["result"]["tag"] not in values:
+        return {}
     tag = values[tree["result"]["tag"]]
     out = {f"{prefix}_ok": tag == 0}
     if int(tag) == 0:
-        out.update(_flat(tree["result"]["value"], values, f"{prefix}_value"))
+        out.update(_flat(tree["result"]["value"], values, f"{prefix}_value", partial=partial))
     return out
 
 

@@ -176,10 +176,9 @@ class SpmdExecutor:
         self.name = "pipeline-" + ("cuda" if self.group.device.startswith("cuda") else "cpu")
         rank = self.group.rank
         try:
-            plan = _stage_plan(graph, rank, self.group.world)
+            plan = stage_plan(graph, rank, self.group.world)
         except ShardingError as exc:     # a symbolic batch that the microbatches do not divide
-            raise InputError(str(exc).replace("`NUM_GPU = ", "the pipeline's microbatch count (")
-                             .replace("` does not divide", ") does not divide")) from None
+            raise InputError(str(exc)) from None
         g, parts = plan.graph, plan.parts
         outputs = tree_ids(g.output)
         vals: dict[tuple, torch.Tensor] = {}
@@ -203,13 +202,11 @@ class SpmdExecutor:
                 t0 = time.perf_counter()
                 try:
                     if t.dst == rank:
-                        dtype = self.ops.dtype(node.dtype)
-                        buf = torch.empty(tuple(node.shape), dtype=torch.uint8 if dtype is torch.bool else dtype,
-                                          device=device)
-                        arrived[t.key] = (dist.irecv(buf, src=peer, tag=t.seq), buf, dtype)
+                        buf, back = _wire(torch.empty(tuple(node.shape), dtype=self.ops.dtype(node.dtype),
+                                                      device=device))
+                        arrived[t.key] = (dist.irecv(buf, src=peer, tag=t.seq), buf, back)
                     else:
-                        x = vals[t.key]
-                        wire = (x.to(torch.uint8) if x.dtype is torch.bool else x).contiguous()
+                        wire = _wire(vals[t.key])[0].contiguous()
                         sent[:] = [(w, x) for w, x in sent if not w.is_completed()]   # free what arrived
                         sent.append((dist.isend(wire, dst=peer, tag=t.seq), wire))
                         comm["sends"] += 1
@@ -223,7 +220,7 @@ class SpmdExecutor:
             if key not in vals and key in plan.recv:
                 t = plan.recv[key]
                 post(t.src, t.seq)
-                work, buf, dtype = arrived.pop(key)
+                work, buf, back = arrived.pop(key)
                 t0 = time.perf_counter()
                 try:
                     work.wait()
@@ -232,7 +229,7 @@ class SpmdExecutor:
                                          f"rank {rank}: {_first_line(exc)}") from None
                 comm["wait_ms"] += (time.perf_counter() - t0) * 1e3
                 comm["collectives"] += 1
-                vals[key] = buf.to(torch.bool) if dtype is torch.bool else buf
+                vals[key] = back(buf)
             return vals[key]
 
         remaining: dict[tuple, int] = {}          # reads left of each value here (to free it)
@@ -269,7 +266,7 @@ class SpmdExecutor:
             for key in list(arrived):
                 value(key)
             t0 = time.perf_counter()
-            for work, _wire in sent:
+            for work, _buf in sent:
                 try:
                     work.wait()
                 except RuntimeError as exc:
@@ -375,21 +372,6 @@ class SpmdExecutor:
 
 
 _MOVES = (Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL)
-_PLANS: dict[tuple, tuple] = {}          # (graph id, rank, world) -> (graph, plan), least recent first
-_MAX_PLANS = 8
-
-
-def _stage_plan(graph: Graph, rank: int, world: int):
-    """This rank's pipeline plan, made once per specialised graph (the simulation behind it costs
-    milliseconds, which every step would otherwise pay before its first task)."""
-    key = (id(graph), rank, world)
-    hit = _PLANS.pop(key, None)
-    if hit is None or hit[0] is not graph:
-        hit = (graph, stage_plan(graph, rank, world))
-    _PLANS[key] = hit
-    while len(_PLANS) > _MAX_PLANS:
-        _PLANS.pop(next(iter(_PLANS)))
-    return hit[1]
 
 
 def _comm_early(graph: Graph) -> list[Node]:

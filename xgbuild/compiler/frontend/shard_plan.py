@@ -127,9 +127,6 @@ def load_plan(path: Path | str) -> ShardingPlan:
                              f"got {v!r}", path.name)
     regions = [_region(name, body, path.name) for name, body in _table(doc, "regions", path.name).items()]
     micro, split, schedule = _pipeline_table(_table(doc, "pipeline", path.name), f"{path.name}: [pipeline]")
-    if "schedule" in _table(doc, "pipeline", path.name) and micro == 1:
-        raise plan_error(PLAN_BAD, "a `schedule` orders microbatches, and the plan has none", f"{path.name}: [pipeline]",
-                         "add `microbatches = M` and `split = { X = 0 }`, or drop `schedule`")
     if (micro > 1 or split) and not any(r.strategy == "pipeline" for r in regions):
         raise plan_error(PLAN_BAD, "`[pipeline]` microbatches need pipeline regions", f"{path.name}: [pipeline]",
                          "place regions on GPUs: `[regions.NAME]` with `stage = K`")
@@ -156,6 +153,9 @@ def _pipeline_table(body: dict, at: str) -> tuple[int, tuple[tuple[str, int], ..
                          "say which inputs hold the batch, and along which dim: `split = { X = 0, Y = 0 }`")
     if split and micro == 1:
         raise plan_error(PLAN_BAD, "`split` needs `microbatches` of at least 2", at)
+    if "schedule" in body and micro == 1:
+        raise plan_error(PLAN_BAD, "a `schedule` orders microbatches, and the plan has none", at,
+                         "add `microbatches = M` and `split = { X = 0 }`, or drop `schedule`")
     return micro, tuple(sorted(split.items())), schedule
 
 

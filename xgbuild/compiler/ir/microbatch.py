@@ -25,11 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .graph import Graph, Node, Op, attrs_of, tree_map
+from .graph import Graph, Op, attrs_of, tree_map
 from .layout import R, infer_layouts, local_shape
-
-COMBINE = (Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL)
-
 
 def microbatches(graph: Graph) -> int:
     """The graph's microbatch count (1: none)."""
@@ -41,14 +38,16 @@ def microbatches(graph: Graph) -> int:
 
 @dataclass(frozen=True)
 class Microbatched:
-    graph: Graph                 # per-microbatch shapes; COMBINE ops act over microbatches
+    graph: Graph                 # per-microbatch shapes; the sharding pass's conversions act over microbatches
     parts: int
     per_microbatch: frozenset    # node ids run once per microbatch (the rest run once)
     schedule: str = "1f1b"       # "1f1b" | "gpipe" (ir/stages.py)
 
 
 def microbatch_graph(graph: Graph) -> Microbatched:
-    from ..passes.shard import _Planner
+    """The plan over microbatches (raises passes/shard.py's ShardingError, worded in microbatches,
+    for a size the count does not divide)."""
+    from ..passes.shard import ShardingError, _Planner
     parts = microbatches(graph)
     if parts == 1:
         return Microbatched(graph, 1, frozenset())
@@ -57,13 +56,15 @@ def microbatch_graph(graph: Graph) -> Microbatched:
     marked = graph.with_nodes([replace(n, op=Op.SHARD, attrs=attrs_of(dim=n.attr("dim")))
                                if n.op is Op.MICROBATCH else n for n in graph.nodes])
     planner = _Planner(marked, parts)
-    planned = planner.run()
-    whole = tree_map(planned.output, lambda i: planner.convert(i, R, None))
+    try:
+        planned = planner.run()
+        whole = tree_map(planned.output, lambda i: planner.convert(i, R, None))
+    except ShardingError as exc:
+        text = str(exc).replace(f"`NUM_GPU = {parts}` does not divide", f"{parts} microbatches do not divide")
+        raise ShardingError(exc.code, f"{text} (planning the pipeline's microbatches)", exc.src,
+                            "choose a number of microbatches that divides it") from None
     planned = planned.with_nodes(planner.nodes, whole)
     layouts = infer_layouts(planned, parts)
-    nodes: list[Node] = []
-    for n in planned.nodes:
-        lay = layouts[n.id]
-        nodes.append(replace(n, shape=local_shape(n.shape, lay, parts)))
+    nodes = [replace(n, shape=local_shape(n.shape, layouts[n.id], parts)) for n in planned.nodes]
     per = frozenset(n.id for n in planned.nodes if layouts[n.id] != R)
     return Microbatched(planned.with_nodes(nodes, whole), parts, per, schedule)

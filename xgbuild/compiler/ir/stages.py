@@ -41,20 +41,25 @@ def infer_stages(graph: Graph) -> dict[int, int | None]:
     return st
 
 
-def stage_inputs(graph: Graph, rank: int) -> set[str]:
-    """The inputs rank `rank` of a staged graph reads (directly or through free nodes): the only
-    ones it loads. Rank 0 also computes the outputs that are free."""
-    st = infer_stages(graph)
-    need: set[int] = set()
-    stack = [n.id for n in graph.nodes if st[n.id] == rank]
+def _computed_on(graph: Graph, st: dict[int, int | None], rank: int) -> set[int]:
+    """The nodes `rank` computes: its own, and the free ones they read (rank 0 also computes the
+    outputs that are free)."""
+    need = {n.id for n in graph.nodes if st[n.id] == rank}
+    stack = [j for i in need for j in graph.node(i).inputs if st[j] is None]
     if rank == 0:
         stack += [i for i in tree_ids(graph.output) if st[i] is None]
     while stack:
         i = stack.pop()
-        if i in need:
-            continue
-        need.add(i)
-        stack.extend(j for j in graph.node(i).inputs if st[j] is None)
+        if i not in need:
+            need.add(i)
+            stack.extend(graph.node(i).inputs)      # a free node's inputs are free too
+    return need
+
+
+def stage_inputs(graph: Graph, rank: int) -> set[str]:
+    """The inputs rank `rank` of a staged graph reads (directly or through free nodes): the only
+    ones it loads."""
+    need = _computed_on(graph, infer_stages(graph), rank)
     return {name for name, nid in graph.inputs if nid in need}
 
 
@@ -81,15 +86,11 @@ class RankPlan:
     graph: Graph
     parts: int                                         # microbatches (1: none)
     per_microbatch: frozenset
+    schedule: str                                      # "1f1b" | "gpipe"
     tasks: list[Key] = field(default_factory=list)     # what this rank computes, in order
     recv: dict[Key, Transfer] = field(default_factory=dict)        # value -> how it arrives here
     send: dict[Key, list[Transfer]] = field(default_factory=dict)  # value -> where it goes
     pairs: dict[int, list[Transfer]] = field(default_factory=dict)  # peer -> transfers, agreed order
-
-    @property
-    def run(self) -> list[int]:
-        """The nodes this rank computes (each once, in order)."""
-        return list(dict.fromkeys(nid for nid, _ in self.tasks))
 
     def needs(self, nid: int, mb: int | None) -> list[Key]:
         """The values task (nid, mb) reads."""
@@ -114,21 +115,37 @@ def stage_plan(graph: Graph, rank: int, world: int) -> RankPlan:
     return stage_plans(graph, world)[rank]
 
 
+_PLANS: dict[tuple[int, int], tuple[Graph, list[RankPlan]]] = {}     # least recently used first
+_MAX_PLANS = 8
+
+
 def stage_plans(graph: Graph, world: int) -> list[RankPlan]:
-    """Every rank's part. Each rank runs its nodes, and the free ones it needs, in graph order;
-    with microbatches, runs of per-microbatch nodes go microbatch by microbatch, and a run ends
-    where a node waits for a value that comes back from another GPU after this one sent it (the
-    backward pass) or reads every microbatch: stage k runs all forward microbatches, then the
-    backward ones (GPipe), overlapping the other stages. A simulation of all ranks in step gives
-    each transfer its time; every pair posts its transfers in that order, which each side reaches
-    in its own order of work, so sends and receives pair up."""
+    """Every rank's part, made once per graph object (the simulation costs milliseconds, which a
+    run would otherwise pay before each step's first task; the plans are read, never changed)."""
+    key = (id(graph), world)
+    hit = _PLANS.pop(key, None)
+    if hit is None or hit[0] is not graph:
+        hit = (graph, _stage_plans(graph, world))
+    _PLANS[key] = hit
+    while len(_PLANS) > _MAX_PLANS:
+        _PLANS.pop(next(iter(_PLANS)))
+    return hit[1]
+
+
+def _stage_plans(graph: Graph, world: int) -> list[RankPlan]:
+    """Each rank runs its nodes, and the free ones it needs, in graph order; with microbatches,
+    runs of per-microbatch nodes go microbatch by microbatch, and a run ends where a node waits for
+    a value that comes back from another GPU after this one sent it (the backward pass) or reads
+    every microbatch. A forward run and its backward run then go GPipe-style (all forwards, then
+    all backwards) or 1F1B (below). A simulation of all ranks in step gives each transfer its
+    time; every pair posts its transfers in that order, which each side reaches in its own order
+    of work, so sends and receives pair up."""
     from .microbatch import microbatch_graph
     mb = microbatch_graph(graph)
     g, parts, per = mb.graph, mb.parts, mb.per_microbatch
-    schedule = mb.schedule
     st = infer_stages(g)
     outputs = tree_ids(g.output)
-    plans = [RankPlan(r, g, parts, per) for r in range(world)]
+    plans = [RankPlan(r, g, parts, per, mb.schedule) for r in range(world)]
     # Which values cross GPUs (any microbatch of them), and to where.
     cross: dict[int, set[int]] = {}
     for n in g.nodes:
@@ -165,16 +182,8 @@ def stage_plans(graph: Graph, world: int) -> list[RankPlan]:
         after_per[n.id] = any(i in per or after_per[i] for i in n.inputs)
     for plan in plans:
         r = plan.rank
-        need: set[int] = set()
-        stack = [n.id for n in g.nodes if st[n.id] == r] + ([i for i in outputs if st[i] is None] if r == 0 else [])
-        while stack:
-            i = stack.pop()
-            if i in need:
-                continue
-            need.add(i)
-            if st[i] is None or st[i] == r:
-                stack.extend(j for j in g.node(i).inputs if not (st[j] is not None and st[j] != r))
-        run = [n.id for n in g.nodes if n.id in need and (st[n.id] is None or st[n.id] == r)]
+        need = _computed_on(g, st, r)
+        run = [n.id for n in g.nodes if n.id in need]
         # Blocks: ("once", id) runs once; ("seg", ids, back) runs ids microbatch by microbatch (back:
         # it starts where a value comes back to this GPU, a backward pass).
         blocks: list[tuple] = []
@@ -218,7 +227,7 @@ def stage_plans(graph: Graph, world: int) -> list[RankPlan]:
             j = k + 1
             while j < len(blocks) and blocks[j][0] == "once" and not after_per[blocks[j][1]]:
                 j += 1                               # values needing no microbatch can go first
-            if schedule == "1f1b" and j < len(blocks) and blocks[j][0] == "seg" and blocks[j][2]:
+            if mb.schedule == "1f1b" and j < len(blocks) and blocks[j][0] == "seg" and blocks[j][2]:
                 plan.tasks.extend((blocks[x][1], None) for x in range(k + 1, j))
                 fwd, bwd = body[0], blocks[j][1]
                 steps = [(fwd, m) for m in range(warm)]
@@ -318,8 +327,7 @@ def stage_summary(graph: Graph, world: int) -> dict:
                 row["bytes"] = None if size is None or row["bytes"] is None else row["bytes"] + size
     rows = sorted(sends.values(), key=lambda s: (s["from"], s["to"], s["id"]))
     known = [s["bytes"] for s in rows if s["bytes"] is not None]
-    from .microbatch import microbatch_graph
-    return {"stages": world, "microbatches": plans[0].parts, "schedule": microbatch_graph(graph).schedule,
+    return {"stages": world, "microbatches": plans[0].parts, "schedule": plans[0].schedule,
             "nodes": nodes, "free_nodes": free,
             "transfers": rows, "tasks": [len(p.tasks) for p in plans],
             "bytes_moved": sum(known), "bytes_unknown": len(known) != len(rows)}

@@ -5,8 +5,8 @@ lowering) and autodiff's STAGE(g, x) nodes (in a staged program, the gradient of
 computed where x runs, so the backward pass mirrors the forward one's placement).
 
 Leaves: only STAGE(x, stage=k) nodes: each STAGE(g, x) becomes STAGE(g, stage=<x's GPU>), or is
-dropped when x is free (an input: the gradient stays where it was computed) or g is there already. With `NUM_GPU = 1`
-every STAGE node is dropped. A staged graph splits nothing (XG0507 for a SHARD beside a stage):
+dropped when x is free (an input: the gradient stays where it was computed) or g is there
+already. With `NUM_GPU = 1` every STAGE and MICROBATCH node is dropped. A staged graph splits nothing (XG0507 for a SHARD beside a stage):
 `ir/stages.py` reads the placement back from the graph alone.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import replace
 from ..frontend.codes import PLAN_PIPELINE
 from ..ir.graph import Graph, Op, Program, attrs_of, tree_ids, tree_map
 from ..ir.layout import nbytes
-from ..ir.microbatch import microbatch_graph, microbatches
+from ..ir.microbatch import microbatch_graph
 from ..ir.stages import has_stages, infer_stages, stage_plans
 from .shard import ShardingError
 
@@ -48,13 +48,7 @@ def stage(program: Program) -> Program:
         nodes.append(n)
     g = g.with_nodes(nodes, tree_map(g.output, lambda i: alias.get(i, i)))
     if program.num_gpu > 1:
-        try:
-            microbatch_graph(g)    # the microbatch plan must work (a dim the count does not divide: XG0500)
-        except ShardingError as exc:
-            parts = microbatches(g)
-            text = str(exc).replace(f"`NUM_GPU = {parts}`", f"{parts} microbatches")
-            raise ShardingError(exc.code, f"{text} (planning the pipeline's microbatches)", exc.src,
-                                "choose a number of microbatches that divides it") from None
+        microbatch_graph(g)        # the microbatch plan must work (a dim the count does not divide: XG0500)
     return replace(program, main=g)
 
 
