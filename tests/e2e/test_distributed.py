@@ -257,15 +257,19 @@ def train_inputs(rand: Rand) -> dict:
 
 
 @pytest.mark.parametrize("nproc,plan", [(2, "train_tensor"), (4, "train_data"), (2, "train_pipeline"),
-                                        (4, "train_pipeline4"), (2, "train_pipeline+mb4")])
+                                        (4, "train_pipeline4"), (2, "train_pipeline+mb4"),
+                                        (4, "train_pipeline_dp"), (4, "train_pipeline+mb2")])
 def test_training_step_matches_the_single_process_float64_step(tmp_path: Path, rand: Rand, nproc: int,
                                                                plan: str) -> None:
+    # train_pipeline_dp: 2 stages of 2 GPUs each (data parallel inside a stage); +mbM: the 32
+    # tokens in M microbatches per replica (the model has no batch dim).
     engine = tmp_path / "train.xge"
     plan_file = REPO_ROOT / "models" / "plans" / f"{plan.split('+')[0]}.toml"
-    if plan.endswith("+mb4"):       # the 32 tokens in 4 microbatches (the model has no batch dim)
+    if "+mb" in plan:
         plan_file = tmp_path / "plan.toml"
         plan_file.write_text((REPO_ROOT / "models" / "plans" / "train_pipeline.toml").read_text()
-                             + '\n[pipeline]\nmicrobatches = 4\nsplit = { TOKENS = 0, TARGETS = 0 }\n')
+                             + f'\n[pipeline]\nmicrobatches = {plan.split("+mb")[1]}\n'
+                             'split = { TOKENS = 0, TARGETS = 0 }\n')
     done = subprocess.run([*command("xgc"), str(REPO_ROOT / "models" / "train.xg"), "--no-kernels", "--num-gpu",
                            str(nproc), "--sharding", str(plan_file), "--out", str(engine)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -1,6 +1,7 @@
 """Many GPUs through NCCL: `xgrun --nproc N --device cuda` on 2 and 4 GPUs of this host gives the
 float64 single-process result for row-, column- and contracting-sharded matmuls, a tensor-parallel
-MLP and a training step of models/train.xg. Each test skips when the host has fewer GPUs."""
+MLP, a training step of models/train.xg (tensor parallel, pipelines of 2 and 4 stages, and 2 stages
+of 2 GPUs each) and a pipeline with microbatches. Each test skips when the host has fewer GPUs."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def test_sharded_matmuls_and_mlp_on_nccl(tmp_path: Path, n: int) -> None:
 
 
 @pytest.mark.parametrize("n,plan", [(2, "train_tensor"), (4, "train_tensor"), (2, "train_pipeline"),
-                                    (4, "train_pipeline4")])
+                                    (4, "train_pipeline4"), (4, "train_pipeline_dp")])
 def test_training_step_on_nccl(tmp_path: Path, n: int, plan: str) -> None:
     need(n)
     engine = tmp_path / "train.xge"
@@ -114,18 +115,21 @@ def test_training_step_on_nccl(tmp_path: Path, n: int, plan: str) -> None:
         assert rel(got[name], want) < TOL, name
 
 
-def test_pipeline_with_microbatches_on_nccl(tmp_path: Path) -> None:
-    # A layer per GPU, 4 microbatches: point-to-point sends on NCCL, posted in the agreed order.
-    need(2)
+@pytest.mark.parametrize("n", [2, 4])
+def test_pipeline_with_microbatches_on_nccl(tmp_path: Path, n: int) -> None:
+    # A layer per stage, 4 microbatches (per replica): point-to-point sends on NCCL, posted in the
+    # agreed order; on 4 GPUs each stage has 2 GPUs, whose replicas sum their gradients (NCCL
+    # collectives in each stage's group between the sends).
+    need(n)
     engine = tmp_path / "pipeline.xge"
     done = xg("xgc", str(REPO / "examples" / "pipeline.xg"), "--no-kernels", "--sharding",
-              str(REPO / "examples" / "pipeline.toml"), "--out", str(engine))
+              str(REPO / "examples" / "pipeline.toml"), "--num-gpu", str(n), "--out", str(engine))
     assert done.returncode == 0, done.stderr
     gen = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
     vals = {"X": torch.randn(64, 32, generator=gen), "Y": torch.randn(64, 8, generator=gen),
             "W1": torch.randn(32, 16, generator=gen) * 0.3, "W2": torch.randn(16, 8, generator=gen) * 0.3}
     save_tensors(tmp_path / "in.safetensors", vals)
-    done = xg("xgrun", str(engine), "--nproc", "2", "--device", "cuda", "--inputs", str(tmp_path / "in.safetensors"),
+    done = xg("xgrun", str(engine), "--nproc", str(n), "--device", "cuda", "--inputs", str(tmp_path / "in.safetensors"),
               "--output", str(tmp_path / "o.safetensors"), "--json")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)

@@ -5,7 +5,8 @@ the contracting dim split (partial sums and an all-reduce), the training step of
 models/train.xg scaled up (`--train-dims`) under models/plans/train_tensor.toml, and a pipeline: a
 4-layer float32 MLP training step (`--pipeline-dims`), its layers placed on the GPUs and its batch in
 `--microbatches` (ideal efficiency M / (M + n - 1) for M microbatches on n GPUs; its ranks and its
-one-GPU baseline run PyTorch's ops). For each GPU
+one-GPU baseline run PyTorch's ops), and `pipeline-dp`, the same MLP as two stages of two layers,
+each stage on n/2 GPUs (data parallel inside a stage on 4 GPUs). For each GPU
 count (up to what the host has) every rank runs the engine's SPMD plan (runtime/spmd.py) on its
 shards: warm-up, then `--steps` timed steps, each fenced by a device synchronisation and a barrier.
 On GPUs the engines carry kernels tuned for the local GPU at each rank's shapes (`--tune`, default
@@ -95,10 +96,13 @@ def build(workdir: Path, workload: str, ngpu: int, args) -> Path:
     from xgbuild.runtime.engine import Engine
 
     options = CheckOptions(num_gpu=ngpu, target=args.target)
-    if workload == "pipeline":
+    if workload in ("pipeline", "pipeline-dp"):
         b, d = (int(x) for x in args.pipeline_dims.split(","))
-        plan_path = workdir / f"pipeline-{ngpu}.toml"
-        plan_path.write_text("".join(f"[regions.layer{i}]\nstage = {i * ngpu // 4}\n" for i in range(4)) + (
+        plan_path = workdir / f"{workload}-{ngpu}.toml"
+        # pipeline: the 4 layers spread over the GPUs; pipeline-dp: two stages of two layers, each
+        # stage on n/2 GPUs (data parallel inside a stage from 4 GPUs on).
+        stage = (lambda i: i * ngpu // 4) if workload == "pipeline" else (lambda i: i // 2)
+        plan_path.write_text("".join(f"[regions.layer{i}]\nstage = {stage(i)}\n" for i in range(4)) + (
             f"[pipeline]\nmicrobatches = {args.microbatches}\nsplit = {{ X = 0, Y = 0 }}\n" if ngpu > 1 else ""))
         compiled = compile_source(pipeline_source(b, d), "pipeline.xg", options,
                                   plan=load_plan(plan_path) if ngpu > 1 else None)
@@ -271,13 +275,25 @@ def torch_baselines(args) -> dict:
     return res
 
 
+def _pipeline_bytes(pp: dict | None) -> float:
+    """Bytes one GPU of a pipeline sends per step: its replica's sends averaged over the stages,
+    and its part of the ring collectives inside its stage (about 2 (D-1)/D of an all-reduced
+    value, (D-1)/D of a gathered one)."""
+    if not pp:
+        return 0.0
+    d = pp.get("replicas", 1)
+    inside = sum((2 if c["op"] in ("all_reduce", "reduce_scatter") else 1) * (d - 1) / d * (c["bytes"] or 0)
+                 for c in pp.get("collectives", ())) / max(pp["stages"], 1)
+    return pp["bytes_moved"] / pp["stages"] + inside
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpus", default="1,2,4")
     p.add_argument("--size", type=int, default=16384)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--train-dims", default="T=8192,D=2048,F=8192,V=1024")
-    p.add_argument("--workloads", default="matmul-rows,matmul-contract,train,pipeline")
+    p.add_argument("--workloads", default="matmul-rows,matmul-contract,train,pipeline,pipeline-dp")
     p.add_argument("--pipeline-dims", default="4096,4096", help="batch,width of the pipeline workload's MLP")
     p.add_argument("--microbatches", type=int, default=8, help="the pipeline workload's microbatches")
     p.add_argument("--target", default=None)
@@ -316,8 +332,7 @@ def main() -> None:
                              "efficiency": (base / (n * step)) if base else None, "overlap": overlap,
                              "executor": ranks[0]["executor"],
                              "collectives": sum(1 for c in plan["collectives"] if c["op"] != "shard"),
-                             # a pipeline's sends, averaged over its GPUs (each sends only its own)
-                             "bytes_per_gpu": plan["bytes_moved"] + plan.get("pipeline", {}).get("bytes_moved", 0) / n})
+                             "bytes_per_gpu": plan["bytes_moved"] + _pipeline_bytes(plan.get("pipeline"))})
     baselines = torch_baselines(args) if any(w.startswith("matmul") for w in args.workloads.split(",")) else {}
     print(f"{'workload':<16} {'GPUs':>4} {'ms/step':>9} {'efficiency':>10} {'comm ms':>8} {'overlap':>8} "
           f"{'collectives':>11} {'MB/GPU':>8}  executor")

@@ -185,9 +185,11 @@ def _ir_opt_text(compiled) -> str:
     if compiled.num_gpu == 1 or "shard" not in compiled.passes:
         return to_text(graph)
     notes = {i: str(lay) for i, lay in infer_layouts(graph, compiled.num_gpu).items()}
-    from ..compiler.ir.stages import has_stages, infer_stages
-    if has_stages(graph):        # a pipeline: the GPU each node runs on (free: each GPU that uses it)
-        notes = {i: ("each" if k is None else f"gpu{k}") for i, k in infer_stages(graph).items()}
+    from ..compiler.ir.stages import has_stages, infer_stages, stage_gpus
+    if has_stages(graph):        # a pipeline: the GPU (stage) each node runs on (free: each GPU that uses it)
+        gpus = stage_gpus(graph)
+        notes = {i: ("each" if k is None else f"gpu{gpus[k][0]}" if len(gpus[k]) == 1 else f"stage{k}")
+                 for i, k in infer_stages(graph).items()}
     plan = plan_of(graph, compiled.num_gpu, compiled.target)
     return "".join(f"# {line}\n" for line in plan_lines(plan)) + to_text(graph, notes)
 

@@ -138,10 +138,12 @@ def _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, 
         if inputs is not None:      # each rank reads only its slices of the split inputs
             from ..compiler.ir.layout import split_inputs
             from ..runtime.tensor_io import load_tensor_shards
-            from ..compiler.ir.stages import has_stages, stage_inputs
-            only = stage_inputs(eng.graph, denv.rank) if denv.world_size > 1 and has_stages(eng.graph) else None
-            values, whole = load_tensor_shards(inputs, split_inputs(eng.graph), denv.rank, denv.world_size,
-                                               only=only)
+            from ..compiler.ir.stages import has_stages, rank_share, stage_inputs
+            staged = denv.world_size > 1 and has_stages(eng.graph)
+            only = stage_inputs(eng.graph, denv.rank) if staged else None
+            split, piece, pieces = (rank_share(eng.graph, denv.rank) if staged
+                                    else (split_inputs(eng.graph), denv.rank, denv.world_size))
+            values, whole = load_tensor_shards(inputs, split, piece, pieces, only=only)
         else:
             values = _inputs_for(eng, None, seed, dim)
         group = init_group(denv, device, timeout)

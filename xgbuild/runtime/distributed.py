@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ..compiler.ir.graph import tree_ids
 from ..compiler.ir.layout import infer_layouts
-from ..compiler.ir.stages import has_stages, stage_inputs
+from ..compiler.ir.stages import has_stages, rank_share, stage_inputs
 from ..errors import EngineError, ExecutionError, InputError
 from ..settings import DistEnv
 from .dtypes import XG_NAMES
@@ -73,7 +73,10 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
         external_values = {k: (v if k in unread else _to(v, group.device)) for k, v in external_values.items()}
     inputs = engine.prepare_inputs(external_values, device, placeholders=unread)
     whole_shapes = dict(whole_shapes or {})
-    split = split_inputs(engine.graph)
+    # The inputs a rank holds a slice of: the plan's splits (SPMD), or its replica's share of the
+    # batch (a pipeline with stages of several GPUs).
+    split, piece, pieces = (rank_share(engine.graph, group.rank) if staged
+                            else (split_inputs(engine.graph), group.rank, group.world))
     if set(whole_shapes) - set(split):
         raise ExecutionError(f"inputs {sorted(set(whole_shapes) - set(split))} were loaded as slices, but the "
                              "plan uses them whole")
@@ -83,7 +86,7 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
               for k, v in inputs.items()}
     graph, env, cached = engine.specialised(shapes)
     # Keep only this rank's slice of a split input (a copy, so the whole one can be freed).
-    local_inputs = {k: (v.chunk(group.world, split[k])[group.rank].clone() if k in split and k not in whole_shapes
+    local_inputs = {k: (v.chunk(pieces, split[k])[piece].clone() if k in split and k not in whole_shapes
                         else v) for k, v in inputs.items()}
     del inputs, shapes
     # A pipeline's ranks run torch's ops for now (the engine's kernels are tuned for one process).

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from ..compiler.ir.graph import Graph, Node, Op, tree_ids
 from ..compiler.ir.layout import Layout, infer_layouts, local_shape, split_inputs
-from ..compiler.ir.stages import Transfer, has_stages, stage_plan
+from ..compiler.ir.stages import Transfer, has_stages, stage_gpus, stage_of, stage_plan
 from ..compiler.ir.serialize import where as src_text
 from ..compiler.passes.shard import ShardingError
 from ..errors import ExecutionError, InputError
@@ -77,12 +77,13 @@ class SpmdExecutor:
             self.name = f"spmd-kernels-{kernel_mode or self.name[5:]}"
         self.stats: dict = {}
         self._linked = False         # pipeline: pair links opened (once per executor)
+        self._stage_groups: list = []  # pipeline with stages of several GPUs: each stage's process group
 
     def run(self, graph: Graph, inputs: dict[str, torch.Tensor], split: dict[str, int]) -> RunOutput:
         """Run `graph` (global shapes) on this rank; `inputs` are whole, except those in `split`,
         which are already this rank's slices. Returns this rank's pieces of the outputs."""
         if has_stages(graph) and self.group.world > 1:
-            return self._run_stages(graph, inputs)
+            return self._run_stages(graph, inputs, split)
         if self.plans is not None:
             return self._run_kernels(graph, inputs, split)
         self.ops.memo = {}
@@ -167,19 +168,33 @@ class SpmdExecutor:
         self.stats = comm
         return RunOutput(outs, [])
 
-    def _run_stages(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> RunOutput:
-        """A pipeline plan's part on this rank (ir/stages.py): its tasks in order (with
+    def _run_stages(self, graph: Graph, inputs: dict[str, torch.Tensor],
+                    split: dict[str, int] | None = None) -> RunOutput:
+        """A pipeline plan's part on this rank (ir/stages.py): its stage's tasks in order (with
         microbatches, each per-microbatch node once per microbatch, stage by stage overlapping);
-        values cross GPUs by point-to-point sends, posted for each pair of ranks in the order both
-        agree on, so they always pair up. Outputs arrive on rank 0 (other ranks return the outputs
-        they computed)."""
+        values cross GPUs by point-to-point sends to the same replica's GPU of the other stage,
+        posted for each pair in the order both agree on, so they always pair up. With stages of
+        several GPUs, combinations over microbatches also combine the stage's replicas (a
+        collective in the stage's group); `split` names the inputs loaded as this replica's share.
+        Outputs arrive on stage 0 (other ranks return the outputs they computed)."""
         self.name = "pipeline-" + ("cuda" if self.group.device.startswith("cuda") else "cpu")
         rank = self.group.rank
+        where = stage_of(graph, rank)
+        gpus = stage_gpus(graph)
+        if where is None:               # a GPU in no stage (a plan that leaves a stage number out)
+            if not self._linked:
+                self._make_groups(gpus)     # every rank takes part in making them
+                self._linked = True
+            self.stats = {"collectives": 0, "wait_ms": 0.0, "issue_ms": 0.0, "sends": 0, "bytes_sent": 0,
+                          "microbatches": 1, "tasks": 0, "total_ms": 0.0}
+            return RunOutput({}, [])
+        stage, replica = where
         try:
-            plan = stage_plan(graph, rank, self.group.world)
+            plan = stage_plan(graph, stage)
         except ShardingError as exc:     # a symbolic batch that the microbatches do not divide
             raise InputError(str(exc)) from None
         g, parts = plan.graph, plan.parts
+        peer_rank = {k: ranks[replica] for k, ranks in enumerate(gpus)}
         outputs = tree_ids(g.output)
         vals: dict[tuple, torch.Tensor] = {}
         arrived: dict[tuple, tuple] = {}
@@ -201,19 +216,19 @@ class SpmdExecutor:
                 node = g.node(t.value)
                 t0 = time.perf_counter()
                 try:
-                    if t.dst == rank:
+                    if t.dst == stage:
                         buf, back = _wire(torch.empty(tuple(node.shape), dtype=self.ops.dtype(node.dtype),
                                                       device=device))
-                        arrived[t.key] = (dist.irecv(buf, src=peer, tag=t.seq), buf, back)
+                        arrived[t.key] = (dist.irecv(buf, src=peer_rank[peer], tag=t.seq), buf, back)
                     else:
                         wire = _wire(vals[t.key])[0].contiguous()
                         sent[:] = [(w, x) for w, x in sent if not w.is_completed()]   # free what arrived
-                        sent.append((dist.isend(wire, dst=peer, tag=t.seq), wire))
+                        sent.append((dist.isend(wire, dst=peer_rank[peer], tag=t.seq), wire))
                         comm["sends"] += 1
                         comm["bytes_sent"] += wire.numel() * wire.element_size()
                 except RuntimeError as exc:
-                    raise ExecutionError(f"sending %{t.value}{_at(node)} from GPU {t.src} to GPU {t.dst} failed on "
-                                         f"rank {rank}: {_first_line(exc)}") from None
+                    raise ExecutionError(f"sending %{t.value}{_at(node)} from GPU {peer_rank[t.src]} to GPU "
+                                         f"{peer_rank[t.dst]} failed on rank {rank}: {_first_line(exc)}") from None
                 comm["issue_ms"] += (time.perf_counter() - t0) * 1e3
 
         def value(key: tuple) -> torch.Tensor:
@@ -225,8 +240,8 @@ class SpmdExecutor:
                 try:
                     work.wait()
                 except RuntimeError as exc:
-                    raise ExecutionError(f"receiving %{key[0]}{_at(g.node(key[0]))} from GPU {t.src} failed on "
-                                         f"rank {rank}: {_first_line(exc)}") from None
+                    raise ExecutionError(f"receiving %{key[0]}{_at(g.node(key[0]))} from GPU {peer_rank[t.src]} "
+                                         f"failed on rank {rank}: {_first_line(exc)}") from None
                 comm["wait_ms"] += (time.perf_counter() - t0) * 1e3
                 comm["collectives"] += 1
                 vals[key] = back(buf)
@@ -239,15 +254,19 @@ class SpmdExecutor:
         keep = {(i, None) for i in outputs}
         with torch.no_grad(), (device if device.type == "cuda" else nullcontext()):
             if not self._linked:
-                self._connect(plan)
+                self._connect(plan, gpus, peer_rank)
                 self._linked = True
+            share = None
+            if plan.replicas > 1:
+                sliced = {nid for name, nid in graph.inputs if name in (split or {})}
+                share = _Replica(replica, plan.replicas, self._stage_groups[stage], sliced, comm, rank)
             for nid, m in plan.tasks:
                 n = g.node(nid)
                 reads = plan.needs(nid, m)
                 args = [value(k) for k in reads]
                 self.ops.memo = memos.setdefault(m, {})
                 here = (nid, m)
-                vals[here] = self._task(n, m, parts, args, inputs)
+                vals[here] = self._task(n, m, parts, args, inputs, share)
                 for t in plan.send.get(here, ()):
                     post(t.dst, t.seq)
                 # A value goes once this rank's tasks have read it and its sends are posted (a
@@ -260,7 +279,7 @@ class SpmdExecutor:
                         del vals[key]
             # Keyed by the engine graph's output ids (the microbatched graph has its own).
             outs = {orig: value((i, None)) for orig, i in zip(tree_ids(graph.output), outputs)
-                    if rank == 0 or (i, None) in vals}
+                    if stage == 0 or (i, None) in vals}
             for peer, seq in plan.pairs.items():     # nothing should be left; post it anyway, in order
                 post(peer, len(seq) - 1)
             for key in list(arrived):
@@ -274,20 +293,23 @@ class SpmdExecutor:
             comm["wait_ms"] += (time.perf_counter() - t0) * 1e3
         comm["total_ms"] = (time.perf_counter() - t_start) * 1e3
         self.stats = comm
-        if self.check and rank == 0:
+        if self.check and stage == 0:
             bad = [i for i, v in outs.items() if v.dtype.is_floating_point and not bool(torch.isfinite(v).all())]
             if bad:
                 raise ExecutionError(f"check failed: output %{bad[0]} holds NaN/Inf; run the engine in one process "
                                      "(`xgrun` without --nproc) to trace its origin op by op")
         return RunOutput(outs, [])
 
-    def _connect(self, plan) -> None:
-        """Open each pair's link before any transfer, every rank visiting its pairs in one global
-        order (NCCL builds a pair's communicator at its first send or receive and blocks until both
-        ranks are there: ranks meeting their peers in different orders would wait on each other)."""
+    def _connect(self, plan, gpus: tuple, peer_rank: dict[int, int]) -> None:
+        """Make each stage's process group (stages of several GPUs; every rank makes every group,
+        in stage order, as torch.distributed requires), then open each pair's link before any
+        transfer, every rank visiting its peers in one global order (NCCL builds a pair's
+        communicator at its first send or receive and blocks until both ranks are there: ranks
+        meeting their peers in different orders would wait on each other)."""
         rank = self.group.rank
         device = torch.device(self.group.device) if self.group.device != "cpu" else None
-        for peer in sorted(plan.pairs):
+        self._make_groups(gpus)
+        for peer in sorted((peer_rank[k] for k in plan.pairs)):
             token = torch.zeros(1, device=device)
             try:
                 if rank < peer:
@@ -297,13 +319,26 @@ class SpmdExecutor:
             except RuntimeError as exc:
                 raise ExecutionError(f"rank {rank} could not reach rank {peer}: {_first_line(exc)}") from None
 
+    def _make_groups(self, gpus: tuple) -> None:
+        """Stages of several GPUs: one process group per stage, made by every rank in stage order."""
+        if len(gpus[0]) < 2:
+            return
+        try:
+            self._stage_groups = [dist.new_group(list(ranks)) for ranks in gpus]
+        except RuntimeError as exc:
+            raise ExecutionError(f"rank {self.group.rank} could not make the stages' process groups: "
+                                 f"{_first_line(exc)}") from None
+
     def _task(self, n: Node, m: int | None, parts: int, args: list[torch.Tensor],
-              inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+              inputs: dict[str, torch.Tensor], share: "_Replica | None" = None) -> torch.Tensor:
         """Node `n` for microbatch `m` (None: once). Combinations act over microbatches
-        (ir/microbatch.py): `args` holds every microbatch's piece where the node reads them all."""
+        (ir/microbatch.py): `args` holds every microbatch's piece where the node reads them all;
+        with `share` (one replica of a stage of several GPUs), over every replica's too."""
         op = n.op
         if op is Op.STAGE:
             return args[0]
+        if share is not None and op in (Op.SHARD, *_MOVES):
+            return share.combine(n, m, parts, args)
         if op is Op.SHARD:
             return args[0].chunk(parts, n.attr("dim"))[m]
         if op is Op.ALL_GATHER:
@@ -372,6 +407,57 @@ class SpmdExecutor:
 
 
 _MOVES = (Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL)
+
+
+class _Replica:
+    """One replica's share of a stage of several GPUs: it holds microbatches d*M to d*M + M - 1 of
+    the M * D pieces (ir/microbatch.py), so a combination over microbatches combines its own pieces,
+    then the replicas' with a collective in the stage's group (every replica of the stage runs the
+    same tasks in the same order, so their collectives meet)."""
+
+    def __init__(self, index: int, count: int, group, sliced: set[int], comm: dict, rank: int) -> None:
+        self.index, self.count, self.group, self.sliced, self.comm, self.rank = index, count, group, sliced, comm, rank
+        self.whole: dict[int, torch.Tensor] = {}      # a combination read by every microbatch: made once
+
+    def combine(self, n: Node, m: int | None, parts: int, args: list[torch.Tensor]) -> torch.Tensor:
+        op, dim = n.op, n.attr("dim")
+        piece = self.index * parts + (m or 0)
+        if op is Op.SHARD:          # this replica's microbatch m of a whole value (or of its loaded share)
+            if n.inputs[0] in self.sliced:
+                return args[0].chunk(parts, dim)[m]
+            return args[0].chunk(parts * self.count, dim)[piece]
+        if op is Op.ALL_GATHER:
+            return self._gather(torch.cat(args, dim), dim, n)
+        if op is Op.ALL_REDUCE:
+            return self._sum(torch.stack(args).sum(0), n)
+        if n.id not in self.whole:  # reduce_scatter / all_to_all: the whole value, then piece m
+            self.whole[n.id] = (self._sum(torch.stack(args).sum(0), n) if op is Op.REDUCE_SCATTER
+                                else self._gather(torch.cat(args, n.attr("src")), n.attr("src"), n))
+        out = self.whole[n.id].chunk(parts * self.count, dim)[piece]
+        if m == parts - 1:
+            del self.whole[n.id]
+        return out
+
+    def _sum(self, x: torch.Tensor, n: Node) -> torch.Tensor:
+        wire, back = _wire(x.contiguous())
+        self._run(n, lambda: dist.all_reduce(wire, group=self.group))
+        return back(wire)
+
+    def _gather(self, x: torch.Tensor, dim: int, n: Node) -> torch.Tensor:
+        wire, back = _wire(x.contiguous())
+        parts = [torch.empty_like(wire) for _ in range(self.count)]
+        self._run(n, lambda: dist.all_gather(parts, wire, group=self.group))
+        return back(torch.cat(parts, dim))
+
+    def _run(self, n: Node, call: Callable[[], object]) -> None:
+        t0 = time.perf_counter()
+        try:
+            call()
+        except RuntimeError as exc:
+            raise ExecutionError(f"`{n.op.value}` (node %{n.id}){_at(n)} across the stage's GPUs failed on rank "
+                                 f"{self.rank}: {_first_line(exc)}") from None
+        self.comm["collectives"] += 1
+        self.comm["wait_ms"] += (time.perf_counter() - t0) * 1e3
 
 
 def _comm_early(graph: Graph) -> list[Node]:

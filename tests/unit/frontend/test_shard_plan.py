@@ -10,7 +10,7 @@ from xgbuild.compiler.driver import compile_source
 from xgbuild.compiler.frontend.shard_plan import load_plan
 from xgbuild.compiler.ir.graph import Op
 from xgbuild.compiler.ir.layout import infer_layouts
-from xgbuild.compiler.passes.shard import plan_of
+from xgbuild.compiler.passes.shard import plan_lines, plan_of
 from xgbuild.errors import CompileError
 
 PROG = """NUM_GPU = 2
@@ -66,6 +66,10 @@ def test_the_plan_is_kept_in_the_engine(tmp_path: Path) -> None:
     assert any(s["path"] == "sources/plan.toml" for s in m["sources"]) and m["sharding_plan"]["num_gpu"] == 2
 
 
+DP = "[regions.layer1]\n"                      # then a pipeline key for it
+SPLIT = "[pipeline]\nsplit = { X = 0 }\n"
+
+
 @pytest.mark.parametrize("text,code,words", [
     ('[regions.layer2]\nstrategy = "data"\n', "XG0505", "`layer2`, which is neither"),
     ('[regions.mlp]\nstrategy = "tensor"\nshard = { w3 = 1 }\n', "XG0505", "no parameter `w3`"),
@@ -73,8 +77,8 @@ def test_the_plan_is_kept_in_the_engine(tmp_path: Path) -> None:
     ('num_gpu = 3\n[values]\nW2 = 1\n', "XG0500", "dimension 1 of `W2` has size 16"),
     ('[regions.layer1]\nstrategy = "pipeline"\n', "XG0506", "needs `stage = K`"),
     ('[regions.layer1]\nstrategy = "data"\nworkers = [0, 1]\n', "XG0507", "also names GPUs"),
-    ('[regions.layer1]\nworkers = [0, 1]\n', "XG0507", "runs on 2 GPUs [0, 1]"),
-    ('[regions.layer1]\nstage = 2\n', "XG0506", "placed on GPU 2, but the engine has 2"),
+    ('[regions.layer1]\nworkers = [0, 1]\n', "XG0506", "runs on 2 GPUs, which split the batch"),
+    ('[regions.layer1]\nstage = 2\n', "XG0506", "placed on stage 2, but the engine has 2 GPUs"),
     ('[regions.layer1]\nstage = 0\nworkers = [0]\n', "XG0506", "both `stage` and `workers`"),
     ('[regions.layer1]\nstage = -1\n', "XG0506", "needs `stage = K`"),
     ('[regions.layer1]\nstage = 1\naxis = 0\n', "XG0506", "`axis` does not apply to strategy \"pipeline\""),
@@ -97,6 +101,20 @@ def test_the_plan_is_kept_in_the_engine(tmp_path: Path) -> None:
     ('[regions.layer1]\nstage = 1\n[pipeline]\nmicrobatches = 2\nsplit = { X = 0 }\nschedule = "zb"\n', "XG0506",
      "`schedule` is 'zb'"),
     ('[regions.layer1]\nstage = 1\n[pipeline]\nschedule = "gpipe"\n', "XG0506", "the plan has none"),
+    (f'num_gpu = 4\n{DP}workers = [0, 1]\n[regions.mlp]\nworkers = [1, 2]\n{SPLIT}', "XG0506",
+     "GPU 1 is in two different stages"),
+    (f'num_gpu = 3\n{DP}workers = [0]\n[regions.mlp]\nworkers = [1, 2]\n{SPLIT}', "XG0506", "stages of different sizes"),
+    (f'num_gpu = 4\n{DP}workers = [0]\n[regions.mlp]\nworkers = [1]\n', "XG0506", "GPU 2 is in no stage's `workers`"),
+    (f'{DP}workers = [0, 2]\n', "XG0506", "runs on GPU 2, but the engine has 2"),
+    (f'{DP}workers = [1, 1]\n', "XG0506", "lists a GPU twice"),
+    (f'num_gpu = 4\n{DP}stage = 0\n[regions.mlp]\nworkers = [2, 3]\n', "XG0506", "others several `workers`"),
+    (f'num_gpu = 4\n{DP}stage = 0\n[regions.mlp]\nworkers = [1]\n{SPLIT}', "XG0506",
+     "puts a region on one GPU, but 4 GPUs over 2 stages give each stage 2"),
+    (f'num_gpu = 3\n{DP}stage = 0\n[regions.mlp]\nstage = 1\n', "XG0506", "3 GPUs do not split evenly over 2 stages"),
+    (f'num_gpu = 4\n{DP}stage = 0\n[regions.mlp]\nstage = 1\n', "XG0506",
+     "each of the 2 stages runs on 2 GPUs, which split the batch"),
+    (f'num_gpu = 4\n{DP}stage = 0\n[regions.mlp]\nstage = 1\n[pipeline]\nmicrobatches = 8\nsplit = {{ X = 0 }}\n',
+     "XG0506", "which 8 microbatches x 2 GPUs per stage (16 pieces) do not divide"),
     ('[regions.layer1]\nstrategy = "fast"\n', "XG0506", "strategy 'fast'"),
     ('[regions.layer1]\nstrategy = "tensor"\n', "XG0506", "splits nothing"),
     ('[regions.layer1]\nstrategy = "replicated"\naxis = 1\n', "XG0506", "`axis` does not apply"),
@@ -105,13 +123,43 @@ def test_the_plan_is_kept_in_the_engine(tmp_path: Path) -> None:
 ], ids=["region", "param", "value", "indivisible", "pipeline-no-stage", "data-workers", "stage-of-2-gpus",
         "stage-too-high", "stage-and-workers", "negative-stage", "pipeline-key", "pipeline-and-tensor",
         "pipeline-and-split", "micro-no-regions", "micro-zero", "micro-no-split", "split-no-micro",
-        "micro-unknown-input", "micro-indivisible", "micro-dim", "micro-key", "micro-schedule", "schedule-no-micro", "strategy", "tensor-empty", "key", "top-key", "toml"])
+        "micro-unknown-input", "micro-indivisible", "micro-dim", "micro-key", "micro-schedule", "schedule-no-micro",
+        "workers-overlap", "workers-sizes", "workers-idle-gpu", "workers-gpu-too-high", "workers-twice",
+        "stage-beside-workers", "one-gpu-workers-in-stages-of-2", "uneven-stages", "dp-no-split", "dp-indivisible",
+        "strategy", "tensor-empty", "key", "top-key", "toml"])
 def test_bad_plans_are_rejected_with_a_code(tmp_path: Path, text: str, code: str, words: str) -> None:
     msg = error(tmp_path, text)
     assert msg.startswith(f"error[{code}]") and words in msg and "plan.toml" in msg, msg
     with pytest.raises(CompileError) as err:
         compiled(tmp_path, text)
     assert [d.code for d in err.value.diagnostics if d.severity.value == "error"] == [code]   # for --json
+
+
+def test_stages_of_several_gpus_are_numbered_by_their_first_gpu(tmp_path: Path) -> None:
+    from xgbuild.compiler.ir.stages import batch_split, infer_stages, stage_gpus, stage_of
+    c, plan = compiled(tmp_path, f'num_gpu = 4\n{DP}workers = [3, 2]\n[regions.mlp]\nworkers = [0, 1]\n'
+                                 '[pipeline]\nsplit = { X = 0 }\n')
+    g = c.optimized.main
+    assert stage_gpus(g) == ((0, 1), (2, 3)) and stage_of(g, 3) == (1, 1) and stage_of(g, 0) == (0, 0)
+    assert all(n.attr("gpus") == ((0, 1), (2, 3)) for n in g.nodes if n.op is Op.STAGE)
+    st = infer_stages(g)
+    (h,) = [n for n in g.nodes if n.op is Op.RELU]
+    assert st[h.id] == 1                                   # layer1 runs on the stage of GPUs 2 and 3
+    assert batch_split(g) == {"X": 0}
+    pp = plan["pipeline"]
+    assert pp["gpus"] == [[0, 1], [2, 3]] and pp["replicas"] == 2 and pp["microbatches"] == 1
+    # No training here: only the outputs combine the replicas' halves (gathered inside each stage).
+    assert {c["op"] for c in pp["collectives"]} == {"all_gather"}
+
+
+def test_stage_numbers_give_each_stage_num_gpu_over_stages_gpus(tmp_path: Path) -> None:
+    from xgbuild.compiler.ir.stages import stage_gpus
+    c, plan = compiled(tmp_path, f'num_gpu = 4\n{DP}stage = 1\n[regions.mlp]\nstage = 0\n'
+                                 '[pipeline]\nmicrobatches = 2\nsplit = { X = 0 }\n')
+    assert stage_gpus(c.optimized.main) == ((0, 1), (2, 3))
+    text = "\n".join(plan_lines(plan))
+    assert "2 stages of 2 GPUs, [0, 1], [2, 3]: 2 data-parallel replicas" in text
+    assert "over the 2 GPUs of stage" in text and "send stage 1 -> stage 0" in text
 
 
 def test_a_plan_contradicting_the_source_is_a_conflict(tmp_path: Path) -> None:

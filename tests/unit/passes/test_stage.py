@@ -14,7 +14,7 @@ from xgbuild.compiler.driver import compile_file, compile_source
 from xgbuild.compiler.frontend import CheckOptions
 from xgbuild.compiler.frontend.shard_plan import load_plan
 from xgbuild.compiler.ir.graph import Op, tree_ids
-from xgbuild.compiler.ir.stages import infer_stages, stage_plan, stage_plans
+from xgbuild.compiler.ir.stages import infer_stages, stage_gpus, stage_plan, stage_plans
 from xgbuild.compiler.passes.shard import footprint, plan_lines, plan_of
 from xgbuild.compiler.passes.stage import stage_footprint
 from xgbuild.errors import CompileError
@@ -69,7 +69,7 @@ def test_each_layer_runs_on_its_gpu_and_its_gradient_with_it() -> None:
 def test_ranks_agree_on_the_order_of_their_transfers() -> None:
     g = compiled(REPO_ROOT / "models" / "plans" / "train_pipeline4.toml", REPO_ROOT / "models" / "train.xg",
                  num_gpu=4).optimized.main
-    plans = [stage_plan(g, r, 4) for r in range(4)]
+    plans = [stage_plan(g, r) for r in range(4)]
     for a in range(4):
         for b, seq in plans[a].pairs.items():
             assert seq == plans[b].pairs[a]             # the same list on both sides: sends meet receives
@@ -88,7 +88,7 @@ def run_ranks_in_turn(g, world: int, inputs: dict) -> dict[int, torch.Tensor]:
     as the runtime does; returns rank 0's outputs by the engine graph's output ids."""
     from xgbuild.runtime.spmd import Group, SpmdExecutor
     ex = SpmdExecutor(Group(0, world), float64=True, check=False)
-    plans = stage_plans(g, world)
+    plans = stage_plans(g)
     mg = plans[0].graph
     vals: list[dict] = [{} for _ in range(world)]
     idx = [0] * world
@@ -159,7 +159,7 @@ def _order(plan, ops=(Op.RELU, Op.WHERE)) -> list:
 
 
 def test_gpipe_runs_every_forward_microbatch_then_the_backward_ones(tmp_path: Path) -> None:
-    first, last = stage_plans(_example(tmp_path, "gpipe"), 2)
+    first, last = stage_plans(_example(tmp_path, "gpipe"))
     assert first.parts == 4
     assert _order(first) == [("F", 0), ("F", 1), ("F", 2), ("F", 3), ("B", 0), ("B", 1), ("B", 2), ("B", 3)]
     # The activations go over one microbatch at a time, and so do their gradients.
@@ -174,11 +174,11 @@ def test_gpipe_runs_every_forward_microbatch_then_the_backward_ones(tmp_path: Pa
 
 def test_1f1b_interleaves_after_one_warm_up_microbatch_per_gpu_downstream(tmp_path: Path) -> None:
     g = _example(tmp_path, "1f1b")
-    first, _ = stage_plans(g, 2)
+    first, _ = stage_plans(g)
     assert _order(first) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)]
     # GPU 0 holds two microbatches' activations at most instead of four.
-    one = stage_footprint(g, 2)[0]["activations"]
-    assert one < stage_footprint(_example(tmp_path, "gpipe"), 2)[0]["activations"]
+    one = stage_footprint(g)[0]["activations"]
+    assert one < stage_footprint(_example(tmp_path, "gpipe"))[0]["activations"]
     assert_ranks_match_one_process(g)
 
 
@@ -285,7 +285,7 @@ def test_1f1b_warm_up_is_one_microbatch_per_later_gpu(tmp_path: Path) -> None:
     (tmp_path / "p.toml").write_text("".join(f"[regions.layer{i}]\nstage = {i}\n" for i in range(4))
                                      + "[pipeline]\nmicrobatches = 8\nsplit = { X = 0, Y = 0 }\n")
     g = compile_file(tmp_path / "p.xg", CheckOptions(num_gpu=4), plan=load_plan(tmp_path / "p.toml")).optimized.main
-    plans = stage_plans(g, 4)
+    plans = stage_plans(g)
     for k, plan in enumerate(plans):
         mg = plan.graph
         gelu = [m for nid, m in plan.tasks if mg.node(nid).op is Op.GELU]
@@ -326,6 +326,9 @@ class StrictP2P:
         self.local = threading.local()
         self.broken: str | None = None
         self.sent: dict[int, int] = {}
+        self.calls: dict[tuple, int] = {}
+        self.slots: dict[tuple, dict] = {}
+        self.collectives = 0
 
     def _post(self, kind: str, tensor: torch.Tensor, peer: int, tag: int) -> _Work:
         me = self.local.rank
@@ -360,19 +363,59 @@ class StrictP2P:
     def recv(self, tensor, src, tag=0):
         self._post("recv", tensor, src, tag).wait()
 
+    # Collectives in a group (a stage's GPUs): the k-th call of every member meets the others'
+    # k-th call, which must be the same operation on the same shape, or NCCL would hang.
+    def new_group(self, ranks):
+        return tuple(ranks)
 
-def run_threads(monkeypatch, graph, world: int, inputs: dict) -> dict:
+    def all_reduce(self, tensor, group=None):
+        self._collective("all_reduce", group, tensor, None)
+
+    def all_gather(self, parts, tensor, group=None):
+        self._collective("all_gather", group, tensor, parts)
+
+    def _collective(self, op: str, group: tuple, tensor: torch.Tensor, parts) -> None:
+        me = self.local.rank
+        assert me in group, (me, group)
+        with self.lock:
+            k = self.calls[(group, me)] = self.calls.get((group, me), -1) + 1
+            slot = self.slots.setdefault((group, k), {"op": op, "shape": tuple(tensor.shape), "in": {},
+                                                      "done": threading.Event()})
+            if (slot["op"], slot["shape"]) != (op, tuple(tensor.shape)):
+                self.broken = (f"rank {me}'s call {k} in group {group} is {op} {tuple(tensor.shape)}, another "
+                               f"member's is {slot['op']} {slot['shape']}: NCCL would hang")
+            slot["in"][me] = (tensor, parts)
+            if len(slot["in"]) == len(group):
+                mine = [slot["in"][r][0].clone() for r in group]
+                for r in group:
+                    t, out = slot["in"][r]
+                    if op == "all_reduce":
+                        t.copy_(torch.stack(mine).sum(0))
+                    else:
+                        for j, x in enumerate(mine):
+                            out[j].copy_(x)
+                slot["done"].set()
+                self.collectives += 1
+        _Work(slot["done"], self).wait()
+
+
+def run_threads(monkeypatch, graph, world: int, inputs: dict, shares: bool = False) -> dict:
+    """Every rank's `_run_stages` on a thread; with `shares`, each rank of a stage of several GPUs
+    gets only its replica's share of the batch (as `xgrun` loads it), else the whole inputs."""
+    from xgbuild.compiler.ir.stages import rank_share
     fake = StrictP2P()
     monkeypatch.setattr(spmd, "dist", fake)
     results, errors = {}, {}
 
     def rank(r: int) -> None:
         fake.local.rank = r
+        split, piece, pieces = rank_share(graph, r) if shares else ({}, 0, 1)
+        mine = {k: (v.chunk(pieces, split[k])[piece] if k in split else v) for k, v in inputs.items()}
         try:
             ex = SpmdExecutor(Group(r, world, "cpu"), float64=True, check=False)
-            results[r] = ex._run_stages(graph, dict(inputs))
+            results[r] = ex._run_stages(graph, dict(mine), split)
             for _ in range(2):                       # again: the plan and the pair links are reused
-                again = ex._run_stages(graph, dict(inputs))
+                again = ex._run_stages(graph, dict(mine), split)
                 assert all(torch.equal(again.values[i], v) for i, v in results[r].values.items())
         except BaseException as exc:  # noqa: BLE001 (reported below, per rank)
             errors[r] = exc
@@ -383,6 +426,8 @@ def run_threads(monkeypatch, graph, world: int, inputs: dict) -> dict:
         t.join(90)
     assert not fake.broken, fake.broken
     assert not errors, errors
+    if len(stage_gpus(graph)[0]) > 1:
+        assert fake.collectives > 0                  # the replicas combined their microbatches
     return results[0].values
 
 
@@ -399,6 +444,18 @@ CASES = {
     "train-4-stages": (TRAIN4, REPO_ROOT / "models" / "train.xg", 4),
     "train-4-stages-4-microbatches": (TRAIN4 + "\n[pipeline]\nmicrobatches = 4\nsplit = { TOKENS = 0, TARGETS = 0 }\n",
                                       REPO_ROOT / "models" / "train.xg", 4),
+    # Stages of several GPUs: data-parallel replicas of the pipeline.
+    "train-2-stages-of-2-gpus": ((REPO_ROOT / "models" / "plans" / "train_pipeline_dp.toml").read_text(),
+                                 REPO_ROOT / "models" / "train.xg", 4),
+    "train-2-stages-of-2-gpus-2-microbatches-shares": (
+        (REPO_ROOT / "models" / "plans" / "train_pipeline_dp.toml").read_text() + "microbatches = 2\n",
+        REPO_ROOT / "models" / "train.xg", 4),
+    "example-2-stages-of-2-gpus-gpipe": (EXAMPLE_PLAN.replace("microbatches = 4", "microbatches = 2")
+                                         + 'schedule = "gpipe"\n', REPO_ROOT / "examples" / "pipeline.xg", 4),
+    "example-2-stages-of-4-gpus-shares": (EXAMPLE_PLAN, REPO_ROOT / "examples" / "pipeline.xg", 8),
+    # Stage 1 holds no region: its GPUs (2 and 3) idle, yet take part in making the stages' groups.
+    "example-stages-0-and-2-of-2-gpus": (EXAMPLE_PLAN.replace("stage = 1", "stage = 2"),
+                                         REPO_ROOT / "examples" / "pipeline.xg", 6),
 }
 
 
@@ -407,7 +464,7 @@ def test_every_rank_on_strict_point_to_point_gives_one_process_result(monkeypatc
     text, src, world = CASES[case]
     g = program(text, tmp_path, src, world)
     inputs = train_values(g)
-    got, want = run_threads(monkeypatch, g, world, inputs), whole_run(g, inputs)
+    got, want = run_threads(monkeypatch, g, world, inputs, case.endswith("shares")), whole_run(g, inputs)
     assert set(got) == set(want)
     for i, w in want.items():
         err = float((got[i] - w).norm() / max(float(w.norm()), 1e-30))

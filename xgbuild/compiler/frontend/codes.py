@@ -267,17 +267,18 @@ A sharding plan (`--sharding plan.toml`) maps names to strategies:
     shard = { w1 = 1, w2 = 0 }   # tensor: parameter -> dimension
     [regions.head]
     strategy = "pipeline"
-    stage = 1                 # pipeline: the GPU that runs the region (or `workers = [1]`)
+    stage = 1                 # pipeline: the region's stage (or its GPUs: `workers = [2, 3]`)
     [values]
     TOKENS = 0                # an external input split along dimension 0
 
 See docs/sharding.md.
 """)
 PLAN_PIPELINE = _code("XG0507", "unsupported pipeline plan", "{detail}", """
-A pipeline plan places whole regions on GPUs, one GPU per stage (`stage = K` or
-`workers = [K]`). Not supported yet: a stage of several GPUs, and splitting values inside a
-pipeline (pipeline regions beside `data` or `tensor` regions, `[values]` splits, or the program's
-own `with shard(x, dim=...)`). Use one kind of plan per engine.
+A pipeline plan places whole regions on stages (`stage = K`, or the stage's GPUs: `workers =
+[2, 3]`). A stage of several GPUs splits the `[pipeline] split` batch over them (data parallel).
+Not supported yet: splitting anything else inside a pipeline (pipeline regions beside `data` or
+`tensor` regions, `[values]` splits, or the program's own `with shard(x, dim=...)`), i.e. tensor
+parallelism inside a stage. Use one kind of plan per engine.
 """)
 
 # --- control flow (XG06xx) ------------------------------------------------------------------

@@ -15,18 +15,23 @@ The declarative form of the GT2 seed's signal configs. A plan maps names to stra
     shard = { w1 = 1, w2 = 0 }     # tensor: name -> dim
     [regions.head]
     strategy = "pipeline"
-    stage = 1                      # pipeline: the GPU (rank) that runs the region (`workers = [1]`)
+    stage = 1                      # pipeline: the stage that runs the region (or `workers = [2, 3]`)
     [pipeline]                     # with pipeline regions: stages overlap on microbatches
     microbatches = 4
-    split = { X = 0 }              # the inputs split into microbatches, and along which dim
+    split = { X = 0 }              # the inputs that hold the batch, and along which dim
     schedule = "1f1b"              # or "gpipe"
 
 Owns: reading and validating the file (XG0506, XG0507) and checking its names against a checked
 program (XG0505 unknown, XG0503 conflicting with the source's shards, XG0500 indivisible). Lowering
 applies it: SHARD nodes where the region starts (ir/lower.py); `replicated` is a SHARD with no dim;
 a pipeline region's stage is a STAGE node on each value it reads (passes/stage.py places the rest).
-A pipeline plan places regions on GPUs and splits nothing: a stage of several GPUs, or pipeline
-regions beside data/tensor ones, are XG0507.
+
+Stages are numbered by `stage = K` (S stages: the largest K + 1), each on NUM_GPU / S GPUs
+(stage K on GPUs K*D to K*D + D - 1), or given their GPUs by GT2's `workers = [...]` lists (equal
+or disjoint, of one length, covering every GPU; stages in the order of their first GPU). A stage
+of D GPUs runs data parallel: D replicas of the pipeline, each with 1/D of the `split` inputs'
+batch, their weight gradients summed inside each stage. Splitting values by tensor or data regions
+beside pipeline regions is XG0507.
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ class RegionPlan:
     axis: int = 0
     replicated: tuple[str, ...] = ()
     shard: tuple[tuple[str, int], ...] = ()
-    stage: int | None = None          # pipeline: the rank that runs the region
+    stage: int | None = None          # pipeline: `stage = K`
+    workers: tuple[int, ...] = ()     # pipeline: GT2's `workers = [...]`, the stage's GPUs
 
     def dims_for(self, names: list[str], ranks: dict[str, int]) -> dict[str, int | None]:
         """What the region does to the tensors it reads: name -> dim split, or None (made whole)."""
@@ -85,6 +91,62 @@ class ShardingPlan:
     @property
     def pipeline(self) -> bool:
         return any(r.strategy == "pipeline" for r in self.regions)
+
+    def stages(self, num_gpu: int) -> tuple[tuple[tuple[int, ...], ...], dict[str, int]]:
+        """The pipeline's stages on `num_gpu` GPUs: each stage's GPUs, and each region's stage
+        (XG0506 for a layout that does not work)."""
+        regions = [r for r in self.regions if r.strategy == "pipeline"]
+        at = self.name
+        mixed = any(r.workers for r in regions) and not all(r.workers for r in regions)
+        if mixed and any(len(r.workers) > 1 for r in regions):
+            raise plan_error(PLAN_BAD, "some pipeline regions name a `stage` and others several `workers`", at,
+                             "give every pipeline region `stage = K`, or every one its `workers = [...]`")
+        if mixed:        # `workers = [K]` beside `stage = ...`: one GPU per stage, GPU K is stage K
+            regions = [r if r.stage is not None else RegionPlan(r.name, "pipeline", stage=r.workers[0])
+                       for r in regions]
+        elif regions and regions[0].workers:
+            lists = sorted({r.workers for r in regions})
+            for r in regions:
+                big = [w for w in r.workers if w >= num_gpu]
+                if big:
+                    raise plan_error(PLAN_BAD, f"region `{r.name}` runs on GPU {big[0]}, but the engine has "
+                                     f"{num_gpu} (NUM_GPU)", f"{at}: [regions.{r.name}]",
+                                     f"GPUs are 0 to {num_gpu - 1}; raise NUM_GPU (`--num-gpu`)")
+            seen: dict[int, tuple[int, ...]] = {}
+            for ws in lists:
+                for w in ws:
+                    if w in seen:
+                        raise plan_error(PLAN_BAD, f"GPU {w} is in two different stages, {list(seen[w])} and "
+                                         f"{list(ws)}", at, "regions on one stage list the same GPUs; stages "
+                                         "share none")
+                    seen[w] = ws
+            if len({len(ws) for ws in lists}) > 1:
+                raise plan_error(PLAN_BAD, "stages of different sizes: " + ", ".join(str(list(ws)) for ws in lists),
+                                 at, "every stage runs on the same number of GPUs (each holds one replica's share)")
+            idle = [k for k in range(num_gpu) if k not in seen]
+            if idle:
+                raise plan_error(PLAN_BAD, f"GPU {idle[0]} is in no stage's `workers`", at,
+                                 f"give every GPU 0 to {num_gpu - 1} to a stage, or lower NUM_GPU")
+            groups = tuple(sorted(lists, key=lambda ws: ws[0]))
+            return groups, {r.name: groups.index(r.workers) for r in regions}
+        for r in regions:
+            if r.stage >= num_gpu:
+                raise plan_error(PLAN_BAD, f"region `{r.name}` is placed on stage {r.stage}, but the engine has "
+                                 f"{num_gpu} GPUs (NUM_GPU)", f"{at}: [regions.{r.name}]",
+                                 f"stages are 0 to {num_gpu - 1}; raise NUM_GPU (`--num-gpu`) or move the region")
+        count = max((r.stage for r in regions), default=0) + 1
+        if num_gpu % count:
+            fits = sorted({count * k for k in (1, 2, 4)})
+            raise plan_error(PLAN_BAD, f"{num_gpu} GPUs do not split evenly over {count} stages", at,
+                             "each stage runs on NUM_GPU / stages GPUs: use NUM_GPU = " +
+                             " or ".join(str(n) for n in fits) + ", or place the GPUs with `workers = [...]`")
+        per = num_gpu // count
+        if mixed and per > 1:
+            raise plan_error(PLAN_BAD, f"`workers = [K]` puts a region on one GPU, but {num_gpu} GPUs over {count} "
+                             f"stages give each stage {per}", at,
+                             "write `stage = K` for every region, or list each stage's GPUs in `workers`")
+        return (tuple(tuple(range(k * per, (k + 1) * per)) for k in range(count)),
+                {r.name: r.stage for r in regions})
 
 
 def plan_error(code: Code, detail: str, where: str, help: str | None = None) -> CompileError:
@@ -151,8 +213,6 @@ def _pipeline_table(body: dict, at: str) -> tuple[int, tuple[tuple[str, int], ..
     if micro > 1 and not split:
         raise plan_error(PLAN_BAD, f"{micro} microbatches of what? `split` names no input", at,
                          "say which inputs hold the batch, and along which dim: `split = { X = 0, Y = 0 }`")
-    if split and micro == 1:
-        raise plan_error(PLAN_BAD, "`split` needs `microbatches` of at least 2", at)
     if "schedule" in body and micro == 1:
         raise plan_error(PLAN_BAD, "a `schedule` orders microbatches, and the plan has none", at,
                          "add `microbatches = M` and `split = { X = 0 }`, or drop `schedule`")
@@ -204,26 +264,24 @@ def _pipeline_region(name: str, body: dict, at: str) -> RegionPlan:
     strategy = body.get("strategy", "pipeline")
     if strategy != "pipeline":
         raise plan_error(PLAN_PIPELINE, f"region `{name}` is {strategy!r} and also names GPUs (`stage`/`workers`)",
-                         at, "a stage of several GPUs that splits its work is not supported yet: give a "
-                         "pipeline region one GPU, `stage = K`")
+                         at, "a stage of several GPUs is data parallel already (over the `[pipeline] split` "
+                         "inputs); tensor parallelism inside a stage is not supported yet: drop `strategy`")
     extra = sorted(set(body) - {"strategy", "stage", "workers"})
     if extra:
         raise plan_error(PLAN_BAD, f"`{extra[0]}` does not apply to strategy \"pipeline\"", at,
-                         "keys for it: `stage` (or `workers = [K]`)")
+                         "keys for it: `stage` (or `workers = [...]`)")
     if "stage" in body and "workers" in body:
         raise plan_error(PLAN_BAD, f"region `{name}` has both `stage` and `workers`", at, "keep one")
-    stage = body.get("stage")
     if "workers" in body:
         workers = body["workers"]
         if not isinstance(workers, list) or not workers or not all(_index(w) for w in workers):
-            raise plan_error(PLAN_BAD, "`workers` must be a list of GPU indices: `workers = [1]`", at)
-        if len(workers) > 1:
-            raise plan_error(PLAN_PIPELINE, f"region `{name}` runs on {len(workers)} GPUs {workers}", at,
-                             "a pipeline stage is one GPU for now (data or tensor parallelism inside a stage "
-                             "is not supported yet): `workers = [K]`")
-        stage = workers[0]
+            raise plan_error(PLAN_BAD, "`workers` must be a list of GPU indices: `workers = [2, 3]`", at)
+        if len(set(workers)) != len(workers):
+            raise plan_error(PLAN_BAD, f"`workers` lists a GPU twice: {workers}", at)
+        return RegionPlan(name, "pipeline", workers=tuple(sorted(workers)))
+    stage = body.get("stage")
     if not _index(stage):
-        raise plan_error(PLAN_BAD, f"region `{name}` needs `stage = K`, the GPU that runs it (0, 1, ...), "
+        raise plan_error(PLAN_BAD, f"region `{name}` needs `stage = K`, its place in the pipeline (0, 1, ...), "
                          f"got {stage!r}", at)
     return RegionPlan(name, "pipeline", stage=stage)
 
@@ -280,7 +338,8 @@ def _conflict(name: str, mine: int | None, theirs: int | None, where: str) -> Co
 
 
 def _check_pipeline(plan: ShardingPlan, typed, num_gpu: int) -> None:
-    """A pipeline plan places regions on GPUs and splits nothing (stages of one GPU each)."""
+    """A pipeline plan places regions on stages of GPUs and splits nothing but the batch (over
+    microbatches, and over a stage's GPUs)."""
     where = f"{plan.name}"
     mixed = [r.name for r in plan.regions if r.strategy not in ("pipeline", "replicated")]
     split = [name for name, dim in plan.values if dim is not None]
@@ -289,8 +348,20 @@ def _check_pipeline(plan: ShardingPlan, typed, num_gpu: int) -> None:
         what = (f"region `{mixed[0]}` is {plan.region(mixed[0]).strategy!r}" if mixed else
                 f"`[values]` splits `{split[0]}`" if split else f"the program shards `{source[0]}`")
         raise plan_error(PLAN_PIPELINE, f"pipeline stages with data or tensor parallelism: {what}", where,
-                         "a pipeline plan places whole regions on GPUs; splitting inside a stage is not "
-                         "supported yet")
+                         "a pipeline plan places whole regions on stages; a stage of several GPUs splits the "
+                         "`[pipeline] split` batch over them, and nothing else is split inside a stage yet")
+    groups, _ = plan.stages(num_gpu)
+    replicas = len(groups[0])
+    at = f"{plan.name}: [pipeline]"
+    if replicas > 1 and not plan.micro_split:
+        raise plan_error(PLAN_BAD, f"each of the {len(groups)} stages runs on {replicas} GPUs, which split the batch, "
+                         "and `[pipeline] split` names no input", at,
+                         "say which inputs hold the batch, and along which dim: `split = { X = 0, Y = 0 }`")
+    if plan.micro_split and plan.microbatches == 1 and replicas == 1:
+        raise plan_error(PLAN_BAD, "`split` needs `microbatches` of at least 2 (or stages of several GPUs)", at)
+    pieces = plan.microbatches * replicas
+    what = " x ".join(x for x in (f"{plan.microbatches} microbatches" if plan.microbatches > 1 else "",
+                                  f"{replicas} GPUs per stage" if replicas > 1 else "") if x)
     for name, dim in plan.micro_split:
         at = f"{plan.name}: [pipeline] split.{name}"
         ty = typed.externals.get(name)
@@ -301,12 +372,8 @@ def _check_pipeline(plan: ShardingPlan, typed, num_gpu: int) -> None:
         shape = getattr(ty, "shape", ())
         if dim >= len(shape):
             raise plan_error(PLAN_BAD, f"`{name}` has {len(shape)} dimensions; the plan splits dimension {dim}", at)
-        if isinstance(shape[dim], int) and shape[dim] % plan.microbatches:
-            raise plan_error(PLAN_BAD, f"dimension {dim} of `{name}` has size {shape[dim]}, which "
-                             f"{plan.microbatches} microbatches do not divide", at,
-                             "choose a number of microbatches that divides the batch")
-    for r in plan.regions:
-        if r.strategy == "pipeline" and r.stage >= num_gpu:
-            raise plan_error(PLAN_BAD, f"region `{r.name}` is placed on GPU {r.stage}, but the engine has "
-                             f"{num_gpu} (NUM_GPU)", f"{plan.name}: [regions.{r.name}]",
-                             f"stages are 0 to {num_gpu - 1}; raise NUM_GPU (`--num-gpu`) or move the region")
+        if isinstance(shape[dim], int) and shape[dim] % pieces:
+            raise plan_error(PLAN_BAD, f"dimension {dim} of `{name}` has size {shape[dim]}, which {what}"
+                             + (f" ({pieces} pieces)" if replicas > 1 else "") + " do not divide", at,
+                             "choose a number of microbatches that divides the batch" if replicas == 1 else
+                             "choose microbatches and GPUs per stage whose product divides the batch")

@@ -125,6 +125,8 @@ class FunctionLowering:
     def __init__(self, tp: TypedProgram, name: str, functions: dict[str, Graph], plan: ShardingPlan | None = None) -> None:
         self.tp = tp
         self.plan = plan
+        # A pipeline plan's stages: each region's stage, and every stage's GPUs (on each STAGE node).
+        self.stages = plan.stages(tp.num_gpu) if plan is not None and plan.pipeline else ((), {})
         self.sig = tp.funcs[name]
         self.functions = functions
         self.b = GraphBuilder(name)
@@ -281,8 +283,9 @@ class FunctionLowering:
                 value, ty = self.env[name]
                 if isinstance(value, int):
                     n = self.b.node(value)
+                    gpus, stage_of = self.stages
                     self.env[name] = (self.b.add(Op.STAGE, (value,), n.dtype, n.shape,
-                                                 attrs_of(stage=region.stage), src), ty)
+                                                 attrs_of(stage=stage_of[region.name], gpus=gpus), src), ty)
             return
         ranks = {n: len(self.b.node(v).shape) for n in names if isinstance(v := self.env[n][0], int)}
         for name, dim in region.dims_for(names, ranks).items():

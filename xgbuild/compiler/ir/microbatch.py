@@ -19,6 +19,10 @@ microbatches:
 Outputs are made whole. The graph returned has each node's shape for one microbatch (per-m
 nodes) or the whole value (once nodes); `per_microbatch` says which nodes run M times. It exists
 only at run time (and for `inspect`): the engine stores the unsplit graph.
+
+With stages of D GPUs (ir/stages.py) the batch is split in time and over the stage's GPUs: the
+plan is made for M * D pieces, replica d holding pieces d*M to d*M + M - 1, so each combination
+combines the replica's own pieces and then the replicas' (a collective inside the stage).
 """
 
 from __future__ import annotations
@@ -39,32 +43,43 @@ def microbatches(graph: Graph) -> int:
 @dataclass(frozen=True)
 class Microbatched:
     graph: Graph                 # per-microbatch shapes; the sharding pass's conversions act over microbatches
-    parts: int
+    parts: int                   # microbatches per replica
     per_microbatch: frozenset    # node ids run once per microbatch (the rest run once)
     schedule: str = "1f1b"       # "1f1b" | "gpipe" (ir/stages.py)
+    replicas: int = 1            # GPUs per stage: the plan is over parts * replicas pieces
 
 
 def microbatch_graph(graph: Graph) -> Microbatched:
     """The plan over microbatches (raises passes/shard.py's ShardingError, worded in microbatches,
     for a size the count does not divide)."""
+    from ..frontend.codes import PLAN_BAD
     from ..passes.shard import ShardingError, _Planner
+    from .stages import has_stages, stage_gpus
     parts = microbatches(graph)
-    if parts == 1:
+    replicas = len(stage_gpus(graph)[0]) if has_stages(graph) else 1
+    if parts * replicas == 1:
         return Microbatched(graph, 1, frozenset())
+    if not any(n.op is Op.MICROBATCH for n in graph.nodes):
+        raise ShardingError(PLAN_BAD.code, f"stages of {replicas} GPUs split the batch, and no input is marked as "
+                            "holding it", None, "name the batch in the plan: `[pipeline] split = { X = 0 }`")
     schedule = next(n.attr("schedule", "1f1b") for n in graph.nodes if n.op is Op.MICROBATCH)
+    pieces = parts * replicas
     # The markers become the sharding pass's splits, over `parts` virtual ranks.
     marked = graph.with_nodes([replace(n, op=Op.SHARD, attrs=attrs_of(dim=n.attr("dim")))
                                if n.op is Op.MICROBATCH else n for n in graph.nodes])
-    planner = _Planner(marked, parts)
+    planner = _Planner(marked, pieces)
     try:
         planned = planner.run()
         whole = tree_map(planned.output, lambda i: planner.convert(i, R, None))
     except ShardingError as exc:
-        text = str(exc).replace(f"`NUM_GPU = {parts}` does not divide", f"{parts} microbatches do not divide")
+        what = f"{parts} microbatches" if replicas == 1 else (
+            f"{pieces} pieces ({parts} microbatch{'es' if parts > 1 else ''} x {replicas} GPUs per stage)")
+        text = str(exc).replace(f"`NUM_GPU = {pieces}` does not divide", f"{what} do not divide")
         raise ShardingError(exc.code, f"{text} (planning the pipeline's microbatches)", exc.src,
-                            "choose a number of microbatches that divides it") from None
+                            "choose a number of microbatches that divides it" if replicas == 1 else
+                            "choose microbatches and GPUs per stage whose product divides it") from None
     planned = planned.with_nodes(planner.nodes, whole)
-    layouts = infer_layouts(planned, parts)
-    nodes = [replace(n, shape=local_shape(n.shape, layouts[n.id], parts)) for n in planned.nodes]
+    layouts = infer_layouts(planned, pieces)
+    nodes = [replace(n, shape=local_shape(n.shape, layouts[n.id], pieces)) for n in planned.nodes]
     per = frozenset(n.id for n in planned.nodes if layouts[n.id] != R)
-    return Microbatched(planned.with_nodes(nodes, whole), parts, per, schedule)
+    return Microbatched(planned.with_nodes(nodes, whole), parts, per, schedule, replicas)

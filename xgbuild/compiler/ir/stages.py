@@ -12,10 +12,17 @@ Before `passes/stage.py` a STAGE(g, x) node (no `stage` attr; autodiff's rule fo
 gradient back to wherever x lives; the pass turns it into STAGE(g, stage=k) or drops it, so a
 compiled engine holds only the first kind and `infer_stages` reads the plan back from the graph.
 
-`stage_plans` turns placement into what each rank does: its tasks (a node, for one microbatch or
-once) and the transfers between each pair of GPUs, in one order both sides agree on (the time of
-each send in a step-by-step simulation of all ranks), so point-to-point sends and receives pair
-up without deadlock. Outputs go to rank 0. `stage_inputs` names the inputs a rank reads.
+Each STAGE node also carries every stage's GPUs (`gpus`, from the plan; without it, stage k is
+GPU k). A stage of D GPUs runs data parallel: D replicas of the whole pipeline, replica d on GPU d
+of every stage, each with its share of the batch (`batch_split`); ir/microbatch.py plans the
+microbatches of all replicas together, so the values that combine microbatches (joins, gradient
+sums) combine the replicas' too, by collectives inside each stage.
+
+`stage_plans` turns placement into what each stage does: its tasks (a node, for one microbatch or
+once) and the transfers between each pair of stages, in one order both sides agree on (the time of
+each send in a step-by-step simulation of all stages), so point-to-point sends and receives pair
+up without deadlock. Every replica runs its stage's plan, with its own peers. Outputs go to stage
+0 (rank 0 reports replica 0's). `stage_inputs` names the inputs a rank reads.
 """
 
 from __future__ import annotations
@@ -27,6 +34,48 @@ from .graph import Graph, Op, tree_ids
 
 def has_stages(graph: Graph) -> bool:
     return any(n.op is Op.STAGE for n in graph.nodes)
+
+
+def stage_gpus(graph: Graph) -> tuple[tuple[int, ...], ...]:
+    """Each stage's GPUs (ranks), in stage order; replica d of the pipeline runs on the d-th GPU of
+    every stage."""
+    most = -1
+    for n in graph.nodes:
+        if n.op is Op.STAGE:
+            if n.attr("gpus") is not None:
+                return n.attr("gpus")
+            most = max(most, n.attr("stage") if n.attr("stage") is not None else -1)
+    return tuple((k,) for k in range(most + 1))
+
+
+def stage_of(graph: Graph, rank: int) -> tuple[int, int] | None:
+    """(stage, replica) of a rank in a staged graph; None for a GPU in no stage."""
+    for k, gpus in enumerate(stage_gpus(graph)):
+        if rank in gpus:
+            return k, gpus.index(rank)
+    return None
+
+
+def batch_split(graph: Graph) -> dict[str, int]:
+    """With stages of several GPUs: the inputs that hold the batch (the plan's `[pipeline] split`),
+    name -> dim, where nothing else reads them; each replica reads only its share (a 1/D slice, in
+    replica order)."""
+    if len(stage_gpus(graph)[0] if has_stages(graph) else ()) < 2:
+        return {}
+    users = graph.users()
+    out = {}
+    for name, nid in graph.inputs:
+        marks = {graph.node(u).attr("dim") if graph.node(u).op is Op.MICROBATCH else None for u in users[nid]}
+        if len(marks) == 1 and None not in marks and nid not in tree_ids(graph.output):
+            out[name] = marks.pop()
+    return out
+
+
+def rank_share(graph: Graph, rank: int) -> tuple[dict[str, int], int, int]:
+    """What a pipeline rank loads a slice of: (input -> dim, its piece, of how many pieces)."""
+    where = stage_of(graph, rank)
+    replicas = len(stage_gpus(graph)[0])
+    return (batch_split(graph), where[1], replicas) if where is not None else ({}, 0, 1)
 
 
 def infer_stages(graph: Graph) -> dict[int, int | None]:
@@ -58,8 +107,11 @@ def _computed_on(graph: Graph, st: dict[int, int | None], rank: int) -> set[int]
 
 def stage_inputs(graph: Graph, rank: int) -> set[str]:
     """The inputs rank `rank` of a staged graph reads (directly or through free nodes): the only
-    ones it loads."""
-    need = _computed_on(graph, infer_stages(graph), rank)
+    ones it loads (split ones: its replica's share, `batch_split`)."""
+    where = stage_of(graph, rank)
+    if where is None:
+        return set()
+    need = _computed_on(graph, infer_stages(graph), where[0])
     return {name for name, nid in graph.inputs if nid in need}
 
 
@@ -81,12 +133,14 @@ class Transfer:
 
 @dataclass
 class RankPlan:
-    """One rank's part of a staged graph (`graph`: microbatched, ir/microbatch.py)."""
-    rank: int
+    """One stage's part of a staged graph (`graph`: microbatched, ir/microbatch.py), which each of
+    the stage's GPUs runs on its replica's share; peers in `recv`/`send`/`pairs` are stages."""
+    rank: int                                          # the stage
     graph: Graph
-    parts: int                                         # microbatches (1: none)
+    parts: int                                         # microbatches per replica (1: none)
     per_microbatch: frozenset
     schedule: str                                      # "1f1b" | "gpipe"
+    replicas: int = 1                                  # GPUs per stage (data parallel)
     tasks: list[Key] = field(default_factory=list)     # what this rank computes, in order
     recv: dict[Key, Transfer] = field(default_factory=dict)        # value -> how it arrives here
     send: dict[Key, list[Transfer]] = field(default_factory=dict)  # value -> where it goes
@@ -111,21 +165,21 @@ class RankPlan:
 ALL_PARTS = (Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL)
 
 
-def stage_plan(graph: Graph, rank: int, world: int) -> RankPlan:
-    return stage_plans(graph, world)[rank]
+def stage_plan(graph: Graph, stage: int) -> RankPlan:
+    return stage_plans(graph)[stage]
 
 
-_PLANS: dict[tuple[int, int], tuple[Graph, list[RankPlan]]] = {}     # least recently used first
+_PLANS: dict[int, tuple[Graph, list[RankPlan]]] = {}     # least recently used first
 _MAX_PLANS = 8
 
 
-def stage_plans(graph: Graph, world: int) -> list[RankPlan]:
-    """Every rank's part, made once per graph object (the simulation costs milliseconds, which a
+def stage_plans(graph: Graph) -> list[RankPlan]:
+    """Every stage's part, made once per graph object (the simulation costs milliseconds, which a
     run would otherwise pay before each step's first task; the plans are read, never changed)."""
-    key = (id(graph), world)
+    key = id(graph)
     hit = _PLANS.pop(key, None)
     if hit is None or hit[0] is not graph:
-        hit = (graph, _stage_plans(graph, world))
+        hit = (graph, _stage_plans(graph, len(stage_gpus(graph))))
     _PLANS[key] = hit
     while len(_PLANS) > _MAX_PLANS:
         _PLANS.pop(next(iter(_PLANS)))
@@ -145,7 +199,7 @@ def _stage_plans(graph: Graph, world: int) -> list[RankPlan]:
     g, parts, per = mb.graph, mb.parts, mb.per_microbatch
     st = infer_stages(g)
     outputs = tree_ids(g.output)
-    plans = [RankPlan(r, g, parts, per, mb.schedule) for r in range(world)]
+    plans = [RankPlan(r, g, parts, per, mb.schedule, mb.replicas) for r in range(world)]
     # Which values cross GPUs (any microbatch of them), and to where.
     cross: dict[int, set[int]] = {}
     for n in g.nodes:
@@ -296,15 +350,18 @@ def _stage_plans(graph: Graph, world: int) -> list[RankPlan]:
     return plans
 
 
-def stage_summary(graph: Graph, world: int) -> dict:
-    """The placement as data (manifest, inspect, --emit ir-opt): nodes per GPU, microbatches, and
-    what each pair of GPUs sends (per value: how many times, and bytes in all)."""
+def stage_summary(graph: Graph) -> dict:
+    """The placement as data (manifest, inspect, --emit ir-opt): each stage's GPUs and nodes,
+    microbatches, what each pair of stages sends (per value: how many times, and bytes in all; each
+    replica sends as much) and, with stages of several GPUs, the collectives inside each stage."""
     from .layout import nbytes
     st = infer_stages(graph)
+    gpus = stage_gpus(graph)
+    world = len(gpus)
     nodes = [sum(1 for n in graph.nodes if st[n.id] == k and n.op not in (Op.STAGE, Op.MICROBATCH))
              for k in range(world)]
     free = sum(1 for n in graph.nodes if st[n.id] is None and n.op not in (Op.INPUT, Op.CONST))
-    plans = stage_plans(graph, world)
+    plans = stage_plans(graph)
     g = plans[0].graph
     known_ids = {n.id for n in graph.nodes}
 
@@ -327,7 +384,23 @@ def stage_summary(graph: Graph, world: int) -> dict:
                 row["bytes"] = None if size is None or row["bytes"] is None else row["bytes"] + size
     rows = sorted(sends.values(), key=lambda s: (s["from"], s["to"], s["id"]))
     known = [s["bytes"] for s in rows if s["bytes"] is not None]
-    return {"stages": world, "microbatches": plans[0].parts, "schedule": plans[0].schedule,
+    replicas = plans[0].replicas
+    collectives = []           # inside a stage of several GPUs: what combines the replicas' microbatches
+    for plan in plans if replicas > 1 else ():
+        seen: set[int] = set()
+        for nid, _m in plan.tasks:
+            node = g.node(nid)
+            if node.op in ALL_PARTS and nid not in seen:
+                seen.add(nid)
+                size = nbytes(node)
+                whole = None if size is None else size * (1 if node.op in (Op.ALL_REDUCE, Op.ALL_GATHER)
+                                                          else plan.parts * replicas)
+                collectives.append({"id": shown(nid), "stage": plan.rank, "op": node.op.value, "bytes": whole,
+                                    "line": node.src[0] if node.src else None})
+    known_c = [c["bytes"] for c in collectives if c["bytes"] is not None]
+    return {"stages": world, "gpus": [list(x) for x in gpus], "replicas": replicas,
+            "microbatches": plans[0].parts, "schedule": plans[0].schedule,
             "nodes": nodes, "free_nodes": free,
             "transfers": rows, "tasks": [len(p.tasks) for p in plans],
-            "bytes_moved": sum(known), "bytes_unknown": len(known) != len(rows)}
+            "collectives": collectives, "collective_bytes": sum(known_c),
+            "bytes_moved": sum(known), "bytes_unknown": len(known) != len(rows) or len(known_c) != len(collectives)}

@@ -23,7 +23,7 @@ from ...hw import load_profile
 from ..ir.graph import Graph, Node, Op, Program, attrs_of, tree_ids, tree_map
 from ..ir.layout import (P, R, Layout, S, collective_bytes, infer_layouts, local_shape, nbytes, rules, shardable,
                          split_inputs)
-from ..ir.stages import has_stages, stage_summary
+from ..ir.stages import has_stages, stage_gpus, stage_summary
 from ..frontend.codes import SHARD_INDIVISIBLE, SHARD_MEMORY
 
 INF = float("inf")
@@ -190,11 +190,12 @@ def _share(node: Node, n: int) -> float:
 def footprint(graph: Graph, n: int) -> dict:
     """Bytes one GPU holds: its pieces of the inputs, and the peak of intermediates alive at once
     (in program order, each freed after its last use). Symbolic sizes are left out (unknown).
-    A pipeline: the fullest GPU's, with every GPU's in `per_stage`."""
+    A pipeline: the fullest stage's (each GPU of a stage holds as much), with every stage's in
+    `per_stage`."""
     if n > 1 and has_stages(graph):
         from .stage import stage_footprint
-        per = stage_footprint(graph, n)
-        worst = max(range(n), key=lambda k: per[k]["total"])
+        per = stage_footprint(graph)
+        worst = max(range(len(per)), key=lambda k: per[k]["total"])
         return {**per[worst], "stage": worst, "per_stage": per}
     layouts = infer_layouts(graph, n)
     outputs = set(tree_ids(graph.output))
@@ -231,8 +232,10 @@ def check_footprint(graph: Graph, n: int, target: str) -> dict:
         big = max(graph.inputs, key=lambda kv: nbytes(graph.node(kv[1])) or 0, default=None)
         hint = (f"the largest input is `{big[0]}` ({_gb(nbytes(graph.node(big[1])) or 0)}); shard it "
                 f"(`with shard({big[0]}, dim=0)` or a --sharding plan) or raise NUM_GPU") if big else "raise NUM_GPU"
-        who = ("the one GPU" if n == 1 else f"GPU {stage} (its pipeline stage)" if stage is not None
-               else f"each of the {n} GPUs")
+        gpus = stage_gpus(graph) if stage is not None else ()
+        who = ("the one GPU" if n == 1 else f"each GPU of pipeline stage {stage} (GPUs {list(gpus[stage])})"
+               if stage is not None and len(gpus[stage]) > 1 else f"GPU {gpus[stage][0]} (pipeline stage {stage})"
+               if stage is not None else f"each of the {n} GPUs")
         detail = (f"{who} needs {_gb(fp['total'])} (inputs {_gb(fp['inputs'])}, "
                   f"intermediates at the peak {_gb(fp['activations'])}), more than the {profile.name}'s "
                   f"{_gb(profile.hbm_bytes)} of HBM")
@@ -263,10 +266,15 @@ def plan_of(graph: Graph, n: int, target: str | None = None) -> dict:
         ic = load_profile(target).interconnect
         # The datasheet figure counts both directions; a ring step sends one way.
         link = {"interconnect": ic.kind, "predicted_comm_ms": sum(known) / (ic.bandwidth_bytes_per_s / 2) * 1e3}
-    stages = {"pipeline": stage_summary(graph, n)} if n > 1 and has_stages(graph) else {}
+    stages = {"pipeline": stage_summary(graph)} if n > 1 and has_stages(graph) else {}
     if stages and target:
         ic = load_profile(target).interconnect
-        link["predicted_comm_ms"] += stages["pipeline"]["bytes_moved"] / (ic.bandwidth_bytes_per_s / 2) * 1e3
+        pp = stages["pipeline"]
+        # A ring all-reduce sends about 2 (D-1)/D of the value per GPU, a ring all-gather (D-1)/D.
+        d = pp["replicas"]
+        inside = sum((2 if c["op"] in ("all_reduce", "reduce_scatter") else 1) * (d - 1) / d * c["bytes"]
+                     for c in pp["collectives"] if c["bytes"] is not None)
+        link["predicted_comm_ms"] += (pp["bytes_moved"] + inside) / (ic.bandwidth_bytes_per_s / 2) * 1e3
     return {**link, **stages,
         "num_gpu": n,
         "inputs": {names[i]: str(layouts[i]) for _, i in graph.inputs},
@@ -283,11 +291,14 @@ def plan_lines(plan: dict) -> list[str]:
     n = plan["num_gpu"]
     moving = sum(1 for c in plan["collectives"] if c["op"] != "shard")
     if "pipeline" in plan and not plan["collectives"]:
-        mb = plan["pipeline"].get("microbatches", 1)
+        pp = plan["pipeline"]
+        mb, d = pp.get("microbatches", 1), pp.get("replicas", 1)
         how = {"1f1b": "after a warm-up, each GPU alternates one forward and one backward microbatch (1F1B)",
                "gpipe": "each GPU runs every forward microbatch, then the backward ones (GPipe)"}
-        lines = [f"pipeline plan over {n} GPUs (one stage each)" + (
-            f", {mb} microbatches: {how.get(plan['pipeline'].get('schedule'), '')}" if mb > 1
+        stages = (f"one stage each" if d == 1 else f"{pp['stages']} stages of {d} GPUs, "
+                  + ", ".join(str(g) for g in pp.get("gpus", ())) + f": {d} data-parallel replicas of the pipeline")
+        lines = [f"pipeline plan over {n} GPUs ({stages})" + (
+            f", {mb} microbatches{' per replica' if d > 1 else ''}: {how.get(pp.get('schedule'), '')}" if mb > 1
             else ", no microbatches: the stages run in turn")]
     else:
         lines = [f"sharding plan over {n} GPU{'s' if n > 1 else ''}: {moving} collective{'s' if moving != 1 else ''} "
@@ -309,15 +320,22 @@ def plan_lines(plan: dict) -> list[str]:
         lines.append(f"  output {k:<14} {lay}" + ("  (gathered to rank 0)" if lay.startswith("S") else ""))
     if "pipeline" in plan:
         pp = plan["pipeline"]
+        d = pp.get("replicas", 1)
         sends = sum(t.get("times", 1) for t in pp["transfers"])
-        lines.append(f"  nodes per GPU {pp['nodes']} (+{pp['free_nodes']} computed on each GPU that uses them); "
+        unit, who = ("GPU", "GPU") if d == 1 else ("stage", f"GPU of a stage")
+        lines.append(f"  nodes per {unit} {pp['nodes']} (+{pp['free_nodes']} computed on each {who} that uses them); "
                      f"{sends} point-to-point sends, {_bytes(pp['bytes_moved'])} in all"
-                     + (" + symbolic sizes" if pp["bytes_unknown"] else "") + "; outputs end on GPU 0")
+                     + (f" per replica" if d > 1 else "") + (" + symbolic sizes" if pp["bytes_unknown"] else "")
+                     + f"; outputs end on {unit} 0")
         for t in pp["transfers"]:
             moved = "? bytes (symbolic)" if t["bytes"] is None else _bytes(t["bytes"])
             times = f" ({t['times']} microbatches)" if t.get("times", 1) > 1 else ""
             where = f"  line {t['line']}" if t["line"] else ""
-            lines.append(f"  %{t['id']:<5} send GPU {t['from']} -> GPU {t['to']}  {moved}{times}{where}")
+            lines.append(f"  %{t['id']:<5} send {unit} {t['from']} -> {unit} {t['to']}  {moved}{times}{where}")
+        for c in pp.get("collectives", ()):
+            moved = "? bytes (symbolic)" if c["bytes"] is None else _bytes(c["bytes"])
+            where = f"  line {c['line']}" if c["line"] else ""
+            lines.append(f"  %{c['id']:<5} {c['op']:<15} over the {d} GPUs of stage {c['stage']}  {moved}{where}")
     for c in plan["collectives"]:
         moved = "? bytes (symbolic)" if c["bytes"] is None else _bytes(c["bytes"])
         where = f"  line {c['line']}" if c["line"] else ""

@@ -6,7 +6,8 @@ computed where x runs, so the backward pass mirrors the forward one's placement)
 
 Leaves: only STAGE(x, stage=k) nodes: each STAGE(g, x) becomes STAGE(g, stage=<x's GPU>), or is
 dropped when x is free (an input: the gradient stays where it was computed) or g is there
-already. With `NUM_GPU = 1` every STAGE and MICROBATCH node is dropped. A staged graph splits nothing (XG0507 for a SHARD beside a stage):
+already; every STAGE node carries the stages' GPUs. With `NUM_GPU = 1` every STAGE and MICROBATCH
+node is dropped. A staged graph splits nothing but the batch (XG0507 for a SHARD beside a stage):
 `ir/stages.py` reads the placement back from the graph alone.
 """
 
@@ -18,7 +19,7 @@ from ..frontend.codes import PLAN_PIPELINE
 from ..ir.graph import Graph, Op, Program, attrs_of, tree_ids, tree_map
 from ..ir.layout import nbytes
 from ..ir.microbatch import microbatch_graph
-from ..ir.stages import has_stages, infer_stages, stage_plans
+from ..ir.stages import batch_split, has_stages, infer_stages, stage_gpus, stage_plans
 from .shard import ShardingError
 
 
@@ -30,8 +31,10 @@ def stage(program: Program) -> Program:
     if shard is not None:
         raise ShardingError(PLAN_PIPELINE.code, PLAN_PIPELINE.fmt(
             detail="a pipeline plan beside a split value (`with shard(x, dim=...)` or a data/tensor region)"),
-            shard.src, "a pipeline plan places whole regions on GPUs; splitting inside a stage is not supported yet")
+            shard.src, "a pipeline plan places whole regions on stages; a stage of several GPUs splits the "
+            "`[pipeline] split` batch over them, and nothing else is split inside a stage yet")
     st = infer_stages(g) if program.num_gpu > 1 else {}
+    gpus = stage_gpus(g)
     alias: dict[int, int] = {}
     nodes = []
     for n in g.nodes:
@@ -44,7 +47,7 @@ def stage(program: Program) -> Program:
             if k is None or (n.attr("stage") is None and st.get(n.inputs[0]) == k):
                 alias[n.id] = n.inputs[0]          # free, or a gradient already where it belongs
                 continue
-            n = replace(n, inputs=n.inputs[:1], attrs=attrs_of(stage=k))
+            n = replace(n, inputs=n.inputs[:1], attrs=attrs_of(stage=k, gpus=gpus))
         nodes.append(n)
     g = g.with_nodes(nodes, tree_map(g.output, lambda i: alias.get(i, i)))
     if program.num_gpu > 1:
@@ -52,13 +55,16 @@ def stage(program: Program) -> Program:
     return replace(program, main=g)
 
 
-def stage_footprint(graph: Graph, world: int) -> list[dict]:
-    """Bytes each GPU holds: the inputs it reads and the peak of the values alive at once while it
-    runs its tasks, as the runtime does (runtime/spmd.py): a receive's buffer from when it is posted
-    (when a task needs it, or a later transfer of its pair is posted), each value freed once this
-    GPU's tasks have read it and its sends are posted; outputs are kept."""
+def stage_footprint(graph: Graph) -> list[dict]:
+    """Bytes each GPU of each stage holds: the inputs it reads (its replica's share of the batch)
+    and the peak of the values alive at once while it runs its tasks, as the runtime does
+    (runtime/spmd.py): a receive's buffer from when it is posted (when a task needs it, or a later
+    transfer of its pair is posted), each value freed once this GPU's tasks have read it and its
+    sends are posted; outputs are kept."""
     out = []
-    for plan in stage_plans(graph, world):
+    names = {nid: name for name, nid in graph.inputs}
+    shared = batch_split(graph)
+    for plan in stage_plans(graph):
         g = plan.graph
         outputs = {(i, None) for i in tree_ids(g.output)}
         size = lambda key: nbytes(g.node(key[0])) or 0       # noqa: E731
@@ -78,7 +84,8 @@ def stage_footprint(graph: Graph, world: int) -> list[dict]:
                 if t.dst == plan.rank:
                     added += size(t.key)
             return added
-        inputs = sum(size((nid, m)) for nid, m in plan.tasks if g.node(nid).op is Op.INPUT)
+        inputs = sum(size((nid, m)) // (plan.replicas if names.get(nid) in shared else 1)
+                     for nid, m in plan.tasks if g.node(nid).op is Op.INPUT)
         for nid, m in plan.tasks:
             here = (nid, m)
             reads = plan.needs(nid, m)
