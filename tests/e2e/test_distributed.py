@@ -326,3 +326,19 @@ def test_python_api_runs_ranks(tmp_path: Path, rand: Rand) -> None:
         assert_close(got, ref, 1e-5, rand, what="data-parallel SGD step on 2 ranks")
     with pytest.raises(xg.EngineError, match="planned for NUM_GPU = 2"):
         xg.run_engine(engine, inputs, nproc=4)
+
+
+def test_a_batch_the_pieces_do_not_divide_fails_every_rank_with_the_reason(tmp_path: Path) -> None:
+    # 2 stages of 2 GPUs, 4 microbatches each: 8 pieces of a symbolic batch of 1 row. Every rank
+    # says so (an input error, exit 1) before slicing its share.
+    src = (REPO_ROOT / "examples" / "pipeline.xg").read_text().replace("Tensor[float32, 64, 32] X", "Tensor[float32, B, 32] X") \
+        .replace("Tensor[float32, 64, 8] Y", "Tensor[float32, B, 8] Y")
+    assert "B, 32" in src
+    (tmp_path / "p.toml").write_text((REPO_ROOT / "examples" / "pipeline.toml").read_text())
+    engine = build(tmp_path, src, 4, "--sharding", str(tmp_path / "p.toml"))
+    done = run_ranks(engine, 4, "--dim", "B=1", timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "size 1, which 8 pieces (4 microbatches x 2 GPUs per stage) do not divide" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    done = run_ranks(engine, 4, "--dim", "B=16", "--json", timeout=120)      # 8 pieces of 2 rows
+    assert done.returncode == 0, done.stderr

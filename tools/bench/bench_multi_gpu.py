@@ -174,9 +174,11 @@ def worker(args) -> None:
     plans, launch_fn, mode = _kernel_path(engine, "cuda" if dev != "cpu" else "cpu", False)
 
     names = []
+    executors = []
 
     def steps(overlap: bool) -> list[float]:
         ex = SpmdExecutor(group, check=False, overlap=overlap, kernels=plans, launch=launch_fn, kernel_mode=mode)
+        executors.append(ex)
         for _ in range(2):
             ex.run(graph, local_inputs, split)
         names.append(ex.name)
@@ -189,15 +191,40 @@ def worker(args) -> None:
             out.append((time.perf_counter() - t0) * 1e3)
         return out
 
-    from xgbuild.compiler.ir.stages import has_stages
+    from xgbuild.compiler.ir.stages import has_stages, stage_gpus, stage_of, stage_summary
+    staged = has_stages(graph)
+    replicas = len(stage_gpus(graph)[0]) if staged else 1
     normal = steps(True)
     # A pipeline's transfers are point-to-point sends already overlapping the other stages: no
-    # serialised variant to compare with.
-    serial = steps(False) if group.world > 1 and not has_stages(graph) else normal
+    # serialised variant to compare with, except for the collectives inside stages of several GPUs.
+    serial = steps(False) if group.world > 1 and (not staged or replicas > 1) else normal
     # The plan's collectives alone, on tensors of their local input shapes.
     local, _ = local_graph(graph, group.world)
     comm_ms = 0.0
-    if group.world > 1:
+    if staged and replicas > 1:       # this stage's collectives alone, on float32 tensors of their bytes
+        stage = stage_of(graph, group.rank)[0]
+        pg = executors[0]._stage_groups[stage]
+        mine = [c for c in stage_summary(graph)["collectives"] if c["stage"] == stage]
+        def stage_sync() -> None:      # stages have different collectives: fence only this one's GPUs
+            if dev != "cpu":
+                torch.cuda.synchronize()
+            dist.barrier(group=pg)
+        for _ in range(2):
+            times = []
+            for c in mine:
+                x = torch.ones(max(1, (c["bytes"] or 4) // 4), device=dev if dev != "cpu" else None)
+                stage_sync()
+                t0 = time.perf_counter()
+                if c["op"] in ("all_reduce", "reduce_scatter"):
+                    dist.all_reduce(x, group=pg)
+                else:
+                    outs = [torch.empty_like(x[: x.numel() // replicas]) for _ in range(replicas)]
+                    dist.all_gather(outs, x[: x.numel() // replicas].contiguous(), group=pg)
+                stage_sync()
+                times.append((time.perf_counter() - t0) * 1e3)
+            comm_ms = sum(times)
+        sync()
+    elif group.world > 1 and not staged:
         ex = SpmdExecutor(group, check=False)
         kinds = (Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL)
         for _ in range(2):

@@ -73,8 +73,8 @@ def inspect(
         out.write("plan        " + "\n            ".join(plan_lines(m["sharding_plan"])) + "\n")
         gpus = m["sharding_plan"].get("pipeline", {}).get("gpus")
         for k, one in enumerate(fp.get("per_stage", [fp])):
-            who = ("per GPU     " if "per_stage" not in fp else f"GPU {gpus[k][0]}     " if not gpus or
-                   len(gpus[k]) == 1 else f"stage {k}: each of GPUs {gpus[k]}, ")
+            who = ("per GPU     " if "per_stage" not in fp else f"GPU {gpus[k][0] if gpus else k}     "
+                   if not gpus or len(gpus[k]) == 1 else f"stage {k}: each of GPUs {gpus[k]}, ")
             out.write(f"{who}inputs {one['inputs']} B, intermediates at the peak {one['activations']} B "
                       "(symbolic sizes not counted)\n")
     for src in m["sources"]:

@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from ..compiler.ir.graph import tree_ids
 from ..compiler.ir.layout import infer_layouts
-from ..compiler.ir.stages import has_stages, rank_share, stage_inputs
+from ..compiler.ir.stages import has_stages, rank_share, stage_inputs, stage_plans
+from ..compiler.passes.shard import ShardingError
 from ..errors import EngineError, ExecutionError, InputError
 from ..settings import DistEnv
 from .dtypes import XG_NAMES
@@ -42,7 +43,7 @@ def init_group(env: DistEnv, device: str, timeout_s: float) -> Group:
     except (RuntimeError, ValueError) as exc:
         raise ExecutionError(f"rank {env.rank} could not join the run at {env.master_addr}:{env.master_port}: "
                              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from None
-    return Group(env.rank, env.world_size, f"cuda:{env.local_rank}" if device == "cuda" else "cpu")
+    return Group(env.rank, env.world_size, f"cuda:{env.local_rank}" if device == "cuda" else "cpu", timeout_s)
 
 
 def leave_group() -> None:
@@ -85,6 +86,11 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
     shapes = {k: (torch.empty(whole_shapes[k], dtype=v.dtype, device="meta") if k in whole_shapes else v)
               for k, v in inputs.items()}
     graph, env, cached = engine.specialised(shapes)
+    if staged:
+        try:         # the microbatches (and a stage's GPUs) must divide the batch: say so before slicing it
+            stage_plans(graph)
+        except ShardingError as exc:
+            raise InputError(str(exc)) from None
     # Keep only this rank's slice of a split input (a copy, so the whole one can be freed).
     local_inputs = {k: (v.chunk(pieces, split[k])[piece].clone() if k in split and k not in whole_shapes
                         else v) for k, v in inputs.items()}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from datetime import timedelta
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -41,6 +42,7 @@ class Group:
     rank: int
     world: int
     device: str = "cpu"          # "cpu" or "cuda:K"
+    timeout_s: float | None = None   # the default group's timeout (groups made later take it too)
 
 
 def local_graph(graph: Graph, world: int) -> tuple[Graph, dict[int, Layout]]:
@@ -221,7 +223,7 @@ class SpmdExecutor:
                                                       device=device))
                         arrived[t.key] = (dist.irecv(buf, src=peer_rank[peer], tag=t.seq), buf, back)
                     else:
-                        wire = _wire(vals[t.key])[0].contiguous()
+                        wire = _wire(ready(t.key))[0].contiguous()
                         sent[:] = [(w, x) for w, x in sent if not w.is_completed()]   # free what arrived
                         sent.append((dist.isend(wire, dst=peer_rank[peer], tag=t.seq), wire))
                         comm["sends"] += 1
@@ -230,6 +232,13 @@ class SpmdExecutor:
                     raise ExecutionError(f"sending %{t.value}{_at(node)} from GPU {peer_rank[t.src]} to GPU "
                                          f"{peer_rank[t.dst]} failed on rank {rank}: {_first_line(exc)}") from None
                 comm["issue_ms"] += (time.perf_counter() - t0) * 1e3
+
+        def ready(key: tuple) -> torch.Tensor:
+            """A value computed here (a collective's result once it has arrived)."""
+            v = vals[key]
+            if isinstance(v, _Later):
+                v = vals[key] = v.get()
+            return v
 
         def value(key: tuple) -> torch.Tensor:
             if key not in vals and key in plan.recv:
@@ -245,7 +254,7 @@ class SpmdExecutor:
                 comm["wait_ms"] += (time.perf_counter() - t0) * 1e3
                 comm["collectives"] += 1
                 vals[key] = back(buf)
-            return vals[key]
+            return ready(key)
 
         remaining: dict[tuple, int] = {}          # reads left of each value here (to free it)
         for nid, m in plan.tasks:
@@ -267,6 +276,10 @@ class SpmdExecutor:
                 self.ops.memo = memos.setdefault(m, {})
                 here = (nid, m)
                 vals[here] = self._task(n, m, parts, args, inputs, share)
+                if not self.overlap and isinstance(vals[here], _Later):   # serialised: finish it now
+                    ready(here)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
                 for t in plan.send.get(here, ()):
                     post(t.dst, t.seq)
                 # A value goes once this rank's tasks have read it and its sends are posted (a
@@ -284,6 +297,9 @@ class SpmdExecutor:
                 post(peer, len(seq) - 1)
             for key in list(arrived):
                 value(key)
+            for key, v in list(vals.items()):       # a collective nobody read: finish it anyway
+                if isinstance(v, _Later):
+                    ready(key)
             t0 = time.perf_counter()
             for work, _buf in sent:
                 try:
@@ -324,7 +340,8 @@ class SpmdExecutor:
         if len(gpus[0]) < 2:
             return
         try:
-            self._stage_groups = [dist.new_group(list(ranks)) for ranks in gpus]
+            timeout = {} if self.group.timeout_s is None else {"timeout": timedelta(seconds=self.group.timeout_s)}
+            self._stage_groups = [dist.new_group(list(ranks), **timeout) for ranks in gpus]
         except RuntimeError as exc:
             raise ExecutionError(f"rank {self.group.rank} could not make the stages' process groups: "
                                  f"{_first_line(exc)}") from None
@@ -409,17 +426,31 @@ class SpmdExecutor:
 _MOVES = (Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL)
 
 
+class _Later:
+    """A value a collective is still making: `get()` waits for it (once) and returns it."""
+
+    def __init__(self, finish: Callable[[], torch.Tensor]) -> None:
+        self.finish, self.value = finish, None
+
+    def get(self) -> torch.Tensor:
+        if self.value is None:
+            self.value = self.finish()
+        return self.value
+
+
 class _Replica:
     """One replica's share of a stage of several GPUs: it holds microbatches d*M to d*M + M - 1 of
     the M * D pieces (ir/microbatch.py), so a combination over microbatches combines its own pieces,
     then the replicas' with a collective in the stage's group (every replica of the stage runs the
-    same tasks in the same order, so their collectives meet)."""
+    same tasks in the same order, so their collectives meet). A collective is started at once and
+    waited for where a task first reads its result (`_Later`), so the compute in between overlaps
+    it (with NCCL it runs on NCCL's stream)."""
 
     def __init__(self, index: int, count: int, group, sliced: set[int], comm: dict, rank: int) -> None:
         self.index, self.count, self.group, self.sliced, self.comm, self.rank = index, count, group, sliced, comm, rank
-        self.whole: dict[int, torch.Tensor] = {}      # a combination read by every microbatch: made once
+        self.whole: dict[int, _Later] = {}      # a combination read by every microbatch: made once
 
-    def combine(self, n: Node, m: int | None, parts: int, args: list[torch.Tensor]) -> torch.Tensor:
+    def combine(self, n: Node, m: int | None, parts: int, args: list[torch.Tensor]) -> torch.Tensor | _Later:
         op, dim = n.op, n.attr("dim")
         piece = self.index * parts + (m or 0)
         if op is Op.SHARD:          # this replica's microbatch m of a whole value (or of its loaded share)
@@ -433,31 +464,42 @@ class _Replica:
         if n.id not in self.whole:  # reduce_scatter / all_to_all: the whole value, then piece m
             self.whole[n.id] = (self._sum(torch.stack(args).sum(0), n) if op is Op.REDUCE_SCATTER
                                 else self._gather(torch.cat(args, n.attr("src")), n.attr("src"), n))
-        out = self.whole[n.id].chunk(parts * self.count, dim)[piece]
+        whole = self.whole[n.id]
         if m == parts - 1:
             del self.whole[n.id]
-        return out
+        return _Later(lambda: whole.get().chunk(parts * self.count, dim)[piece])
 
-    def _sum(self, x: torch.Tensor, n: Node) -> torch.Tensor:
-        wire, back = _wire(x.contiguous())
-        self._run(n, lambda: dist.all_reduce(wire, group=self.group))
-        return back(wire)
+    def _sum(self, x: torch.Tensor, n: Node) -> _Later:
+        wire, back = _wire(x)                 # x is made here (a sum): reduced in place
+        return self._start(n, lambda: dist.all_reduce(wire, group=self.group, async_op=True), lambda: back(wire))
 
-    def _gather(self, x: torch.Tensor, dim: int, n: Node) -> torch.Tensor:
+    def _gather(self, x: torch.Tensor, dim: int, n: Node) -> _Later:
         wire, back = _wire(x.contiguous())
         parts = [torch.empty_like(wire) for _ in range(self.count)]
-        self._run(n, lambda: dist.all_gather(parts, wire, group=self.group))
-        return back(torch.cat(parts, dim))
+        return self._start(n, lambda: dist.all_gather(parts, wire, group=self.group, async_op=True),
+                           lambda: back(torch.cat(parts, dim)))
 
-    def _run(self, n: Node, call: Callable[[], object]) -> None:
+    def _start(self, n: Node, call: Callable[[], object], finish: Callable[[], torch.Tensor]) -> _Later:
+        def failed(exc: RuntimeError) -> ExecutionError:
+            return ExecutionError(f"`{n.op.value}` (node %{n.id}){_at(n)} across the stage's GPUs failed on rank "
+                                  f"{self.rank}: {_first_line(exc)}")
         t0 = time.perf_counter()
         try:
-            call()
+            work = call()
         except RuntimeError as exc:
-            raise ExecutionError(f"`{n.op.value}` (node %{n.id}){_at(n)} across the stage's GPUs failed on rank "
-                                 f"{self.rank}: {_first_line(exc)}") from None
+            raise failed(exc) from None
         self.comm["collectives"] += 1
-        self.comm["wait_ms"] += (time.perf_counter() - t0) * 1e3
+        self.comm["issue_ms"] += (time.perf_counter() - t0) * 1e3
+
+        def wait() -> torch.Tensor:
+            t1 = time.perf_counter()
+            try:
+                work.wait()
+            except RuntimeError as exc:
+                raise failed(exc) from None
+            self.comm["wait_ms"] += (time.perf_counter() - t1) * 1e3
+            return finish()
+        return _Later(wait)
 
 
 def _comm_early(graph: Graph) -> list[Node]:

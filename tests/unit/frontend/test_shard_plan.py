@@ -89,7 +89,6 @@ SPLIT = "[pipeline]\nsplit = { X = 0 }\n"
     ('[regions.layer1]\nstage = 1\n[pipeline]\nmicrobatches = 0\nsplit = { X = 0 }\n', "XG0506",
      "`microbatches` must be a positive integer"),
     ('[regions.layer1]\nstage = 1\n[pipeline]\nmicrobatches = 2\n', "XG0506", "`split` names no input"),
-    ('[regions.layer1]\nstage = 1\n[pipeline]\nsplit = { X = 0 }\n', "XG0506", "needs `microbatches`"),
     ('[regions.layer1]\nstage = 1\n[pipeline]\nmicrobatches = 2\nsplit = { Z = 0 }\n', "XG0505",
      "splits `Z` into microbatches"),
     ('[regions.layer1]\nstage = 1\n[pipeline]\nmicrobatches = 3\nsplit = { X = 0 }\n', "XG0506",
@@ -104,12 +103,14 @@ SPLIT = "[pipeline]\nsplit = { X = 0 }\n"
     (f'num_gpu = 4\n{DP}workers = [0, 1]\n[regions.mlp]\nworkers = [1, 2]\n{SPLIT}', "XG0506",
      "GPU 1 is in two different stages"),
     (f'num_gpu = 3\n{DP}workers = [0]\n[regions.mlp]\nworkers = [1, 2]\n{SPLIT}', "XG0506", "stages of different sizes"),
-    (f'num_gpu = 4\n{DP}workers = [0]\n[regions.mlp]\nworkers = [1]\n', "XG0506", "GPU 2 is in no stage's `workers`"),
+    (f'num_gpu = 6\n{DP}workers = [0, 1]\n[regions.mlp]\nworkers = [2, 3]\n{SPLIT}', "XG0506",
+     "GPU 4 is in no stage's `workers`"),
     (f'{DP}workers = [0, 2]\n', "XG0506", "runs on GPU 2, but the engine has 2"),
     (f'{DP}workers = [1, 1]\n', "XG0506", "lists a GPU twice"),
     (f'num_gpu = 4\n{DP}stage = 0\n[regions.mlp]\nworkers = [2, 3]\n', "XG0506", "others several `workers`"),
     (f'num_gpu = 4\n{DP}stage = 0\n[regions.mlp]\nworkers = [1]\n{SPLIT}', "XG0506",
      "puts a region on one GPU, but 4 GPUs over 2 stages give each stage 2"),
+    (f'{DP}stage = 0\n[regions.mlp]\nworkers = [5]\n', "XG0506", "region `mlp` runs on GPU 5, but the engine has 2"),
     (f'num_gpu = 3\n{DP}stage = 0\n[regions.mlp]\nstage = 1\n', "XG0506", "3 GPUs do not split evenly over 2 stages"),
     (f'num_gpu = 4\n{DP}stage = 0\n[regions.mlp]\nstage = 1\n', "XG0506",
      "each of the 2 stages runs on 2 GPUs, which split the batch"),
@@ -122,10 +123,10 @@ SPLIT = "[pipeline]\nsplit = { X = 0 }\n"
     ('[values\n', "XG0506", "not TOML"),
 ], ids=["region", "param", "value", "indivisible", "pipeline-no-stage", "data-workers", "stage-of-2-gpus",
         "stage-too-high", "stage-and-workers", "negative-stage", "pipeline-key", "pipeline-and-tensor",
-        "pipeline-and-split", "micro-no-regions", "micro-zero", "micro-no-split", "split-no-micro",
+        "pipeline-and-split", "micro-no-regions", "micro-zero", "micro-no-split",
         "micro-unknown-input", "micro-indivisible", "micro-dim", "micro-key", "micro-schedule", "schedule-no-micro",
         "workers-overlap", "workers-sizes", "workers-idle-gpu", "workers-gpu-too-high", "workers-twice",
-        "stage-beside-workers", "one-gpu-workers-in-stages-of-2", "uneven-stages", "dp-no-split", "dp-indivisible",
+        "stage-beside-workers", "one-gpu-workers-in-stages-of-2", "one-gpu-workers-too-high", "uneven-stages", "dp-no-split", "dp-indivisible",
         "strategy", "tensor-empty", "key", "top-key", "toml"])
 def test_bad_plans_are_rejected_with_a_code(tmp_path: Path, text: str, code: str, words: str) -> None:
     msg = error(tmp_path, text)
@@ -160,6 +161,19 @@ def test_stage_numbers_give_each_stage_num_gpu_over_stages_gpus(tmp_path: Path) 
     text = "\n".join(plan_lines(plan))
     assert "2 stages of 2 GPUs, [0, 1], [2, 3]: 2 data-parallel replicas" in text
     assert "over the 2 GPUs of stage" in text and "send stage 1 -> stage 0" in text
+
+
+def test_one_plan_serves_stages_of_one_gpu_or_several(tmp_path: Path) -> None:
+    # A data-parallel pipeline plan (its batch named, no microbatches) on NUM_GPU = stages: the
+    # split has nothing to cut and is ignored; GT2's one-GPU `workers` lists may leave a GPU idle.
+    from xgbuild.compiler.ir.stages import stage_gpus
+    text = f'{DP}stage = 0\n[regions.mlp]\nstage = 1\n{SPLIT}'
+    for n, gpus in ((2, ((0,), (1,))), (4, ((0, 1), (2, 3)))):
+        c, _ = compiled(tmp_path, f"num_gpu = {n}\n" + text)
+        g = c.optimized.main
+        assert stage_gpus(g) == gpus and any(x.op is Op.MICROBATCH for x in g.nodes) == (n == 4)
+    c, _ = compiled(tmp_path, f'num_gpu = 3\n{DP}workers = [0]\n[regions.mlp]\nworkers = [2]\n')
+    assert stage_gpus(c.optimized.main) == ((0,), (1,), (2,))
 
 
 def test_a_plan_contradicting_the_source_is_a_conflict(tmp_path: Path) -> None:

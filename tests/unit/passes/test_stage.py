@@ -368,13 +368,15 @@ class StrictP2P:
     def new_group(self, ranks):
         return tuple(ranks)
 
-    def all_reduce(self, tensor, group=None):
-        self._collective("all_reduce", group, tensor, None)
+    def all_reduce(self, tensor, group=None, async_op=False):
+        work = self._collective("all_reduce", group, tensor, None)
+        return work if async_op else work.wait()
 
-    def all_gather(self, parts, tensor, group=None):
-        self._collective("all_gather", group, tensor, parts)
+    def all_gather(self, parts, tensor, group=None, async_op=False):
+        work = self._collective("all_gather", group, tensor, parts)
+        return work if async_op else work.wait()
 
-    def _collective(self, op: str, group: tuple, tensor: torch.Tensor, parts) -> None:
+    def _collective(self, op: str, group: tuple, tensor: torch.Tensor, parts) -> _Work:
         me = self.local.rank
         assert me in group, (me, group)
         with self.lock:
@@ -396,7 +398,7 @@ class StrictP2P:
                             out[j].copy_(x)
                 slot["done"].set()
                 self.collectives += 1
-        _Work(slot["done"], self).wait()
+        return _Work(slot["done"], self)
 
 
 def run_threads(monkeypatch, graph, world: int, inputs: dict, shares: bool = False) -> dict:
@@ -426,7 +428,7 @@ def run_threads(monkeypatch, graph, world: int, inputs: dict, shares: bool = Fal
         t.join(90)
     assert not fake.broken, fake.broken
     assert not errors, errors
-    if len(stage_gpus(graph)[0]) > 1:
+    if len(stage_gpus(graph)[0]) > 1 and any(n.op is Op.MICROBATCH for n in graph.nodes):
         assert fake.collectives > 0                  # the replicas combined their microbatches
     return results[0].values
 
@@ -453,6 +455,9 @@ CASES = {
     "example-2-stages-of-2-gpus-gpipe": (EXAMPLE_PLAN.replace("microbatches = 4", "microbatches = 2")
                                          + 'schedule = "gpipe"\n', REPO_ROOT / "examples" / "pipeline.xg", 4),
     "example-2-stages-of-4-gpus-shares": (EXAMPLE_PLAN, REPO_ROOT / "examples" / "pipeline.xg", 8),
+    # The batch input `S` is never read: nothing is split, each replica computes the whole values.
+    "unread-batch-2-stages-of-2-gpus": ("[regions.fa]\nstage = 0\n[regions.fb]\nstage = 1\n"
+                                        "[pipeline]\nsplit = { S = 0 }\n", "UNREAD", 4),
     # Stage 1 holds no region: its GPUs (2 and 3) idle, yet take part in making the stages' groups.
     "example-stages-0-and-2-of-2-gpus": (EXAMPLE_PLAN.replace("stage = 1", "stage = 2"),
                                          REPO_ROOT / "examples" / "pipeline.xg", 6),
@@ -462,6 +467,10 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_rank_on_strict_point_to_point_gives_one_process_result(monkeypatch, tmp_path: Path, case: str) -> None:
     text, src, world = CASES[case]
+    if src == "UNREAD":
+        src = tmp_path / "unread.xg"
+        src.write_text(DEADLOCK.replace("NUM_GPU = 2", "NUM_GPU = 1").replace(
+            "extern Tensor[float32, 4, 4] W2", "extern Tensor[float32, 4, 4] W2\nextern Tensor[float32, 8, 2] S"))
     g = program(text, tmp_path, src, world)
     inputs = train_values(g)
     got, want = run_threads(monkeypatch, g, world, inputs, case.endswith("shares")), whole_run(g, inputs)

@@ -28,7 +28,8 @@ a pipeline region's stage is a STAGE node on each value it reads (passes/stage.p
 
 Stages are numbered by `stage = K` (S stages: the largest K + 1), each on NUM_GPU / S GPUs
 (stage K on GPUs K*D to K*D + D - 1), or given their GPUs by GT2's `workers = [...]` lists (equal
-or disjoint, of one length, covering every GPU; stages in the order of their first GPU). A stage
+or disjoint, of one length, covering every GPU; stages in the order of their lowest GPU; a one-GPU
+list `workers = [K]` is `stage = K`). A stage
 of D GPUs runs data parallel: D replicas of the pipeline, each with 1/D of the `split` inputs'
 batch, their weight gradients summed inside each stage. Splitting values by tensor or data regions
 beside pipeline regions is XG0507.
@@ -97,21 +98,22 @@ class ShardingPlan:
         (XG0506 for a layout that does not work)."""
         regions = [r for r in self.regions if r.strategy == "pipeline"]
         at = self.name
-        mixed = any(r.workers for r in regions) and not all(r.workers for r in regions)
-        if mixed and any(len(r.workers) > 1 for r in regions):
+        for r in regions:
+            big = [w for w in r.workers if w >= num_gpu]
+            if big:
+                raise plan_error(PLAN_BAD, f"region `{r.name}` runs on GPU {big[0]}, but the engine has "
+                                 f"{num_gpu} (NUM_GPU)", f"{at}: [regions.{r.name}]",
+                                 f"GPUs are 0 to {num_gpu - 1}; raise NUM_GPU (`--num-gpu`)")
+        several = any(len(r.workers) > 1 for r in regions)
+        if several and not all(r.workers for r in regions):
             raise plan_error(PLAN_BAD, "some pipeline regions name a `stage` and others several `workers`", at,
                              "give every pipeline region `stage = K`, or every one its `workers = [...]`")
-        if mixed:        # `workers = [K]` beside `stage = ...`: one GPU per stage, GPU K is stage K
+        single = any(r.workers for r in regions) and not several
+        if single:       # `workers = [K]` (GT2's one-GPU stage) is `stage = K`
             regions = [r if r.stage is not None else RegionPlan(r.name, "pipeline", stage=r.workers[0])
                        for r in regions]
-        elif regions and regions[0].workers:
+        elif several:
             lists = sorted({r.workers for r in regions})
-            for r in regions:
-                big = [w for w in r.workers if w >= num_gpu]
-                if big:
-                    raise plan_error(PLAN_BAD, f"region `{r.name}` runs on GPU {big[0]}, but the engine has "
-                                     f"{num_gpu} (NUM_GPU)", f"{at}: [regions.{r.name}]",
-                                     f"GPUs are 0 to {num_gpu - 1}; raise NUM_GPU (`--num-gpu`)")
             seen: dict[int, tuple[int, ...]] = {}
             for ws in lists:
                 for w in ws:
@@ -141,7 +143,7 @@ class ShardingPlan:
                              "each stage runs on NUM_GPU / stages GPUs: use NUM_GPU = " +
                              " or ".join(str(n) for n in fits) + ", or place the GPUs with `workers = [...]`")
         per = num_gpu // count
-        if mixed and per > 1:
+        if single and per > 1:
             raise plan_error(PLAN_BAD, f"`workers = [K]` puts a region on one GPU, but {num_gpu} GPUs over {count} "
                              f"stages give each stage {per}", at,
                              "write `stage = K` for every region, or list each stage's GPUs in `workers`")
@@ -357,8 +359,6 @@ def _check_pipeline(plan: ShardingPlan, typed, num_gpu: int) -> None:
         raise plan_error(PLAN_BAD, f"each of the {len(groups)} stages runs on {replicas} GPUs, which split the batch, "
                          "and `[pipeline] split` names no input", at,
                          "say which inputs hold the batch, and along which dim: `split = { X = 0, Y = 0 }`")
-    if plan.micro_split and plan.microbatches == 1 and replicas == 1:
-        raise plan_error(PLAN_BAD, "`split` needs `microbatches` of at least 2 (or stages of several GPUs)", at)
     pieces = plan.microbatches * replicas
     what = " x ".join(x for x in (f"{plan.microbatches} microbatches" if plan.microbatches > 1 else "",
                                   f"{replicas} GPUs per stage" if replicas > 1 else "") if x)

@@ -142,7 +142,9 @@ class FunctionLowering:
                 self.env[name] = (nid, ty)
             for name, dim in (self.plan.values if self.plan else ()):
                 self.split(name, dim, None)
-            for name, dim in (self.plan.micro_split if self.plan else ()):
+            gpus, _ = self.stages
+            pieces = self.plan.microbatches * len(gpus[0]) if self.plan and gpus else 1
+            for name, dim in (self.plan.micro_split if pieces > 1 else ()):   # one piece: nothing to split
                 value, ty = self.env[name]
                 if isinstance(value, int):          # ir/microbatch.py: split in time by a pipeline run
                     n = self.b.node(value)

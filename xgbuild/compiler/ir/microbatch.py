@@ -52,17 +52,15 @@ class Microbatched:
 def microbatch_graph(graph: Graph) -> Microbatched:
     """The plan over microbatches (raises passes/shard.py's ShardingError, worded in microbatches,
     for a size the count does not divide)."""
-    from ..frontend.codes import PLAN_BAD
     from ..passes.shard import ShardingError, _Planner
     from .stages import has_stages, stage_gpus
     parts = microbatches(graph)
     replicas = len(stage_gpus(graph)[0]) if has_stages(graph) else 1
     if parts * replicas == 1:
         return Microbatched(graph, 1, frozenset())
-    if not any(n.op is Op.MICROBATCH for n in graph.nodes):
-        raise ShardingError(PLAN_BAD.code, f"stages of {replicas} GPUs split the batch, and no input is marked as "
-                            "holding it", None, "name the batch in the plan: `[pipeline] split = { X = 0 }`")
-    schedule = next(n.attr("schedule", "1f1b") for n in graph.nodes if n.op is Op.MICROBATCH)
+    # No marker left (the program never reads its `split` inputs): nothing is split, and every
+    # replica computes the same whole values.
+    schedule = next((n.attr("schedule", "1f1b") for n in graph.nodes if n.op is Op.MICROBATCH), "1f1b")
     pieces = parts * replicas
     # The markers become the sharding pass's splits, over `parts` virtual ranks.
     marked = graph.with_nodes([replace(n, op=Op.SHARD, attrs=attrs_of(dim=n.attr("dim")))

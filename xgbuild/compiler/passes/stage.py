@@ -60,7 +60,9 @@ def stage_footprint(graph: Graph) -> list[dict]:
     and the peak of the values alive at once while it runs its tasks, as the runtime does
     (runtime/spmd.py): a receive's buffer from when it is posted (when a task needs it, or a later
     transfer of its pair is posted), each value freed once this GPU's tasks have read it and its
-    sends are posted; outputs are kept."""
+    sends are posted; outputs are kept. A combination over microbatches also holds what it is made
+    from: the stacked addends of a sum, the replicas' pieces of a join, and (re-split for every
+    microbatch) the whole value, from its first microbatch's piece to its last."""
     out = []
     names = {nid: name for name, nid in graph.inputs}
     shared = batch_split(graph)
@@ -73,7 +75,7 @@ def stage_footprint(graph: Graph) -> list[dict]:
             for key in plan.needs(nid, m):
                 remaining[key] = remaining.get(key, 0) + 1
         cursor = {peer: 0 for peer in plan.pairs}
-        live = peak = 0
+        live = peak = held = 0
         freed: set = set()
 
         def post(peer: int, upto: int) -> int:
@@ -96,7 +98,11 @@ def stage_footprint(graph: Graph) -> list[dict]:
                 live += size(here)
             for t in plan.send.get(here, ()):
                 live += post(t.dst, t.seq)
-            peak = max(peak, live)
+            extra, whole = _combining(g.node(nid), m, size(here), plan)
+            held += whole if m in (0, None) else 0
+            peak = max(peak, live + held + extra)
+            if m is not None and m == plan.parts - 1:
+                held -= whole
             for key in [*reads, here]:                    # as the runtime frees them
                 if key in reads:
                     remaining[key] -= 1
@@ -110,3 +116,18 @@ def stage_footprint(graph: Graph) -> list[dict]:
         peak = max(peak, live)
         out.append({"inputs": inputs, "activations": peak, "total": inputs + peak})
     return out
+
+
+def _combining(node, m: int | None, size: int, plan) -> tuple[int, int]:
+    """What a combination over microbatches holds beside its result (runtime/spmd.py): (bytes for
+    this task only, bytes of a whole value kept from its first microbatch's piece to its last)."""
+    d, pieces = plan.replicas, plan.parts * plan.replicas
+    if node.op is Op.ALL_REDUCE:
+        return size * plan.parts, 0                 # the addends, stacked
+    if node.op is Op.ALL_GATHER:
+        return (size if d > 1 else 0), 0            # the replicas' pieces arrive beside the join
+    if node.op in (Op.REDUCE_SCATTER, Op.ALL_TO_ALL):
+        if d > 1:                                   # made once, re-split for each microbatch
+            return (size * pieces if node.op is Op.ALL_TO_ALL else 0), size * pieces
+        return size * pieces, 0                     # made again for each microbatch
+    return 0, 0
