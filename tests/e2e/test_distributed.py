@@ -200,15 +200,24 @@ def _gone(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
-@pytest.mark.parametrize("sig,expect", [(signal.SIGKILL, "rank 1 was killed by SIGKILL"),
-                                        (signal.SIGSTOP, "rank 1 stopped responding")],
-                         ids=["killed", "hung"])
-def test_a_dead_or_hung_rank_ends_the_run_naming_it(tmp_path: Path, sig: signal.Signals, expect: str) -> None:
-    engine = build(tmp_path, SHARDED, 2)
-    proc = subprocess.Popen([*command("xgrun"), str(engine), "--nproc", "2", "--timeout", "6"],
+@pytest.mark.parametrize("sig,expect,plan", [(signal.SIGKILL, "rank 1 was killed by SIGKILL", None),
+                                             (signal.SIGSTOP, "rank 1 stopped responding", None),
+                                             (signal.SIGSTOP, "rank 1 stopped responding", "pipeline-dp")],
+                         ids=["killed", "hung", "hung-in-a-stage-of-2-gpus"])
+def test_a_dead_or_hung_rank_ends_the_run_naming_it(tmp_path: Path, sig: signal.Signals, expect: str,
+                                                    plan: str | None) -> None:
+    # pipeline-dp: 2 stages of 2 GPUs (a stage's process groups beside the default one); rank 1
+    # stops, and every other rank ends too, whatever it was waiting for.
+    if plan is None:
+        engine, n = build(tmp_path, SHARDED, 2), 2
+    else:
+        (tmp_path / "p.toml").write_text((REPO_ROOT / "examples" / "pipeline.toml").read_text())
+        engine, n = build(tmp_path, (REPO_ROOT / "examples" / "pipeline.xg").read_text(), 4, "--sharding",
+                          str(tmp_path / "p.toml")), 4
+    proc = subprocess.Popen([*command("xgrun"), str(engine), "--nproc", str(n), "--timeout", "6"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        ranks = _ranks_of(proc.pid, 2, time.monotonic() + 30)
+        ranks = _ranks_of(proc.pid, n, time.monotonic() + 30)
         time.sleep(0.3)
         os.kill(ranks[1], sig)
         t0 = time.monotonic()

@@ -14,8 +14,9 @@ measure) and every rank launches them, collectives in between (`--no-kernels`: P
 rank instead, as XG's reference executor runs the plan).
 
 Reported per workload and GPU count: time per step (median over steps, max over ranks), scaling
-efficiency t1 / (n * tn), the plan's collectives and bytes, and how much communication overlapped
-compute: the same step with every collective finished before the next op (serialised) minus the
+efficiency t1 / (n * tn), host ms (how long the slowest rank's Python took to issue the step: a
+step no longer than that is bound by the host, not the GPU), the plan's collectives and bytes,
+and how much communication overlapped compute: the same step with every collective finished before the next op (serialised) minus the
 normal step, over the time of the plan's collectives run alone. Beside them, on one GPU: PyTorch
 eager and torch.compile for the matmuls; each row names the executor its ranks used.
 
@@ -103,7 +104,8 @@ def build(workdir: Path, workload: str, ngpu: int, args) -> Path:
         # stage on n/2 GPUs (data parallel inside a stage from 4 GPUs on).
         stage = (lambda i: i * ngpu // 4) if workload == "pipeline" else (lambda i: i // 2)
         plan_path.write_text("".join(f"[regions.layer{i}]\nstage = {stage(i)}\n" for i in range(4)) + (
-            f"[pipeline]\nmicrobatches = {args.microbatches}\nsplit = {{ X = 0, Y = 0 }}\n" if ngpu > 1 else ""))
+            f"[pipeline]\nmicrobatches = {args.microbatches}\nsplit = {{ X = 0, Y = 0 }}\n"
+            f'schedule = "{args.schedule}"\n' if ngpu > 1 else ""))
         compiled = compile_source(pipeline_source(b, d), "pipeline.xg", options,
                                   plan=load_plan(plan_path) if ngpu > 1 else None)
         out = workdir / f"{workload}-{ngpu}.xge"
@@ -175,6 +177,7 @@ def worker(args) -> None:
 
     names = []
     executors = []
+    hosts: list[tuple[float, float]] = []      # per step: ms until the run returned, ms of it waiting on transfers
 
     def steps(overlap: bool) -> list[float]:
         ex = SpmdExecutor(group, check=False, overlap=overlap, kernels=plans, launch=launch_fn, kernel_mode=mode)
@@ -187,14 +190,19 @@ def worker(args) -> None:
             sync()
             t0 = time.perf_counter()
             ex.run(graph, local_inputs, split)
+            host = (time.perf_counter() - t0) * 1e3      # the rank's Python returns before its GPU is done
             sync()
             out.append((time.perf_counter() - t0) * 1e3)
+            if overlap:
+                hosts.append((host, ex.stats.get("wait_ms", 0.0)))
         return out
 
     from xgbuild.compiler.ir.stages import has_stages, stage_gpus, stage_of, stage_summary
     staged = has_stages(graph)
     replicas = len(stage_gpus(graph)[0]) if staged else 1
     normal = steps(True)
+    if args.profile and staged:
+        profile_step(executors[0], graph, local_inputs, split, group, Path(args.profile) / f"{Path(args.engine).stem}-rank{group.rank}.txt")
     # A pipeline's transfers are point-to-point sends already overlapping the other stages: no
     # serialised variant to compare with, except for the collectives inside stages of several GPUs.
     serial = steps(False) if group.world > 1 and (not staged or replicas > 1) else normal
@@ -241,7 +249,8 @@ def worker(args) -> None:
                     times.append((time.perf_counter() - t0) * 1e3)
             comm_ms = sum(times)       # the second pass: warm
     result = {"rank": group.rank, "step_ms": statistics.median(normal), "serial_ms": statistics.median(serial),
-              "comm_ms": comm_ms, "executor": names[0]}
+              "comm_ms": comm_ms, "executor": names[0],
+              "host_ms": statistics.median(h for h, _ in hosts), "wait_ms": statistics.median(w for _, w in hosts)}
     gathered = [None] * group.world
     if group.world > 1:
         dist.all_gather_object(gathered, result)
@@ -250,6 +259,37 @@ def worker(args) -> None:
     if group.rank == 0:
         Path(args.result).write_text(json.dumps(gathered))
     leave_group()
+
+
+def profile_step(ex, graph, inputs, split, group, out: Path) -> None:
+    """One step under torch.profiler: how long this rank's GPU computed, ran NCCL kernels and sat
+    idle, with the kernels that took longest (a diagnosis aid, --profile)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        ex.run(graph, inputs, split)
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    if not events:
+        return
+    nccl = sum(e.device_time for e in events if "nccl" in e.name.lower())
+    compute = [e for e in events if "nccl" not in e.name.lower()]
+    busy = sum(e.device_time for e in compute)
+    spans = sorted((e.time_range.start, e.time_range.end) for e in compute)
+    start, end = spans[0][0], max(b for _, b in spans)
+    merged, lo, hi = 0, *spans[0]
+    for a, b in spans[1:]:
+        if a > hi:
+            merged += hi - lo
+            lo, hi = a, b
+        else:
+            hi = max(hi, b)
+    merged += hi - lo
+    lines = [f"rank {group.rank}: first to last compute kernel {(end - start) / 1e3:.2f} ms, compute kernels busy "
+             f"{merged / 1e3:.2f} ms (sum {busy / 1e3:.2f} ms), NCCL kernels {nccl / 1e3:.2f} ms, {len(compute)} kernels"]
+    lines.append(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
 
 
 def launch(engine: Path, n: int, args) -> list[dict]:
@@ -261,7 +301,8 @@ def launch(engine: Path, n: int, args) -> list[dict]:
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "--engine", str(engine), "--result",
-                                       str(result), "--device", args.device, "--steps", str(args.steps)], env=env))
+                                       str(result), "--device", args.device, "--steps", str(args.steps),
+                                       *(["--profile", args.profile] if args.profile else [])], env=env))
     codes = [p.wait() for p in procs]
     if any(codes):
         raise SystemExit(f"a rank failed ({codes}) for {engine.name} on {n}")
@@ -323,6 +364,9 @@ def main() -> None:
     p.add_argument("--workloads", default="matmul-rows,matmul-contract,train,pipeline,pipeline-dp")
     p.add_argument("--pipeline-dims", default="4096,4096", help="batch,width of the pipeline workload's MLP")
     p.add_argument("--microbatches", type=int, default=8, help="the pipeline workload's microbatches")
+    p.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"], help="the pipeline workloads' schedule")
+    p.add_argument("--profile", default=None, help="a directory: each pipeline rank writes a torch.profiler "
+                   "summary of one step there (GPU kernel time, idle time, NCCL time)")
     p.add_argument("--target", default=None)
     p.add_argument("--tune", default="measure", choices=["measure", "cache", "predict"])
     p.add_argument("--no-kernels", dest="kernels", action="store_false",
@@ -356,18 +400,21 @@ def main() -> None:
                 base = step if n == 1 else base
                 overlap = None if n == 1 or comm <= 0 else max(0.0, min(1.0, (serial - step) / comm))
                 rows.append({"workload": workload, "gpus": n, "step_ms": step, "serial_ms": serial, "comm_ms": comm,
+                             # per rank: ms until its Python returned (host-bound when close to step_ms),
+                             # and ms of that spent waiting on transfers
+                             "host_ms": [r["host_ms"] for r in ranks], "wait_ms": [r["wait_ms"] for r in ranks],
                              "efficiency": (base / (n * step)) if base else None, "overlap": overlap,
                              "executor": ranks[0]["executor"],
                              "collectives": sum(1 for c in plan["collectives"] if c["op"] != "shard"),
                              "bytes_per_gpu": plan["bytes_moved"] + _pipeline_bytes(plan.get("pipeline"))})
     baselines = torch_baselines(args) if any(w.startswith("matmul") for w in args.workloads.split(",")) else {}
     print(f"{'workload':<16} {'GPUs':>4} {'ms/step':>9} {'efficiency':>10} {'comm ms':>8} {'overlap':>8} "
-          f"{'collectives':>11} {'MB/GPU':>8}  executor")
+          f"{'collectives':>11} {'MB/GPU':>8} {'host ms':>8}  executor")
     for r in rows:
         eff = f"{100 * r['efficiency']:.0f}%" if r["efficiency"] else "-"
         ov = f"{100 * r['overlap']:.0f}%" if r["overlap"] is not None else "-"
         print(f"{r['workload']:<16} {r['gpus']:>4} {r['step_ms']:>9.2f} {eff:>10} {r['comm_ms']:>8.2f} {ov:>8} "
-              f"{r['collectives']:>11} {r['bytes_per_gpu'] / 1e6:>8.1f}  {r['executor']}")
+              f"{r['collectives']:>11} {r['bytes_per_gpu'] / 1e6:>8.1f} {max(r['host_ms']):>8.2f}  {r['executor']}")
     if baselines:
         print(f"matmul {args.size}^3 on one device: torch eager {baselines['eager_ms']:.2f} ms, torch.compile "
               + (f"{baselines['compile_ms']:.2f} ms" if "compile_ms" in baselines else baselines.get("compile_error", "-")))

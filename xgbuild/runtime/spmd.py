@@ -256,11 +256,7 @@ class SpmdExecutor:
                 vals[key] = back(buf)
             return ready(key)
 
-        remaining: dict[tuple, int] = {}          # reads left of each value here (to free it)
-        for nid, m in plan.tasks:
-            for key in plan.needs(nid, m):
-                remaining[key] = remaining.get(key, 0) + 1
-        keep = {(i, None) for i in outputs}
+        steps = plan.steps()
         with torch.no_grad(), (device if device.type == "cuda" else nullcontext()):
             if not self._linked:
                 self._connect(plan, gpus, peer_rank)
@@ -269,27 +265,39 @@ class SpmdExecutor:
             if plan.replicas > 1:
                 sliced = {nid for name, nid in graph.inputs if name in (split or {})}
                 share = _Replica(replica, plan.replicas, self._stage_groups[stage], sliced, comm, rank)
-            for nid, m in plan.tasks:
-                n = g.node(nid)
-                reads = plan.needs(nid, m)
-                args = [value(k) for k in reads]
+            sums: dict[int, list] = {}  # addend node -> [running sum over microbatches, owned here]
+            for step in steps:          # the tasks, with their posts and frees made once (RankPlan.steps)
+                for peer, upto in step.posts:
+                    post(peer, upto)
+                args = [value(k) for k in step.reads]
+                m = step.mb
                 self.ops.memo = memos.setdefault(m, {})
-                here = (nid, m)
-                vals[here] = self._task(n, m, parts, args, inputs, share)
+                here = (step.node, m)
+                if step.summed is not None:
+                    total = sums[step.summed][0]
+                    if m is None or m == parts - 1:
+                        del sums[step.summed]
+                    args = [total.to(self.ops.dtype(g.node(step.node).dtype))]   # a 16-bit sum ran in float32
+                vals[here] = self._task(g.node(step.node), m, parts, args, inputs, share,
+                                        summed=step.summed is not None)
+                if step.into is not None:   # an addend: into the running sum (the first one is kept
+                    v = vals[here]          # as it is: it may be a view; the second makes a new tensor)
+                    acc = sums.get(step.node)
+                    if acc is None:         # 16-bit addends are summed in float32
+                        sums[step.node] = [v.float(), True] if v.element_size() < 4 and v.is_floating_point() \
+                            else [v, False]
+                    elif acc[1]:
+                        acc[0].add_(v)
+                    else:
+                        sums[step.node] = [acc[0] + v, True]
                 if not self.overlap and isinstance(vals[here], _Later):   # serialised: finish it now
                     ready(here)
                     if device.type == "cuda":
                         torch.cuda.synchronize()
-                for t in plan.send.get(here, ()):
-                    post(t.dst, t.seq)
-                # A value goes once this rank's tasks have read it and its sends are posted (a
-                # send holds its own reference until it arrives).
-                for key in [*reads, here]:
-                    if key in reads:
-                        remaining[key] -= 1
-                    if not remaining.get(key) and key not in keep and key in vals and \
-                            all(cursor[t.dst] > t.seq for t in plan.send.get(key, ())):
-                        del vals[key]
+                for peer, upto in step.sends:
+                    post(peer, upto)
+                for key in step.frees:  # a send holds its own reference until it arrives
+                    del vals[key]
             # Keyed by the engine graph's output ids (the microbatched graph has its own).
             outs = {orig: value((i, None)) for orig, i in zip(tree_ids(graph.output), outputs)
                     if stage == 0 or (i, None) in vals}
@@ -347,15 +355,19 @@ class SpmdExecutor:
                                  f"{_first_line(exc)}") from None
 
     def _task(self, n: Node, m: int | None, parts: int, args: list[torch.Tensor],
-              inputs: dict[str, torch.Tensor], share: "_Replica | None" = None) -> torch.Tensor:
+              inputs: dict[str, torch.Tensor], share: "_Replica | None" = None,
+              summed: bool = False) -> torch.Tensor:
         """Node `n` for microbatch `m` (None: once). Combinations act over microbatches
-        (ir/microbatch.py): `args` holds every microbatch's piece where the node reads them all;
-        with `share` (one replica of a stage of several GPUs), over every replica's too."""
+        (ir/microbatch.py): `args` holds every microbatch's piece where the node reads them all
+        (or, `summed`, the running sum of a sum's addends); with `share` (one replica of a stage of
+        several GPUs), over every replica's too."""
         op = n.op
         if op is Op.STAGE:
             return args[0]
         if share is not None and op in (Op.SHARD, *_MOVES):
-            return share.combine(n, m, parts, args)
+            return share.combine(n, m, parts, args, summed)
+        if summed:
+            return args[0] if op is Op.ALL_REDUCE else args[0].chunk(parts, n.attr("dim"))[m]
         if op is Op.SHARD:
             return args[0].chunk(parts, n.attr("dim"))[m]
         if op is Op.ALL_GATHER:
@@ -450,8 +462,12 @@ class _Replica:
         self.index, self.count, self.group, self.sliced, self.comm, self.rank = index, count, group, sliced, comm, rank
         self.whole: dict[int, _Later] = {}      # a combination read by every microbatch: made once
 
-    def combine(self, n: Node, m: int | None, parts: int, args: list[torch.Tensor]) -> torch.Tensor | _Later:
+    def combine(self, n: Node, m: int | None, parts: int, args: list[torch.Tensor],
+                summed: bool = False) -> torch.Tensor | _Later:
+        """`summed`: `args` is the running sum of this replica's addends (a new tensor, reduced in
+        place), not the addends themselves."""
         op, dim = n.op, n.attr("dim")
+        local_sum = (lambda: args[0]) if summed else (lambda: torch.stack(args).sum(0))
         piece = self.index * parts + (m or 0)
         if op is Op.SHARD:          # this replica's microbatch m of a whole value (or of its loaded share)
             if n.inputs[0] in self.sliced:
@@ -460,9 +476,9 @@ class _Replica:
         if op is Op.ALL_GATHER:
             return self._gather(torch.cat(args, dim), dim, n)
         if op is Op.ALL_REDUCE:
-            return self._sum(torch.stack(args).sum(0), n)
+            return self._sum(local_sum(), n)
         if n.id not in self.whole:  # reduce_scatter / all_to_all: the whole value, then piece m
-            self.whole[n.id] = (self._sum(torch.stack(args).sum(0), n) if op is Op.REDUCE_SCATTER
+            self.whole[n.id] = (self._sum(local_sum(), n) if op is Op.REDUCE_SCATTER
                                 else self._gather(torch.cat(args, n.attr("src")), n.attr("src"), n))
         whole = self.whole[n.id]
         if m == parts - 1:

@@ -182,6 +182,24 @@ def test_1f1b_interleaves_after_one_warm_up_microbatch_per_gpu_downstream(tmp_pa
     assert_ranks_match_one_process(g)
 
 
+def test_each_microbatchs_addend_goes_into_a_running_sum_at_once(tmp_path: Path) -> None:
+    # The weight gradients' addends (one per microbatch) are summed as they are made and freed, so a
+    # GPU holds one running sum, not M addends stacked at the end.
+    from xgbuild.compiler.ir.stages import running_sums
+    g = _example(tmp_path, "gpipe")
+    plans = stage_plans(g)
+    assert all(running_sums(p) for p in plans)
+    for plan in plans:
+        sums = running_sums(plan)
+        for step in plan.steps():
+            if step.into is not None:
+                assert sums[step.node] == step.into and step.key in step.frees     # freed at once
+            if step.summed is not None:
+                assert not any(k[0] == step.summed for k in step.reads)
+        assert {s.node for s in plan.steps() if s.summed is not None} == set(sums.values())
+    assert_ranks_match_one_process(g)
+
+
 def test_microbatches_equal_the_whole_batch() -> None:
     g = compiled(REPO_ROOT / "examples" / "pipeline.toml").optimized.main
     assert_ranks_match_one_process(g)

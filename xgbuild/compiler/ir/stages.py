@@ -145,6 +145,17 @@ class RankPlan:
     recv: dict[Key, Transfer] = field(default_factory=dict)        # value -> how it arrives here
     send: dict[Key, list[Transfer]] = field(default_factory=dict)  # value -> where it goes
     pairs: dict[int, list[Transfer]] = field(default_factory=dict)  # peer -> transfers, agreed order
+    _steps: list | None = field(default=None, repr=False, compare=False)
+
+    def steps(self) -> list["Step"]:
+        """The tasks with what the runtime does around each (made once): the receives to post
+        before it, the sends after it, and the values it can free then. Every transfer of a pair
+        is posted in the agreed order, so a post covers the pair's transfers up to the one named.
+        A value is freed once this rank's tasks have read it and its sends are posted; outputs
+        are kept. runtime/spmd.py runs this, passes/stage.py counts its memory."""
+        if self._steps is None:
+            self._steps = _steps(self)
+        return self._steps
 
     def needs(self, nid: int, mb: int | None) -> list[Key]:
         """The values task (nid, mb) reads."""
@@ -163,6 +174,91 @@ class RankPlan:
 
 # Combinations over microbatches that read every microbatch's piece of their input.
 ALL_PARTS = (Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL)
+
+
+@dataclass(frozen=True)
+class Step:
+    node: int
+    mb: int | None
+    reads: tuple                  # the values the task reads (ir keys), in argument order
+    posts: tuple                  # (peer, upto): post the pair's transfers up to `upto` before the task
+    sends: tuple                  # (peer, upto): ... after it (its value goes out)
+    frees: tuple                  # values nothing here needs after the task
+    into: int | None = None       # an addend: summed at once into the running sum of this node's value
+    summed: int | None = None     # a sum over microbatches: reads the running sum of this node instead
+
+    @property
+    def key(self) -> Key:
+        return (self.node, self.mb)
+
+
+SUMS = (Op.ALL_REDUCE, Op.REDUCE_SCATTER)
+
+
+def running_sums(plan: RankPlan) -> dict[int, int]:
+    """Addend node -> the sum over microbatches (all_reduce / reduce_scatter) that alone reads it
+    here: each microbatch's addend is added to a running sum as soon as it is made and freed (a
+    weight gradient is accumulated, not kept M times and stacked). Only for addends made here,
+    never sent, with at least two microbatches."""
+    if plan.parts < 2:
+        return {}
+    readers: dict[int, set[int]] = {}
+    made = {nid for nid, _ in plan.tasks}
+    for nid, m in plan.tasks:
+        for i, _m in plan.needs(nid, m):
+            readers.setdefault(i, set()).add(nid)
+    sent = {key[0] for key in plan.send}
+    outputs = set(tree_ids(plan.graph.output))
+    out = {}
+    for nid in made:
+        n = plan.graph.node(nid)
+        i = n.inputs[0] if n.op in SUMS else None
+        if i is not None and i in plan.per_microbatch and i in made and readers.get(i) == {nid} \
+                and i not in sent and i not in outputs:
+            out[i] = nid
+    return out
+
+
+def _steps(plan: RankPlan) -> list[Step]:
+    keep = {(i, None) for i in tree_ids(plan.graph.output)}
+    into = running_sums(plan)
+    summed = {s: a for a, s in into.items()}
+    remaining: dict[Key, int] = {}
+    for nid, m in plan.tasks:
+        for key in plan.needs(nid, m):
+            if key[0] not in into:
+                remaining[key] = remaining.get(key, 0) + 1
+    cursor = {peer: 0 for peer in plan.pairs}
+    alive: set[Key] = set()
+    out = []
+
+    def post(peer: int, upto: int, into: list) -> None:
+        if cursor[peer] <= upto:
+            into.append((peer, upto))
+            cursor[peer] = upto + 1
+    for nid, m in plan.tasks:
+        here = (nid, m)
+        reads = [key for key in plan.needs(nid, m) if key[0] not in into]
+        posts: list = []
+        for key in reads:
+            if key in plan.recv and key not in alive:
+                post(plan.recv[key].src, plan.recv[key].seq, posts)
+                alive.add(key)
+        alive.add(here)
+        sends: list = []
+        for t in plan.send.get(here, ()):
+            post(t.dst, t.seq, sends)
+        frees = []
+        for key in [*reads, here]:
+            if key in reads:
+                remaining[key] -= 1
+            if not remaining.get(key) and key not in keep and key in alive \
+                    and all(cursor[t.dst] > t.seq for t in plan.send.get(key, ())):
+                alive.discard(key)
+                frees.append(key)
+        out.append(Step(nid, m, tuple(reads), tuple(posts), tuple(sends), tuple(frees), into.get(nid),
+                        summed.get(nid)))
+    return out
 
 
 def stage_plan(graph: Graph, stage: int) -> RankPlan:

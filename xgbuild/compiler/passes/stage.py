@@ -61,22 +61,17 @@ def stage_footprint(graph: Graph) -> list[dict]:
     (runtime/spmd.py): a receive's buffer from when it is posted (when a task needs it, or a later
     transfer of its pair is posted), each value freed once this GPU's tasks have read it and its
     sends are posted; outputs are kept. A combination over microbatches also holds what it is made
-    from: the stacked addends of a sum, the replicas' pieces of a join, and (re-split for every
-    microbatch) the whole value, from its first microbatch's piece to its last."""
+    from: a sum's running sum (from its first addend; or the stacked addends, where they are read
+    elsewhere too), the replicas' pieces of a join, and (re-split for every microbatch) the whole
+    value, from its first microbatch's piece to its last."""
     out = []
     names = {nid: name for name, nid in graph.inputs}
     shared = batch_split(graph)
     for plan in stage_plans(graph):
         g = plan.graph
-        outputs = {(i, None) for i in tree_ids(g.output)}
         size = lambda key: nbytes(g.node(key[0])) or 0       # noqa: E731
-        remaining: dict = {}
-        for nid, m in plan.tasks:
-            for key in plan.needs(nid, m):
-                remaining[key] = remaining.get(key, 0) + 1
         cursor = {peer: 0 for peer in plan.pairs}
         live = peak = held = 0
-        freed: set = set()
 
         def post(peer: int, upto: int) -> int:
             added = 0
@@ -88,29 +83,24 @@ def stage_footprint(graph: Graph) -> list[dict]:
             return added
         inputs = sum(size((nid, m)) // (plan.replicas if names.get(nid) in shared else 1)
                      for nid, m in plan.tasks if g.node(nid).op is Op.INPUT)
-        for nid, m in plan.tasks:
-            here = (nid, m)
-            reads = plan.needs(nid, m)
-            for key in reads:
-                if key in plan.recv:
-                    live += post(plan.recv[key].src, plan.recv[key].seq)
-            if g.node(nid).op is not Op.INPUT:
+        running: dict[int, int] = {}                     # addend node -> bytes of its running sum
+        for step in plan.steps():
+            here, m = step.key, step.mb
+            live += sum(post(peer, upto) for peer, upto in step.posts)
+            if g.node(step.node).op is not Op.INPUT:
                 live += size(here)
-            for t in plan.send.get(here, ()):
-                live += post(t.dst, t.seq)
-            extra, whole = _combining(g.node(nid), m, size(here), plan)
+            live += sum(post(peer, upto) for peer, upto in step.sends)
+            if step.into is not None and step.node not in running:
+                running[step.node] = size(here)          # the first addend starts the running sum
+                held += running[step.node]
+            extra, whole = _combining(g.node(step.node), m, size(here), plan, step.summed is not None)
             held += whole if m in (0, None) else 0
             peak = max(peak, live + held + extra)
             if m is not None and m == plan.parts - 1:
                 held -= whole
-            for key in [*reads, here]:                    # as the runtime frees them
-                if key in reads:
-                    remaining[key] -= 1
-                if not remaining.get(key) and key not in freed and key not in outputs \
-                        and g.node(key[0]).op is not Op.INPUT \
-                        and all(cursor[t.dst] > t.seq for t in plan.send.get(key, ())):
-                    live -= size(key)
-                    freed.add(key)
+            if step.summed is not None and (m is None or m == plan.parts - 1):
+                held -= running.pop(step.summed)
+            live -= sum(size(key) for key in step.frees if g.node(key[0]).op is not Op.INPUT)
         for peer, seq in plan.pairs.items():              # outputs arriving at the end
             live += post(peer, len(seq) - 1)
         peak = max(peak, live)
@@ -118,12 +108,15 @@ def stage_footprint(graph: Graph) -> list[dict]:
     return out
 
 
-def _combining(node, m: int | None, size: int, plan) -> tuple[int, int]:
+def _combining(node, m: int | None, size: int, plan, summed: bool) -> tuple[int, int]:
     """What a combination over microbatches holds beside its result (runtime/spmd.py): (bytes for
-    this task only, bytes of a whole value kept from its first microbatch's piece to its last)."""
+    this task only, bytes of a whole value kept from its first microbatch's piece to its last).
+    `summed`: a sum that reads the running sum of its addends (counted where they are made)."""
     d, pieces = plan.replicas, plan.parts * plan.replicas
     if node.op is Op.ALL_REDUCE:
-        return size * plan.parts, 0                 # the addends, stacked
+        return (0 if summed else size * plan.parts), 0     # the addends, stacked
+    if node.op is Op.REDUCE_SCATTER and summed:
+        return 0, (size * pieces if d > 1 else 0)     # D > 1: the replicas' sum, kept for every piece
     if node.op is Op.ALL_GATHER:
         return (size if d > 1 else 0), 0            # the replicas' pieces arrive beside the join
     if node.op in (Op.REDUCE_SCATTER, Op.ALL_TO_ALL):
