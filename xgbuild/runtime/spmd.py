@@ -264,7 +264,7 @@ class SpmdExecutor:
             share = None
             if plan.replicas > 1:
                 sliced = {nid for name, nid in graph.inputs if name in (split or {})}
-                share = _Replica(replica, plan.replicas, self._stage_groups[stage], sliced, comm, rank)
+                share = _Replica(replica, plan.replicas, self._stage_groups[stage], sliced, comm, rank, self.ops.dtype)
             sums: dict[int, list] = {}  # addend node -> [running sum over microbatches, owned here]
             for step in steps:          # the tasks, with their posts and frees made once (RankPlan.steps)
                 for peer, upto in step.posts:
@@ -274,22 +274,22 @@ class SpmdExecutor:
                 self.ops.memo = memos.setdefault(m, {})
                 here = (step.node, m)
                 if step.summed is not None:
-                    total = sums[step.summed][0]
+                    args = [sums[step.summed][0]]   # (a 16-bit sum runs in float32: _task casts it back)
                     if m is None or m == parts - 1:
                         del sums[step.summed]
-                    args = [total.to(self.ops.dtype(g.node(step.node).dtype))]   # a 16-bit sum ran in float32
                 vals[here] = self._task(g.node(step.node), m, parts, args, inputs, share,
                                         summed=step.summed is not None)
                 if step.into is not None:   # an addend: into the running sum (the first one is kept
-                    v = vals[here]          # as it is: it may be a view; the second makes a new tensor)
-                    acc = sums.get(step.node)
+                    v = vals[here]          # as it is: it may be a view; the second makes a new,
+                    acc = sums.get(step.node)   # contiguous tensor, which collectives need)
                     if acc is None:         # 16-bit addends are summed in float32
-                        sums[step.node] = [v.float(), True] if v.element_size() < 4 and v.is_floating_point() \
-                            else [v, False]
+                        sums[step.node] = ([v.to(torch.float32, memory_format=torch.contiguous_format), True]
+                                           if v.element_size() < 4 and v.is_floating_point() else [v, False])
                     elif acc[1]:
                         acc[0].add_(v)
                     else:
-                        sums[step.node] = [acc[0] + v, True]
+                        total = torch.empty(v.shape, dtype=acc[0].dtype, device=v.device)
+                        sums[step.node] = [torch.add(acc[0], v, out=total), True]
                 if not self.overlap and isinstance(vals[here], _Later):   # serialised: finish it now
                     ready(here)
                     if device.type == "cuda":
@@ -366,8 +366,9 @@ class SpmdExecutor:
             return args[0]
         if share is not None and op in (Op.SHARD, *_MOVES):
             return share.combine(n, m, parts, args, summed)
-        if summed:
-            return args[0] if op is Op.ALL_REDUCE else args[0].chunk(parts, n.attr("dim"))[m]
+        if summed:                 # a piece of the running sum, in the node's dtype (16-bit sums ran in float32)
+            total = args[0] if op is Op.ALL_REDUCE else args[0].chunk(parts, n.attr("dim"))[m]
+            return total.to(self.ops.dtype(n.dtype))
         if op is Op.SHARD:
             return args[0].chunk(parts, n.attr("dim"))[m]
         if op is Op.ALL_GATHER:
@@ -458,8 +459,10 @@ class _Replica:
     waited for where a task first reads its result (`_Later`), so the compute in between overlaps
     it (with NCCL it runs on NCCL's stream)."""
 
-    def __init__(self, index: int, count: int, group, sliced: set[int], comm: dict, rank: int) -> None:
+    def __init__(self, index: int, count: int, group, sliced: set[int], comm: dict, rank: int,
+                 dtype: Callable[[str], torch.dtype]) -> None:
         self.index, self.count, self.group, self.sliced, self.comm, self.rank = index, count, group, sliced, comm, rank
+        self.dtype = dtype                      # an IR dtype's torch dtype on this rank (float64 mode)
         self.whole: dict[int, _Later] = {}      # a combination read by every microbatch: made once
 
     def combine(self, n: Node, m: int | None, parts: int, args: list[torch.Tensor],
@@ -467,7 +470,8 @@ class _Replica:
         """`summed`: `args` is the running sum of this replica's addends (a new tensor, reduced in
         place), not the addends themselves."""
         op, dim = n.op, n.attr("dim")
-        local_sum = (lambda: args[0]) if summed else (lambda: torch.stack(args).sum(0))
+        want = self.dtype(n.dtype)
+        local_sum = (lambda: args[0].to(want)) if summed else (lambda: torch.stack(args).sum(0))
         piece = self.index * parts + (m or 0)
         if op is Op.SHARD:          # this replica's microbatch m of a whole value (or of its loaded share)
             if n.inputs[0] in self.sliced:
@@ -487,6 +491,7 @@ class _Replica:
 
     def _sum(self, x: torch.Tensor, n: Node) -> _Later:
         wire, back = _wire(x)                 # x is made here (a sum): reduced in place
+        wire = wire.contiguous()              # NCCL takes contiguous tensors only
         return self._start(n, lambda: dist.all_reduce(wire, group=self.group, async_op=True), lambda: back(wire))
 
     def _gather(self, x: torch.Tensor, dim: int, n: Node) -> _Later:
@@ -502,7 +507,7 @@ class _Replica:
         t0 = time.perf_counter()
         try:
             work = call()
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError) as exc:      # NCCL refuses some tensors with ValueError
             raise failed(exc) from None
         self.comm["collectives"] += 1
         self.comm["issue_ms"] += (time.perf_counter() - t0) * 1e3

@@ -397,6 +397,8 @@ class StrictP2P:
     def _collective(self, op: str, group: tuple, tensor: torch.Tensor, parts) -> _Work:
         me = self.local.rank
         assert me in group, (me, group)
+        if not tensor.is_contiguous():              # NCCL refuses these (ValueError)
+            self.broken = f"rank {me} passed a non-contiguous {tuple(tensor.shape)} tensor to {op}"
         with self.lock:
             k = self.calls[(group, me)] = self.calls.get((group, me), -1) + 1
             slot = self.slots.setdefault((group, k), {"op": op, "shape": tuple(tensor.shape), "in": {},
@@ -476,6 +478,9 @@ CASES = {
     # The batch input `S` is never read: nothing is split, each replica computes the whole values.
     "unread-batch-2-stages-of-2-gpus": ("[regions.fa]\nstage = 0\n[regions.fb]\nstage = 1\n"
                                         "[pipeline]\nsplit = { S = 0 }\n", "UNREAD", 4),
+    # A weight stored (out, in) and used as `h @ transpose(w)`: its gradient's addends are strided
+    # views, and the running sum all-reduced inside the stage must still be contiguous (NCCL).
+    "transposed-weight-2-stages-of-2-gpus": (EXAMPLE_PLAN, "TRANSPOSED", 4),
     # Stage 1 holds no region: its GPUs (2 and 3) idle, yet take part in making the stages' groups.
     "example-stages-0-and-2-of-2-gpus": (EXAMPLE_PLAN.replace("stage = 1", "stage = 2"),
                                          REPO_ROOT / "examples" / "pipeline.xg", 6),
@@ -485,6 +490,13 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_rank_on_strict_point_to_point_gives_one_process_result(monkeypatch, tmp_path: Path, case: str) -> None:
     text, src, world = CASES[case]
+    if src == "TRANSPOSED":
+        src = tmp_path / "transposed.xg"
+        src.write_text(EXAMPLE.read_text().replace("Tensor[float32, 16, 8] W2", "Tensor[float32, 8, 16] W2")
+                       .replace("Tensor[float32, H, C] w) -> Tensor[float32, B, C] {\n    return h @ w",
+                                "Tensor[float32, C, H] w) -> Tensor[float32, B, C] {\n    return h @ transpose(w)")
+                       .replace("Tensor[float32, H, C] w2) -> float32", "Tensor[float32, C, H] w2) -> float32"))
+        assert "transpose(w)" in src.read_text()
     if src == "UNREAD":
         src = tmp_path / "unread.xg"
         src.write_text(DEADLOCK.replace("NUM_GPU = 2", "NUM_GPU = 1").replace(

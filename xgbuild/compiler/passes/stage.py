@@ -90,10 +90,15 @@ def stage_footprint(graph: Graph) -> list[dict]:
             if g.node(step.node).op is not Op.INPUT:
                 live += size(here)
             live += sum(post(peer, upto) for peer, upto in step.sends)
+            second = step.into is not None and step.node in running and m == 1
             if step.into is not None and step.node not in running:
-                running[step.node] = size(here)          # the first addend starts the running sum
+                # The first addend starts the running sum (16-bit addends are summed in float32).
+                wide = 2 if g.node(step.node).dtype in ("float16", "bfloat16") else 1
+                running[step.node] = size(here) * wide
                 held += running[step.node]
             extra, whole = _combining(g.node(step.node), m, size(here), plan, step.summed is not None)
+            if second:      # the second addend makes the sum anew, beside the first one
+                extra += running[step.node]
             held += whole if m in (0, None) else 0
             peak = max(peak, live + held + extra)
             if m is not None and m == plan.parts - 1:
