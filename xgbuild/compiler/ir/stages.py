@@ -79,7 +79,7 @@ def rank_share(graph: Graph, rank: int) -> tuple[dict[str, int], int, int]:
 
 
 def infer_stages(graph: Graph) -> dict[int, int | None]:
-    """Node id -> the GPU that runs it, or None for a free node (computed wherever it is used)."""
+    """Node id -> the stage that runs it, or None for a free node (computed wherever it is used)."""
     st: dict[int, int | None] = {}
     for n in graph.nodes:
         if n.op is Op.STAGE:
