@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -132,6 +133,72 @@ def test_each_rank_runs_the_engines_own_kernels(tmp_path: Path, rand: Rand) -> N
     bad = subprocess.run([*command("xgrun"), str(engine), "--nproc", "2", "--seed", "1"], capture_output=True,
                          text=True, timeout=200, env={**os.environ, "XG_SPMD_KERNELS": "fast"})
     assert bad.returncode != 0 and "XG_SPMD_KERNELS is 'fast'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+BLOCKED = src_text("""
+    extern Tensor[float32, 320, 32] A
+    extern Tensor[float32, 32, 16] B
+    extern Tensor[float32, 320, 16] C
+    extern Tensor[float32, 320, 16] X
+    extern Tensor[float32, 16, 64] W1
+    extern Tensor[float32, 64, 16] W2
+    extern Tensor[float32, 32, 320] Z
+    def main() {
+        with shard(A, dim=1), shard(B, dim=0):
+            p = (A @ B) * C
+        with shard(W1, dim=1), shard(W2, dim=0):
+            y = gelu(X @ W1) @ W2
+        with shard(Z, dim=0), shard(B, dim=0):
+            q = transpose(Z) @ B
+        with shard(q, dim=0):
+            r = relu(q)
+        return (p, y, q, r)
+    }
+""")
+
+
+def test_all_reduced_matmuls_run_in_row_blocks(tmp_path: Path, rand: Rand) -> None:
+    """XG_COMM_BLOCKS=3: a matmul whose partial sums are all-reduced (one with an epilogue that
+    reads a whole operand) runs in blocks of rows, each block's all-reduce in place on its rows as
+    soon as its kernel is launched (320 rows do not fall into equal blocks); one whose partial sums
+    are reduce-scattered (a transposed operand; its product all-reduced too, so not in place) runs
+    block by block of every rank's part, each block's reduce-scatter filling rows of this rank's
+    part. The result is the same as whole (XG_COMM_BLOCKS=1) and as the float64 reference; a bad
+    value is refused."""
+    src = tmp_path / "blocked.xg"
+    src.write_text(BLOCKED)
+    engine = tmp_path / "blocked.xge"
+    done = subprocess.run([*command("xgc"), str(src), "--target", "H100", "--tune", "predict", "--num-gpu", "2",
+                           "--out", str(engine), "--quiet"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    shapes = {"A": (320, 32), "B": (32, 16), "C": (320, 16), "X": (320, 16), "W1": (16, 64), "W2": (64, 16),
+              "Z": (32, 320)}
+    values = {k: rand.tensor(s) for k, s in shapes.items()}
+    save_tensors(tmp_path / "in.npz", {k: t for k, (t, _) in values.items()})
+    v = {k: w for k, (_, w) in values.items()}
+    p = (v["A"] @ v["B"]) * v["C"]
+    y = gelu(v["X"] @ v["W1"]) @ v["W2"]
+    summaries = {}
+    for blocks in ("1", "3"):
+        out = tmp_path / f"out{blocks}.npz"
+        done = subprocess.run([*command("xgrun"), str(engine), "--nproc", "2", "--inputs", str(tmp_path / "in.npz"),
+                               "--output", str(out), "--json"], capture_output=True, text=True, timeout=400,
+                              env={**os.environ, "XG_SPMD_KERNELS": "interpret", "XG_COMM_BLOCKS": blocks})
+        assert done.returncode == 0, done.stderr
+        summaries[blocks] = json.loads(done.stdout)["comm"]
+        got = load_tensors(out)
+        q = v["Z"].T @ v["B"]
+        for k, ref in enumerate((p, y, q, np.maximum(q, 0))):
+            assert_close(got[f"out_{k}"], ref, 1e-5, rand, what=f"output {k} with XG_COMM_BLOCKS={blocks}")
+    assert summaries["1"]["split_collectives"] == 0
+    assert summaries["3"]["split_collectives"] == 3      # 2 all-reduces, 1 reduce-scatter, 2 or 3 blocks each
+    assert summaries["3"]["collectives"] >= summaries["1"]["collectives"] + 3
+    for bad in ("0", "two", "65"):
+        done = subprocess.run([*command("xgrun"), str(engine), "--nproc", "2", "--seed", "1"], capture_output=True,
+                              text=True, timeout=200, env={**os.environ, "XG_SPMD_KERNELS": "interpret",
+                                                           "XG_COMM_BLOCKS": bad})
+        assert done.returncode != 0 and f"XG_COMM_BLOCKS is {bad!r}" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
 
 
 def test_outputs_per_rank_are_each_ranks_pieces(tmp_path: Path, rand: Rand) -> None:
@@ -297,6 +364,43 @@ def test_training_step_matches_the_single_process_float64_step(tmp_path: Path, r
     assert set(got) == set(ref)
     for name, want in ref.items():
         assert_close(got[name], want.numpy(), 1e-4, rand, what=f"{name} after a step on {nproc} ranks ({plan})")
+
+
+def test_tensor_parallel_step_with_kernels_in_row_blocks(tmp_path: Path, rand: Rand) -> None:
+    """The training step scaled up (T=256, D=64, F=256), tensor parallel on 2 ranks running the
+    engine's kernels (Triton's interpreter): with XG_COMM_BLOCKS=4 its reduce-scattered products
+    (transposed operands among them) run in row blocks, and the step equals the float64 one."""
+    text = (REPO_ROOT / "models" / "train.xg").read_text()
+    for name, size in (("T", 256), ("D", 64), ("F", 256)):
+        text = re.sub(rf"^{name} = \d+", f"{name} = {size}", text, flags=re.M)
+    text = re.sub(r"^SCALE = .*$", f"SCALE = {64 ** -0.5!r}", text, flags=re.M)
+    (tmp_path / "train.xg").write_text(text)
+    engine = tmp_path / "train.xge"
+    done = subprocess.run([*command("xgc"), str(tmp_path / "train.xg"), "--target", "H100", "--tune", "predict",
+                           "--num-gpu", "2", "--sharding", str(REPO_ROOT / "models" / "plans" / "train_tensor.toml"),
+                           "--out", str(engine), "--quiet"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    values = {}
+    for spec in Engine.load(engine).signature:
+        shape = tuple(spec["shape"])
+        if spec["dtype"] == "int64":
+            values[spec["name"]] = rand.ints(shape, 0, 16)
+        elif spec["name"] in ("STEP", "LR"):
+            values[spec["name"]] = torch.tensor(3.0 if spec["name"] == "STEP" else 0.01)
+        else:
+            t = rand.tensor(shape, scale=1e-3 if spec["name"].startswith("V_") else 0.1)[0]
+            values[spec["name"]] = t.abs() + 1e-3 if spec["name"].startswith("V_") else t
+    save_tensors(tmp_path / "in.safetensors", values)
+    done = subprocess.run([*command("xgrun"), str(engine), "--nproc", "2", "--inputs", str(tmp_path / "in.safetensors"),
+                           "--output", str(tmp_path / "o.npz"), "--json"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "XG_SPMD_KERNELS": "interpret", "XG_COMM_BLOCKS": "4"})
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["executor"] == "spmd-kernels-interpret" and summary["comm"]["split_collectives"] >= 3
+    got = load_tensors(tmp_path / "o.npz")
+    ref = Engine.load(engine).run(values, float64=True).tensors
+    for name, want in ref.items():
+        assert_close(got[name], want.numpy(), 1e-4, rand, what=f"{name} after a tensor-parallel step in row blocks")
 
 
 def test_under_torchrun_each_process_is_one_rank(tmp_path: Path, rand: Rand) -> None:

@@ -16,12 +16,17 @@ rank instead, as XG's reference executor runs the plan).
 Reported per workload and GPU count: time per step (median over steps, max over ranks), scaling
 efficiency t1 / (n * tn), host ms (how long the slowest rank's Python took to issue the step: a
 step no longer than that is bound by the host, not the GPU), the plan's collectives and bytes,
-and how much communication overlapped compute: the same step with every collective finished before the next op (serialised) minus the
-normal step, over the time of the plan's collectives run alone. Beside them, on one GPU: PyTorch
-eager and torch.compile for the matmuls; each row names the executor its ranks used.
+and how much communication overlapped compute: the same step with every collective finished
+before the next op (serialised) minus the normal step, over the time of the plan's collectives run
+alone. Kernel ranks run as `xgrun` does
+(XG_COMM_BLOCKS, `--comm-blocks`, default auto: a large all-reduced or reduce-scattered matmul in
+row blocks, each block's collective overlapping the next block); where that split any, the step
+is timed whole too (XG_COMM_BLOCKS=1): its time, efficiency and overlap. Beside them, on one GPU:
+PyTorch eager and torch.compile for the matmuls; each row names the executor its ranks used.
 
 Prints a table and writes JSON. `--device cpu` runs the same on gloo ranks (small sizes) to check
-the script without GPUs. Nothing here is an assertion.
+the script without GPUs (with XG_SPMD_KERNELS=interpret and `--tune predict`, the ranks run the
+kernels under Triton's interpreter). Nothing here is an assertion.
 
     python tools/bench/bench_multi_gpu.py [--gpus 1,2,4] [--size 16384] [--steps 10]
         [--train-dims T=8192,D=2048,F=8192,V=1024] [--json out/bench_multi_gpu.json] [--device cuda|cpu]
@@ -132,7 +137,10 @@ def build(workdir: Path, workload: str, ngpu: int, args) -> Path:
             path.unlink()
     out = workdir / f"{workload}-{ngpu}.xge"
     table = None
-    if args.device == "cuda" and args.kernels:
+    # On CPUs the ranks run kernels only under Triton's interpreter (XG_SPMD_KERNELS=interpret, with
+    # --tune predict): slow, a check of the script's kernel path.
+    interpreted = os.environ.get("XG_SPMD_KERNELS") == "interpret"
+    if args.kernels and (args.device == "cuda" or interpreted):
         from xgbuild.tuner.link import kernels_for
         table = kernels_for(compiled, args.tune)
     Engine.from_compiled(compiled, table).save(out)
@@ -146,7 +154,7 @@ def worker(args) -> None:
 
     from xgbuild.compiler.ir.graph import Op
     from xgbuild.compiler.ir.layout import split_inputs
-    from xgbuild.runtime.distributed import _kernel_path, init_group, leave_group
+    from xgbuild.runtime.distributed import _kernel_path, comm_blocks, init_group, leave_group
     from xgbuild.runtime.engine import Engine
     from xgbuild.runtime.spmd import SpmdExecutor, local_graph
     from xgbuild.runtime.tensor_io import random_inputs
@@ -179,8 +187,9 @@ def worker(args) -> None:
     executors = []
     hosts: list[tuple[float, float]] = []      # per step: ms until the run returned, ms of it waiting on transfers
 
-    def steps(overlap: bool) -> list[float]:
-        ex = SpmdExecutor(group, check=False, overlap=overlap, kernels=plans, launch=launch_fn, kernel_mode=mode)
+    def steps(overlap: bool, blocks: tuple[int, int] = (1, 0)) -> list[float]:
+        ex = SpmdExecutor(group, check=False, overlap=overlap, kernels=plans, launch=launch_fn, kernel_mode=mode,
+                          row_blocks=blocks[0], min_block_bytes=blocks[1])
         executors.append(ex)
         for _ in range(2):
             ex.run(graph, local_inputs, split)
@@ -193,19 +202,23 @@ def worker(args) -> None:
             host = (time.perf_counter() - t0) * 1e3      # the rank's Python returns before its GPU is done
             sync()
             out.append((time.perf_counter() - t0) * 1e3)
-            if overlap:
+            if overlap and len(executors) == 1:
                 hosts.append((host, ex.stats.get("wait_ms", 0.0)))
         return out
 
     from xgbuild.compiler.ir.stages import has_stages, stage_gpus, stage_of, stage_summary
     staged = has_stages(graph)
     replicas = len(stage_gpus(graph)[0]) if staged else 1
-    normal = steps(True)
+    blocks = comm_blocks()          # XG_COMM_BLOCKS, from --comm-blocks (main)
+    normal = steps(True, blocks)
+    split_count = executors[0].stats.get("split_collectives", 0)
     if args.profile and staged:
         profile_step(executors[0], graph, local_inputs, split, group, Path(args.profile) / f"{Path(args.engine).stem}-rank{group.rank}.txt")
     # A pipeline's transfers are point-to-point sends already overlapping the other stages: no
     # serialised variant to compare with, except for the collectives inside stages of several GPUs.
     serial = steps(False) if group.world > 1 and (not staged or replicas > 1) else normal
+    # Where reduced matmuls ran in row blocks: the step again with them whole.
+    whole = steps(True) if split_count else None
     # The plan's collectives alone, on tensors of their local input shapes.
     local, _ = local_graph(graph, group.world)
     comm_ms = 0.0
@@ -249,6 +262,7 @@ def worker(args) -> None:
                     times.append((time.perf_counter() - t0) * 1e3)
             comm_ms = sum(times)       # the second pass: warm
     result = {"rank": group.rank, "step_ms": statistics.median(normal), "serial_ms": statistics.median(serial),
+              "whole_ms": statistics.median(whole) if whole else None, "split_collectives": split_count,
               "comm_ms": comm_ms, "executor": names[0],
               "host_ms": statistics.median(h for h, _ in hosts), "wait_ms": statistics.median(w for _, w in hosts)}
     gathered = [None] * group.world
@@ -300,8 +314,11 @@ def launch(engine: Path, n: int, args) -> list[dict]:
     for rank in range(n):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        if env.get("XG_SPMD_KERNELS") == "interpret":
+            env["TRITON_INTERPRET"] = "1"       # the ranks only: the build compiles cubins
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "--engine", str(engine), "--result",
                                        str(result), "--device", args.device, "--steps", str(args.steps),
+                                       "--comm-blocks", args.comm_blocks,
                                        *(["--profile", args.profile] if args.profile else [])], env=env))
     codes = [p.wait() for p in procs]
     if any(codes):
@@ -367,6 +384,9 @@ def main() -> None:
     p.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"], help="the pipeline workloads' schedule")
     p.add_argument("--profile", default=None, help="a directory: each pipeline rank writes a torch.profiler "
                    "summary of one step there (GPU kernel time, idle time, NCCL time)")
+    p.add_argument("--comm-blocks", default=os.environ.get("XG_COMM_BLOCKS", "auto"),
+                   help="XG_COMM_BLOCKS for the kernel ranks (auto, or the most row blocks of a reduced matmul; "
+                   "1: whole); a step that split any is timed whole too")
     p.add_argument("--target", default=None)
     p.add_argument("--tune", default="measure", choices=["measure", "cache", "predict"])
     p.add_argument("--no-kernels", dest="kernels", action="store_false",
@@ -377,6 +397,13 @@ def main() -> None:
     p.add_argument("--engine", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args()
+    from xgbuild.errors import EngineError
+    from xgbuild.runtime.distributed import comm_blocks
+    os.environ["XG_COMM_BLOCKS"] = args.comm_blocks     # the ranks (and xgrun's policy) read it
+    try:
+        comm_blocks()
+    except EngineError as exc:
+        p.error(str(exc))
     if args.worker:
         worker(args)
         return
@@ -399,22 +426,33 @@ def main() -> None:
                 comm = max(r["comm_ms"] for r in ranks)
                 base = step if n == 1 else base
                 overlap = None if n == 1 or comm <= 0 else max(0.0, min(1.0, (serial - step) / comm))
+                whole = max(r["whole_ms"] for r in ranks) if ranks[0]["whole_ms"] is not None else None
                 rows.append({"workload": workload, "gpus": n, "step_ms": step, "serial_ms": serial, "comm_ms": comm,
                              # per rank: ms until its Python returned (host-bound when close to step_ms),
                              # and ms of that spent waiting on transfers
                              "host_ms": [r["host_ms"] for r in ranks], "wait_ms": [r["wait_ms"] for r in ranks],
                              "efficiency": (base / (n * step)) if base else None, "overlap": overlap,
+                             # collectives split in row blocks; the same step with none split
+                             "split_collectives": ranks[0]["split_collectives"], "whole_ms": whole,
+                             "whole_efficiency": (base / (n * whole)) if base and whole else None,
+                             "whole_overlap": None if whole is None or comm <= 0
+                             else max(0.0, min(1.0, (serial - whole) / comm)),
                              "executor": ranks[0]["executor"],
                              "collectives": sum(1 for c in plan["collectives"] if c["op"] != "shard"),
                              "bytes_per_gpu": plan["bytes_moved"] + _pipeline_bytes(plan.get("pipeline"))})
     baselines = torch_baselines(args) if any(w.startswith("matmul") for w in args.workloads.split(",")) else {}
     print(f"{'workload':<16} {'GPUs':>4} {'ms/step':>9} {'efficiency':>10} {'comm ms':>8} {'overlap':>8} "
-          f"{'collectives':>11} {'MB/GPU':>8} {'host ms':>8}  executor")
+          f"{'collectives':>11} {'MB/GPU':>8} {'host ms':>8} {'split':>5} {'whole':>16}  executor")
+    pct = lambda x: f"{100 * x:.0f}%" if x is not None else "-"     # noqa: E731
     for r in rows:
         eff = f"{100 * r['efficiency']:.0f}%" if r["efficiency"] else "-"
         ov = f"{100 * r['overlap']:.0f}%" if r["overlap"] is not None else "-"
+        # the step with no collective split in row blocks: ms/step, efficiency, overlap
+        whole = (f"{r['whole_ms']:.2f} {pct(r['whole_efficiency'])} {pct(r['whole_overlap'])}"
+                 if r["whole_ms"] is not None else "-")
         print(f"{r['workload']:<16} {r['gpus']:>4} {r['step_ms']:>9.2f} {eff:>10} {r['comm_ms']:>8.2f} {ov:>8} "
-              f"{r['collectives']:>11} {r['bytes_per_gpu'] / 1e6:>8.1f} {max(r['host_ms']):>8.2f}  {r['executor']}")
+              f"{r['collectives']:>11} {r['bytes_per_gpu'] / 1e6:>8.1f} {max(r['host_ms']):>8.2f} {r['split_collectives']:>5} {whole:>16}  "
+              f"{r['executor']}")
     if baselines:
         print(f"matmul {args.size}^3 on one device: torch eager {baselines['eager_ms']:.2f} ms, torch.compile "
               + (f"{baselines['compile_ms']:.2f} ms" if "compile_ms" in baselines else baselines.get("compile_error", "-")))

@@ -97,11 +97,13 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
     del inputs, shapes
     # A pipeline's ranks run torch's ops for now (the engine's kernels are tuned for one process).
     plans, launch, mode = (None, None, "") if staged else _kernel_path(engine, device, float64)
+    blocks, min_bytes = comm_blocks() if plans is not None else (1, 0)
     executor = SpmdExecutor(group, float64=float64, check=check, overlap=overlap, kernels=plans, launch=launch,
-                            kernel_mode=mode)
+                            kernel_mode=mode, row_blocks=blocks, min_block_bytes=min_bytes)
     if staged:
         executor.name = "pipeline-" + device
-    _same_executor(group, executor.name)
+    _same_executor(group, executor.name + (f" (reduced matmuls in up to {blocks} row blocks of at least {min_bytes} "
+                                           "bytes)" if blocks > 1 else ""))
     out = executor.run(graph, local_inputs, split)
     if staged:      # outputs arrive on rank 0 only: the others hold what they computed
         whole = out.values
@@ -155,6 +157,27 @@ def _kernel_path(engine: Engine, device: str, float64: bool) -> tuple[list | Non
     return None, None, ""
 
 
+AUTO_BLOCKS = 4                  # XG_COMM_BLOCKS unset: up to 4 blocks ...
+AUTO_MIN_BYTES = 8 << 20         # ... each of whose collectives moves at least 8 MiB
+
+
+def comm_blocks() -> tuple[int, int]:
+    """XG_COMM_BLOCKS: (the most blocks of rows, the fewest bytes a block's collective moves) for a
+    matmul whose product is all-reduced or reduce-scattered on a kernel rank (each block's collective
+    starts as soon as its kernels are launched, overlapping the next block). Unset or `auto`: up to
+    4 blocks of at least 8 MiB each (a smaller reduction stays whole: its transfer is short, and
+    more of them would cost more in latency than they hide); N: up to N blocks, whatever their size;
+    1: whole. Every rank must be given the same value."""
+    text = os.environ.get("XG_COMM_BLOCKS", "auto").strip() or "auto"
+    if text == "auto":
+        return AUTO_BLOCKS, AUTO_MIN_BYTES
+    if not text.isdigit() or not 1 <= int(text) <= 64:
+        raise EngineError(f"XG_COMM_BLOCKS is {text!r}; give auto (the default: up to {AUTO_BLOCKS} row blocks of "
+                          f"at least {AUTO_MIN_BYTES >> 20} MiB each) or a whole number of row blocks from 1 "
+                          "(a reduced matmul runs whole) to 64")
+    return int(text), 0
+
+
 def _same_executor(group: Group, name: str) -> None:
     """Every rank must run the plan the same way: the two executors issue collectives in different
     orders, so a mix would pair the wrong transfers or wait until the timeout."""
@@ -169,7 +192,7 @@ def _same_executor(group: Group, name: str) -> None:
     if len(set(names)) > 1:
         raise ExecutionError("ranks would run the plan differently (" + ", ".join(
             f"rank {r}: {n}" for r, n in enumerate(names)) + "): give every rank the same XG_SPMD_KERNELS and "
-            "GPUs of the model the engine was built for")
+            "XG_COMM_BLOCKS, and GPUs of the model the engine was built for")
 
 
 def check_world(engine: Engine, world: int) -> int:

@@ -65,7 +65,9 @@ class Launch:
     layouts: list            # per operand: ("dense"|strides tuple, shape tuple) as seen in this run
 
 
-Collective = Callable[[Node, torch.Tensor], "torch.Tensor | Callable[[], torch.Tensor]"]
+# A rank's collective: (node, its input's value, in place?) -> the result, or a callable that waits
+# for it. In place: the input is a buffer nothing else reads, which the collective may overwrite.
+Collective = Callable[..., "torch.Tensor | Callable[[], torch.Tensor]"]
 
 
 class Values:
@@ -371,12 +373,20 @@ class KernelExecutor:
     to the host) and runs with PyTorch operators (EXTERN) are never recorded."""
 
     def __init__(self, plans: list[KernelPlan], launch: Callable[[Compiled, tuple, list], None],
-                 device: torch.device, replay: bool = False, collective: Collective | None = None) -> None:
+                 device: torch.device, replay: bool = False, collective: Collective | None = None,
+                 row_blocks: int = 1, min_block_bytes: int = 0, world: int = 1) -> None:
         self.plans = plans
         self.launch = launch
         self.device = device
         self.replay = replay and collective is None
         self.collective = collective    # one rank of an SPMD run: see `Values`
+        # SPMD (`world` ranks): a matmul whose product is all-reduced or reduce-scattered runs in up
+        # to `row_blocks` blocks of rows, each block's collective (at least `min_block_bytes`)
+        # issued as soon as its kernels are launched, so the transfer of one block overlaps the next
+        # block's compute (`_blocked`).
+        self.row_blocks, self.min_block_bytes = row_blocks, min_block_bytes
+        self.world = world
+        self.split_collectives = 0      # after a run: how many collectives went in several blocks
         # Check mode: a GATHER whose indices the program computed (no input check saw them) has
         # them range-checked after the run (one device sync), where a kernel would read zeros.
         self.check_indices = False
@@ -393,6 +403,8 @@ class KernelExecutor:
         value = Values(graph, self._base(inputs), collective=self.collective)
         memo: dict = {}                 # multi-result PyTorch operators (EXTERN): called once per run
         ready = self._collectives_ready(graph) if self.collective is not None else {}
+        blocked = self._blocked(graph)
+        self.split_collectives = 0
         for n in ready.get(-1, ()):
             value.start(n)              # collectives of inputs: in flight while the first kernels run
         sources: dict[int, tuple] = {t.data_ptr(): ("in", name) for name, t in inputs.items()}
@@ -409,6 +421,11 @@ class KernelExecutor:
             shapes = [(tuple(graph.node(nid).shape), TORCH_DTYPES[graph.node(nid).dtype]) for nid in plan.binding.outputs]
             outs = [torch.empty(shape, dtype=dt, device=self.device) for shape, dt in shapes]
             launch = bind(plan, graph, value, outs)
+            if index in blocked:        # block by block of rows, launches and transfers interleaved
+                self._launch_blocked(plan, launch, outs, blocked[index], value)
+                for n in ready.get(index, ()):
+                    value.start(n)
+                continue                # (SPMD ranks record no replays)
             chosen = choose(plan, launch)
             grid = grid_for(chosen, plan.spec, launch)
             args = arguments(chosen, launch)
@@ -434,6 +451,83 @@ class KernelExecutor:
         if self.check_indices:
             check_gather_indices(graph, value)
         return outputs
+
+    def _blocked(self, graph: Graph) -> dict[int, "Blocks"]:
+        """The collectives issued by the kernel that makes their input, block by block of its rows:
+        plan index -> Blocks. An all-reduce whose input nothing else reads (not a graph output)
+        sums in place into the kernel's buffer, in row blocks where the kernel is a 2-D matmul's
+        (no batch dims, no gathered operands), else whole. A reduce-scatter along rows of a 2-D
+        matmul's product runs in blocks too: block b holds the b-th rows of every rank's part, so
+        each block's reduce-scatter fills rows of this rank's result. A kernel whose outputs meet
+        both kinds, or a collective it cannot block, keeps the usual path (one collective, issued
+        after the kernel)."""
+        if self.collective is None:
+            return {}
+        users = graph.users()
+        outputs = set(tree_ids(graph.output))
+        made = {nid: (index, pos) for index, plan in enumerate(self.plans) if not isinstance(plan, ExternStep)
+                for pos, nid in enumerate(plan.binding.outputs)}
+        found: dict[int, list[tuple[Node, int]]] = {}
+        for n in graph.nodes:
+            src = n.inputs[0] if n.op in (Op.ALL_REDUCE, Op.REDUCE_SCATTER) else None
+            if src not in made or graph.node(src).dtype == "bool":
+                continue
+            if n.op is Op.ALL_REDUCE and (users[src] != [n.id] or src in outputs):
+                continue
+            if n.op is Op.REDUCE_SCATTER and n.attr("dim") != 0:
+                continue
+            found.setdefault(made[src][0], []).append((n, made[src][1]))
+        out: dict[int, Blocks] = {}
+        for index, nodes in found.items():
+            kinds = {n.op for n, _ in nodes}
+            if len(kinds) > 1:
+                continue
+            rows = _matmul_rows(self.plans[index], graph)
+            src = graph.node(nodes[0][0].inputs[0])
+            row_bytes = math.prod(src.shape[1:]) * TORCH_DTYPES[src.dtype].itemsize
+            most = self.row_blocks
+            if self.min_block_bytes:    # blocks whose transfers are too small to pay for themselves: fewer
+                most = min(most, rows * row_bytes // self.min_block_bytes)
+            if Op.REDUCE_SCATTER in kinds:
+                part = rows // self.world if rows and rows % self.world == 0 else 0
+                spans = _spans(self.plans[index], part, most)
+                if len(spans) > 1:
+                    out[index] = Blocks(nodes, [[(r * part + a, r * part + b) for r in range(self.world)]
+                                                for a, b in spans], spans)
+            else:
+                spans = _spans(self.plans[index], rows, most)
+                out[index] = Blocks(nodes, [[span] for span in spans] if len(spans) > 1 else [[]], spans)
+        return out
+
+    def _launch_blocked(self, plan: KernelPlan, launch: Launch, outs: list[torch.Tensor], blocks: "Blocks",
+                        value: Values) -> None:
+        """Launch `plan` block by block (see `_blocked`), each block's collectives issued right after
+        its launches; their consumers wait for every block."""
+        assert self.collective is not None
+        waits: dict[int, list] = {n.id: [] for n, _ in blocks.nodes}
+        results: dict[int, torch.Tensor] = {}
+        for n, _pos in blocks.nodes:
+            if n.op is Op.REDUCE_SCATTER:
+                results[n.id] = torch.empty(tuple(n.shape), dtype=TORCH_DTYPES[n.dtype], device=self.device)
+        for ranges, (b0, b1) in zip(blocks.launches, blocks.spans):
+            for r0, r1 in ranges or [(0, 0)]:
+                part = _rows_of(launch, plan.spec, r0, r1) if ranges else launch
+                chosen = choose(plan, part)
+                grid = grid_for(chosen, plan.spec, part)
+                if all(grid):
+                    self.launch(chosen, grid, arguments(chosen, part))
+            for n, pos in blocks.nodes:
+                if n.op is Op.ALL_REDUCE:
+                    piece = outs[pos][ranges[0][0]:ranges[0][1]] if ranges else outs[pos]
+                    waits[n.id].append(self.collective(n, piece, True))
+                else:       # this block's rows of every rank's part -> its rows of this rank's part
+                    pieces = [outs[pos][r0:r1] for r0, r1 in ranges]
+                    waits[n.id].append(self.collective(n, pieces, into=results[n.id][b0:b1]))
+        for nid, t in zip(plan.binding.outputs, outs):
+            value[nid] = t
+        for n, pos in blocks.nodes:
+            value.pending[n.id] = _all_done(waits[n.id], results.get(n.id, outs[pos]))
+        self.split_collectives += len(blocks.nodes) if len(blocks.spans) > 1 else 0
 
     def _collectives_ready(self, graph: Graph) -> dict[int, list[Node]]:
         """Each collective by the index of the last step whose output it needs (-1: inputs only),
@@ -497,6 +591,68 @@ class KernelExecutor:
         if self.check_indices:
             check_gather_indices(graph, value)
         return _outputs(graph, value, self._consts)
+
+
+@dataclass
+class Blocks:
+    """How a kernel runs with the collectives of its outputs (`KernelExecutor._blocked`): per block,
+    the row ranges to launch (empty: the whole launch, one block) and the rows of the collective's
+    result it makes (`spans`: the block's rows within one rank's part, for a reduce-scatter)."""
+    nodes: list[tuple[Node, int]]           # (collective, position of its input among the outputs)
+    launches: list[list[tuple[int, int]]]
+    spans: list[tuple[int, int]]
+
+
+def _matmul_rows(plan: KernelPlan, graph: Graph) -> int:
+    """The rows of a 2-D matmul kernel's product (no batch dims, no gathered operands, every output
+    shaped like the product), or 0 for a kernel that cannot run in blocks of rows."""
+    spec, b = plan.spec, plan.binding
+    node = graph.node(b.domain)
+    flat = spec.kind == "matmul" and node.op is Op.MATMUL and len(node.shape) == 2 and all(
+        len(graph.node(i).shape) == 2 for i in node.inputs[:2]) and all(
+        level not in ("gather", "table", "lead") for _dtype, level in spec.operands) and all(
+        tuple(graph.node(o).shape) == tuple(node.shape) for o in b.outputs)
+    return int(node.shape[0]) if flat else 0
+
+
+def _spans(plan: KernelPlan, rows: int, most: int) -> list[tuple[int, int]]:
+    """`rows` in up to `most` ranges of whole tiles (the largest BLOCK_M of the kernel's variants);
+    one range where that makes fewer than two."""
+    tile = max((c.config.get("BLOCK_M", 0) for c in plan.variants), default=0) or 128
+    tiles = -(-rows // tile)
+    if most < 2 or tiles < 2:
+        return [(0, rows)]
+    step = -(-tiles // min(most, tiles)) * tile
+    return [(r, min(r + step, rows)) for r in range(0, rows, step)]
+
+
+def _rows_of(launch: Launch, spec: KernelSpec, r0: int, r1: int) -> Launch:
+    """A 2-D matmul kernel's launch restricted to output rows r0..r1: A's rows and those of every
+    operand and output shaped like the product, B whole (sizes and strides otherwise the same)."""
+    jb = spec.matmul[1]
+    tensors: dict[str, torch.Tensor] = {}
+    layouts: list = []
+    for name, t in launch.tensors.items():
+        j = int(name[1:])
+        whole = name[0] == "p" and (j == jb or spec.operands[j][1] == "scalar")
+        tensors[name] = t if whole else t[r0:r1]
+        if name[0] == "p":
+            if spec.operands[j][1] == "scalar":
+                layouts.append(("dense", ()))
+            else:
+                part = tensors[name]
+                layouts.append(("dense" if part.is_contiguous() else tuple(part.stride()), tuple(part.shape)))
+    return Launch(tensors, {**launch.ints, "M": r1 - r0}, layouts)
+
+
+def _all_done(waits: list, whole: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """Wait for every block's transfer (in issue order); the value is the whole buffer."""
+    def wait() -> torch.Tensor:
+        for w in waits:
+            if not isinstance(w, torch.Tensor):
+                w()
+        return whole
+    return wait
 
 
 @dataclass

@@ -68,9 +68,13 @@ class SpmdExecutor:
     collectives started, milliseconds spent issuing and waiting for them, and in all."""
 
     def __init__(self, group: Group, *, float64: bool = False, check: bool = True, overlap: bool = True,
-                 kernels: list | None = None, launch: Callable | None = None, kernel_mode: str = "") -> None:
+                 kernels: list | None = None, launch: Callable | None = None, kernel_mode: str = "",
+                 row_blocks: int = 1, min_block_bytes: int = 0) -> None:
         self.group = group
         self.plans, self.launch = kernels, launch
+        # kernels: a reduced matmul in up to `row_blocks` blocks of rows, each block's collective
+        # at least `min_block_bytes` (runtime/gpu.py's KernelExecutor)
+        self.row_blocks, self.min_block_bytes = row_blocks, min_block_bytes
         self.ops = CpuExecutor(float64=float64, check=check, timings=False)
         self.check = check
         self.overlap = overlap       # False: finish each collective before going on (measures overlap)
@@ -145,11 +149,11 @@ class SpmdExecutor:
         t_start = time.perf_counter()
         on_gpu = self.group.device != "cpu"
 
-        def collective(n: Node, x: torch.Tensor):
+        def collective(n: Node, x, in_place: bool = False, into: torch.Tensor | None = None):
             if n.op is Op.SHARD and n.inputs[0] in split_ids:
                 return x                        # loaded as this rank's slice already
             t0 = time.perf_counter()
-            started = self.collective(n, x)
+            started = self.collective(n, x, in_place, into)
             comm["issue_ms"] += (time.perf_counter() - t0) * 1e3
             if isinstance(started, torch.Tensor):
                 return started
@@ -158,9 +162,12 @@ class SpmdExecutor:
             return wait() if not self.overlap else wait
 
         device = torch.device(self.group.device)
-        executor = KernelExecutor(self.plans, self.launch, device, collective=collective)
+        executor = KernelExecutor(self.plans, self.launch, device, collective=collective,
+                                  row_blocks=self.row_blocks if self.overlap else 1,
+                                  min_block_bytes=self.min_block_bytes, world=self.group.world)
         with torch.no_grad(), (device if on_gpu else nullcontext()):
             outs = executor.run(local, inputs)
+        comm["split_collectives"] = executor.split_collectives
         if self.check:
             bad = [i for i, v in outs.items() if v.dtype.is_floating_point and not bool(torch.isfinite(v).all())]
             if bad:
@@ -409,16 +416,26 @@ class SpmdExecutor:
         return value if value.dtype == want else value.to(want)
 
     # --- collectives ----------------------------------------------------------------------------
-    def collective(self, n: Node, x: torch.Tensor) -> torch.Tensor | tuple[object, Callable[[], torch.Tensor]]:
-        """Start `n`'s collective on `x`: a finished tensor (local slices), or (work, finish)."""
+    def collective(self, n: Node, x, in_place: bool = False,
+                   into: torch.Tensor | None = None) -> torch.Tensor | tuple[object, Callable[[], torch.Tensor]]:
+        """Start `n`'s collective on `x`: a finished tensor (local slices), or (work, finish).
+        `in_place`: `x` is a buffer nothing else reads (an all-reduce may sum into it, no copy).
+        `into` (a reduce-scatter): `x` is a list of the world's pieces, in rank order, and their sum's
+        piece for this rank goes into `into`."""
         world, rank = self.group.world, self.group.rank
+        if into is not None:
+            if world == 1:
+                into.copy_(x[0])
+                return into
+            return dist.reduce_scatter(into, [c.contiguous() for c in x], async_op=True), lambda: into
         if world == 1 and n.op is not Op.SHARD:
             return x
         if n.op is Op.SHARD:
             return x.chunk(world, n.attr("dim"))[rank]
         wire, back = _wire(x)
         if n.op is Op.ALL_REDUCE:
-            buf = wire.clone(memory_format=torch.contiguous_format)   # kernels may hand over a strided view
+            keep = in_place and wire is x and x.is_contiguous()
+            buf = wire if keep else wire.clone(memory_format=torch.contiguous_format)   # (a strided view: copied)
             return dist.all_reduce(buf, async_op=True), lambda: back(buf)
         if n.op is Op.ALL_GATHER:
             parts = [torch.empty_like(wire) for _ in range(world)]
