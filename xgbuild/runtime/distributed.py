@@ -102,8 +102,8 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
                             kernel_mode=mode, row_blocks=blocks, min_block_bytes=min_bytes)
     if staged:
         executor.name = "pipeline-" + device
-    _same_executor(group, executor.name + (f" (reduced matmuls in up to {blocks} row blocks of at least {min_bytes} "
-                                           "bytes)" if blocks > 1 else ""))
+    _same_executor(group, executor.name + ("" if blocks == 1 else " with XG_COMM_BLOCKS=auto" if min_bytes
+                                           else f" with XG_COMM_BLOCKS={blocks}"))
     out = executor.run(graph, local_inputs, split)
     if staged:      # outputs arrive on rank 0 only: the others hold what they computed
         whole = out.values

@@ -60,6 +60,21 @@ def test_reduce_scatter_and_all_to_all_where_a_consumer_wants_another_split() ->
     assert p["outputs"] == ["S(1)"]
 
 
+def test_partial_sums_reduced_anyway_combine_whole() -> None:
+    # C and D are outputs, so each is all-reduced anyway: C + D adds the whole values (no third
+    # reduction); a partial sum read by nothing whole stays partial through an add (one reduction).
+    body = ("    with shard(A, dim=1), shard(B, dim=0):\n        C = A @ B\n        D = A @ (B * 2.0)\n"
+            "    return (C, D, C + D)\n")
+    _, g, p = plan(body)
+    assert [c["op"] for c in p["collectives"] if c["op"] != "shard"] == ["all_reduce", "all_reduce"]
+    (add,) = ops(g, Op.ADD)
+    assert {g.node(i).op for i in add.inputs} == {Op.ALL_REDUCE} and p["outputs"] == ["R", "R", "R"]
+    _, g, p = plan("    with shard(A, dim=1), shard(B, dim=0):\n        C = A @ B\n        D = A @ (B * 2.0)\n"
+                   "    return C + D\n")
+    (ar,) = ops(g, Op.ALL_REDUCE)
+    assert g.node(ar.inputs[0]).op is Op.ADD
+
+
 def test_mean_over_a_split_dim_is_a_scaled_partial_sum() -> None:
     _, g, p = plan("    with shard(A, dim=0):\n        m = mean(A * A)\n    return m\n")
     assert not ops(g, Op.MEAN) and len(ops(g, Op.SUM)) == 1

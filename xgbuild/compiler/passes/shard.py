@@ -124,8 +124,10 @@ class _Planner:
 
     def cost(self, vid: int, want: Layout) -> float:
         have = self.layout[vid]
-        if have == want or (have == R and want.kind == "S"):
-            return 0.0
+        if have == want or (have == R and want.kind == "S") or (vid, want) in self.converted:
+            return 0.0      # nothing to move, a local slice, or a conversion made already
+        if have == P and want == R and vid in self.out_ids:
+            return 0.0      # an output's partial sums are all-reduced anyway: reading it whole is free
         if want == P:
             return INF
         share = _share(self.by_id[vid], self.n)
@@ -142,7 +144,7 @@ class _Planner:
             self.emit(node, R)
             return
         exact = next((out for want, out in options if want == have), None)
-        if exact is not None:
+        if exact is not None and exact != P:
             self.emit(node, exact)
             return
         best = None
@@ -154,6 +156,11 @@ class _Planner:
             if best is None or rank < best[0]:
                 best = (rank, want, out)
         _, want, out = best
+        if exact is not None and best[0][0] >= _share(node, self.n):
+            # Partial sums in and out, as they are, unless another way is strictly cheaper (inputs
+            # that are reduced anyway, being outputs, whose whole values combine for nothing).
+            self.emit(node, exact)
+            return
         inputs = tuple(self.convert(i, w, node.src) for i, w in zip(node.inputs, want))
         self.emit(replace(node, inputs=inputs), out)
 
