@@ -25,28 +25,18 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
-SOURCE = {
-    "contract": """
+# The product all-reduced (returned whole) or reduce-scattered along rows (a consumer wants it split).
+SOURCE = """
 extern Tensor[bfloat16, {n}, {n}] A
 extern Tensor[bfloat16, {n}, {n}] B
 def main() {{
     with shard(A, dim=1), shard(B, dim=0):
         C = A @ B
-    return C
+{tail}
 }}
-""",
-    "scatter": """
-extern Tensor[bfloat16, {n}, {n}] A
-extern Tensor[bfloat16, {n}, {n}] B
-def main() {{
-    with shard(A, dim=1), shard(B, dim=0):
-        C = A @ B
-    with shard(C, dim=0):
-        D = relu(C)
-    return D
-}}
-""",
-}
+"""
+TAILS = {"contract": "    return C",
+         "scatter": "    with shard(C, dim=0):\n        D = relu(C)\n    return D"}
 
 
 def stand_in(world: int):
@@ -111,8 +101,9 @@ def main() -> None:
         except Exception as exc:        # torch.compile needs a toolchain: report, don't fail
             comp, why = None, str(exc).splitlines()[0][:100]
             print(f"torch.compile: {why}")
-        for case, src in SOURCE.items():
-            compiled = compile_source(src.format(n=n), f"{case}.xg", CheckOptions(num_gpu=world, target=target))
+        for case, tail in TAILS.items():
+            compiled = compile_source(SOURCE.format(n=n, tail=tail), f"{case}.xg",
+                                      CheckOptions(num_gpu=world, target=target))
             path = Path(f"/tmp/xg-bench-blocks-{case}-{world}.xge")
             Engine.from_compiled(compiled, kernels_for(compiled, args.tune)).save(path)
             engine = Engine.load(path)

@@ -56,8 +56,8 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
              whole_shapes: Mapping[str, tuple[int, ...]] | None = None) -> tuple[RunResult, dict[str, torch.Tensor]]:
     """Run `engine` on this rank. `external_values` are whole tensors, except those named in
     `whole_shapes`, which are already this rank's slices (`tensor_io.load_tensor_shards`) of
-    tensors of those shapes. Returns the result with whole outputs (gathered on every rank) and
-    this rank's own pieces of them (for `--output-per-rank`)."""
+    tensors of those shapes. Returns the result, with whole outputs on rank 0 (gathered there;
+    other ranks' results hold none), and this rank's own pieces of them (for `--output-per-rank`)."""
     planned = check_world(engine, group.world)
     device = "cuda" if group.device.startswith("cuda") else "cpu"
     external_values = dict(external_values or {})
@@ -107,7 +107,7 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
     out = executor.run(graph, local_inputs, split)
     if staged:      # outputs arrive on rank 0 only: the others hold what they computed
         whole = out.values
-    else:
+    else:           # split outputs are gathered to rank 0 only (the others would hold them for nothing)
         layouts = infer_layouts(graph, group.world)
         whole = {i: _gather(out.values[i], layouts[i].dim if layouts[i].kind == "S" else None, group)
                  for i in tree_ids(graph.output)}
@@ -123,7 +123,7 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
         "timings": {"total_ms": total_ms, "comm": executor.stats},
     }
     mine = _flat(graph.output, out.values, partial=staged)
-    if staged and group.rank != 0:
+    if group.rank != 0:
         return RunResult(None, metadata, {}), mine
     return RunResult(_build(graph.output, whole), metadata, _flat(graph.output, whole)), mine
 
@@ -204,17 +204,20 @@ def check_world(engine: Engine, world: int) -> int:
     return planned
 
 
-def _gather(x: torch.Tensor, dim: int | None, group: Group) -> torch.Tensor:
-    """A sharded output joined along its split dim (every rank takes part; all get the whole)."""
+def _gather(x: torch.Tensor, dim: int | None, group: Group) -> torch.Tensor | None:
+    """A sharded output joined along its split dim on rank 0 (every rank sends its piece; the
+    others get None)."""
     if dim is None or group.world == 1:
         return x
     wire = x.to(torch.uint8) if x.dtype is torch.bool else x.contiguous()
-    parts = [torch.empty_like(wire) for _ in range(group.world)]
+    parts = [torch.empty_like(wire) for _ in range(group.world)] if group.rank == 0 else None
     try:
-        dist.all_gather(parts, wire)
+        dist.gather(wire, parts, dst=0)
     except RuntimeError as exc:
         raise ExecutionError(f"gathering an output on rank {group.rank} failed: "
                              f"{str(exc).strip().splitlines()[0]}") from None
+    if parts is None:
+        return None
     out = torch.cat(parts, dim)
     return out.to(torch.bool) if x.dtype is torch.bool else out
 
