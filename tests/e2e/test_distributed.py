@@ -143,6 +143,8 @@ BLOCKED = src_text("""
     extern Tensor[float32, 16, 64] W1
     extern Tensor[float32, 64, 16] W2
     extern Tensor[float32, 32, 320] Z
+    extern Tensor[float32, 320, 32] G1
+    extern Tensor[float32, 320, 320] W3
     def main() {
         with shard(A, dim=1), shard(B, dim=0):
             p = (A @ B) * C
@@ -152,7 +154,10 @@ BLOCKED = src_text("""
             q = transpose(Z) @ B
         with shard(q, dim=0):
             r = relu(q)
-        return (p, y, q, r)
+        with shard(G1, dim=1), shard(B, dim=0):
+            g = G1 @ B
+        h = W3 @ g + g
+        return (p, y, q, r, relu(h))
     }
 """)
 
@@ -163,8 +168,9 @@ def test_all_reduced_matmuls_run_in_row_blocks(tmp_path: Path, rand: Rand) -> No
     soon as its kernel is launched (320 rows do not fall into equal blocks); one whose partial sums
     are reduce-scattered (a transposed operand; its product all-reduced too, so not in place) runs
     block by block of every rank's part, each block's reduce-scatter filling rows of this rank's
-    part. The result is the same as whole (XG_COMM_BLOCKS=1) and as the float64 reference; a bad
-    value is refused."""
+    part. A product whose B operand its epilogue reads too (`W3 @ g + g`: one pointer for both)
+    runs whole. The result is the same as whole (XG_COMM_BLOCKS=1) and as the float64 reference;
+    a bad value is refused."""
     src = tmp_path / "blocked.xg"
     src.write_text(BLOCKED)
     engine = tmp_path / "blocked.xge"
@@ -172,7 +178,7 @@ def test_all_reduced_matmuls_run_in_row_blocks(tmp_path: Path, rand: Rand) -> No
                            "--out", str(engine), "--quiet"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     shapes = {"A": (320, 32), "B": (32, 16), "C": (320, 16), "X": (320, 16), "W1": (16, 64), "W2": (64, 16),
-              "Z": (32, 320)}
+              "Z": (32, 320), "G1": (320, 32), "W3": (320, 320)}
     values = {k: rand.tensor(s) for k, s in shapes.items()}
     save_tensors(tmp_path / "in.npz", {k: t for k, (t, _) in values.items()})
     v = {k: w for k, (_, w) in values.items()}
@@ -188,12 +194,13 @@ def test_all_reduced_matmuls_run_in_row_blocks(tmp_path: Path, rand: Rand) -> No
         summaries[blocks] = json.loads(done.stdout)["comm"]
         got = load_tensors(out)
         q = v["Z"].T @ v["B"]
-        for k, ref in enumerate((p, y, q, np.maximum(q, 0))):
+        g = v["G1"] @ v["B"]
+        for k, ref in enumerate((p, y, q, np.maximum(q, 0), np.maximum(v["W3"] @ g + g, 0))):
             assert_close(got[f"out_{k}"], ref, 1e-5, rand, what=f"output {k} with XG_COMM_BLOCKS={blocks}")
     assert summaries["1"]["split_collectives"] == 0
     assert summaries["3"]["split_collectives"] == 3      # 2 all-reduces, 1 reduce-scatter, 2 or 3 blocks each
     assert summaries["3"]["collectives"] >= summaries["1"]["collectives"] + 3
-    for bad in ("0", "two", "65"):
+    for bad in ("0", "two", "65", "²"):
         done = subprocess.run([*command("xgrun"), str(engine), "--nproc", "2", "--seed", "1"], capture_output=True,
                               text=True, timeout=200, env={**os.environ, "XG_SPMD_KERNELS": "interpret",
                                                            "XG_COMM_BLOCKS": bad})
@@ -473,6 +480,12 @@ def test_under_slurm_each_process_is_one_rank(tmp_path: Path, rand: Rand) -> Non
         assert code == 1, err
         assert "ranks would run the plan differently" in err and "XG_COMM_BLOCKS" in err, err
         assert "Traceback" not in err
+    # A bad value on one rank only: both stop at once (none waits out the 60 s timeout for it).
+    t0 = time.monotonic()
+    ran = srun([{**kernels}, {**kernels, "XG_COMM_BLOCKS": "many"}])
+    assert time.monotonic() - t0 < 50
+    assert all(code == 1 and "Traceback" not in err for code, _, err in ran), ran
+    assert "XG_COMM_BLOCKS is 'many'" in ran[1][2] and "rank 1 stopped the run: XG_COMM_BLOCKS is 'many'" in ran[0][2]
 
 
 def test_python_api_runs_ranks(tmp_path: Path, rand: Rand) -> None:

@@ -96,14 +96,20 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
                         else v) for k, v in inputs.items()}
     del inputs, shapes
     # A pipeline's ranks run torch's ops for now (the engine's kernels are tuned for one process).
-    plans, launch, mode = (None, None, "") if staged else _kernel_path(engine, device, float64)
-    blocks, min_bytes = comm_blocks() if plans is not None else (1, 0)
+    problem = None      # a bad setting on this rank: said on every rank (below), none waits for it
+    try:
+        plans, launch, mode = (None, None, "") if staged else _kernel_path(engine, device, float64)
+        blocks, min_bytes = comm_blocks() if plans is not None else (1, 0)
+    except EngineError as exc:
+        if group.world == 1:
+            raise
+        problem, plans, launch, mode, blocks, min_bytes = str(exc), None, None, "", 1, 0
     executor = SpmdExecutor(group, float64=float64, check=check, overlap=overlap, kernels=plans, launch=launch,
                             kernel_mode=mode, row_blocks=blocks, min_block_bytes=min_bytes)
     if staged:
         executor.name = "pipeline-" + device
     _same_executor(group, executor.name + ("" if blocks == 1 else " with XG_COMM_BLOCKS=auto" if min_bytes
-                                           else f" with XG_COMM_BLOCKS={blocks}"))
+                                           else f" with XG_COMM_BLOCKS={blocks}"), problem)
     out = executor.run(graph, local_inputs, split)
     if staged:      # outputs arrive on rank 0 only: the others hold what they computed
         whole = out.values
@@ -171,24 +177,30 @@ def comm_blocks() -> tuple[int, int]:
     text = os.environ.get("XG_COMM_BLOCKS", "auto").strip() or "auto"
     if text == "auto":
         return AUTO_BLOCKS, AUTO_MIN_BYTES
-    if not text.isdigit() or not 1 <= int(text) <= 64:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 64:
         raise EngineError(f"XG_COMM_BLOCKS is {text!r}; give auto (the default: up to {AUTO_BLOCKS} row blocks of "
                           f"at least {AUTO_MIN_BYTES >> 20} MiB each) or a whole number of row blocks from 1 "
                           "(a reduced matmul runs whole) to 64")
     return int(text), 0
 
 
-def _same_executor(group: Group, name: str) -> None:
+def _same_executor(group: Group, name: str, problem: str | None = None) -> None:
     """Every rank must run the plan the same way: the two executors issue collectives in different
-    orders, so a mix would pair the wrong transfers or wait until the timeout."""
+    orders, so a mix would pair the wrong transfers or wait until the timeout. `problem`: this
+    rank's settings are bad; every rank stops, naming it (rather than waiting for it)."""
     if group.world == 1:
         return
-    names: list = [None] * group.world
+    said: list = [None] * group.world
     try:
-        dist.all_gather_object(names, name)
+        dist.all_gather_object(said, (name, problem))
     except RuntimeError as exc:
         raise ExecutionError(f"rank {group.rank} could not agree on the executor with its peers: "
                              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from None
+    bad = [(r, why) for r, (_, why) in enumerate(said) if why]
+    if bad:
+        mine = next((why for r, why in bad if r == group.rank), None)
+        raise EngineError(mine or f"rank {bad[0][0]} stopped the run: {bad[0][1]}")
+    names = [n for n, _ in said]
     if len(set(names)) > 1:
         raise ExecutionError("ranks would run the plan differently (" + ", ".join(
             f"rank {r}: {n}" for r, n in enumerate(names)) + "): give every rank the same XG_SPMD_KERNELS and "

@@ -605,14 +605,18 @@ class Blocks:
 
 def _matmul_rows(plan: KernelPlan, graph: Graph) -> int:
     """The rows of a 2-D matmul kernel's product (no batch dims, no gathered operands, every output
-    shaped like the product), or 0 for a kernel that cannot run in blocks of rows."""
+    shaped like the product, B read by the product alone), or 0 for a kernel that cannot run in
+    blocks of rows. (A block reads B whole and the rest at its rows: an operand that is B and also
+    read by the epilogue, say `W @ G + G`, or A too, would need both at once.)"""
     spec, b = plan.spec, plan.binding
     node = graph.node(b.domain)
     flat = spec.kind == "matmul" and node.op is Op.MATMUL and len(node.shape) == 2 and all(
         len(graph.node(i).shape) == 2 for i in node.inputs[:2]) and all(
         level not in ("gather", "table", "lead") for _dtype, level in spec.operands) and all(
         tuple(graph.node(o).shape) == tuple(node.shape) for o in b.outputs)
-    return int(node.shape[0]) if flat else 0
+    ja, jb = spec.matmul[:2] if flat else (0, 0)
+    epilogue_reads_b = any(arg[:2] == ("o", jb) for n in spec.nodes if n.op != "matmul" for arg in n.args)
+    return int(node.shape[0]) if flat and ja != jb and not epilogue_reads_b else 0
 
 
 def _spans(plan: KernelPlan, rows: int, most: int) -> list[tuple[int, int]]:

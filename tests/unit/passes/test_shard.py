@@ -73,6 +73,13 @@ def test_partial_sums_reduced_anyway_combine_whole() -> None:
                    "    return C + D\n")
     (ar,) = ops(g, Op.ALL_REDUCE)
     assert g.node(ar.inputs[0]).op is Op.ADD
+    # Not an output: C * 2.0 stays partial (made whole from C's free all-reduce, it would make D
+    # pay a reduce-scatter to meet it); the chain ends in one scalar all-reduce.
+    for head, want in (("", ["all_reduce", "all_reduce"]), ("        R1 = relu(C)\n", ["reduce_scatter", "all_reduce"])):
+        out = "(R1, " if head else "(C, "
+        _, g, p = plan("    with shard(A, dim=1), shard(B, dim=0):\n        C = A @ B\n        D = A @ (B * 2.0)\n"
+                       + head + f"    return {out}sum(C * 2.0 + D))\n")
+        assert [c["op"] for c in p["collectives"] if c["op"] != "shard"] == want
 
 
 def test_mean_over_a_split_dim_is_a_scaled_partial_sum() -> None:

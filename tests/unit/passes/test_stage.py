@@ -325,7 +325,7 @@ class _Work:
         self.done, self.fake = done, fake
 
     def wait(self) -> bool:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60      # a loaded host can be slow; a hang still ends
         while not self.done.wait(0.05):
             if self.fake.broken or time.monotonic() > deadline:
                 raise RuntimeError(self.fake.broken or "a transfer never completed (it would hang on NCCL)")

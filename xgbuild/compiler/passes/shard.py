@@ -144,7 +144,10 @@ class _Planner:
             self.emit(node, R)
             return
         exact = next((out for want, out in options if want == have), None)
-        if exact is not None and exact != P:
+        # Partial sums in give partial sums out, as they are, except for an output (reduced anyway)
+        # that another way makes strictly cheaper: inputs reduced anyway, whose whole values combine
+        # for nothing. (Elsewhere leaving P could make later partial sums pay to meet a whole value.)
+        if exact is not None and (exact != P or node.id not in self.out_ids):
             self.emit(node, exact)
             return
         best = None
@@ -157,8 +160,6 @@ class _Planner:
                 best = (rank, want, out)
         _, want, out = best
         if exact is not None and best[0][0] >= _share(node, self.n):
-            # Partial sums in and out, as they are, unless another way is strictly cheaper (inputs
-            # that are reduced anyway, being outputs, whose whole values combine for nothing).
             self.emit(node, exact)
             return
         inputs = tuple(self.convert(i, w, node.src) for i, w in zip(node.inputs, want))
