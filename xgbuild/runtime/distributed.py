@@ -23,7 +23,7 @@ from ..compiler.ir.graph import tree_ids
 from ..compiler.ir.layout import infer_layouts
 from ..compiler.ir.stages import has_stages, rank_share, stage_inputs, stage_plans
 from ..compiler.passes.shard import ShardingError
-from ..errors import EngineError, ExecutionError, InputError
+from ..errors import EngineError, ExecutionError, InputError, XGError
 from ..settings import DistEnv
 from .dtypes import XG_NAMES
 from .engine import Engine, ResultValue, RunResult, _build, _flat
@@ -100,7 +100,7 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
     try:
         plans, launch, mode = (None, None, "") if staged else _kernel_path(engine, device, float64)
         blocks, min_bytes = comm_blocks() if plans is not None else (1, 0)
-    except EngineError as exc:
+    except XGError as exc:      # a bad setting, or no GPU driver for the kernels' launcher
         if group.world == 1:
             raise
         problem, plans, launch, mode, blocks, min_bytes = str(exc), None, None, "", 1, 0
@@ -221,11 +221,11 @@ def _gather(x: torch.Tensor, dim: int | None, group: Group) -> torch.Tensor | No
     others get None)."""
     if dim is None or group.world == 1:
         return x
-    wire = x.to(torch.uint8) if x.dtype is torch.bool else x.contiguous()
+    wire = (x.to(torch.uint8) if x.dtype is torch.bool else x).contiguous()   # NCCL takes contiguous ones only
     parts = [torch.empty_like(wire) for _ in range(group.world)] if group.rank == 0 else None
     try:
         dist.gather(wire, parts, dst=0)
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError) as exc:
         raise ExecutionError(f"gathering an output on rank {group.rank} failed: "
                              f"{str(exc).strip().splitlines()[0]}") from None
     if parts is None:

@@ -80,6 +80,27 @@ def test_partial_sums_reduced_anyway_combine_whole() -> None:
         _, g, p = plan("    with shard(A, dim=1), shard(B, dim=0):\n        C = A @ B\n        D = A @ (B * 2.0)\n"
                        + head + f"    return {out}sum(C * 2.0 + D))\n")
         assert [c["op"] for c in p["collectives"] if c["op"] != "shard"] == want
+    # X, an output, made whole from C's free all-reduce would make G, H and K each pay a
+    # reduce-scatter to meet it: X stays partial (one all-reduce of it, three scalar ones).
+    _, g, p = plan("    with shard(A, dim=1), shard(B, dim=0):\n        C = A @ B\n        G = A @ (B * 3.0)\n"
+                   "        H = A @ (B * 4.0)\n        K = A @ (B * 5.0)\n    X = C * 2.0\n"
+                   "    return (C, X, sum(X + G), sum(X + H), sum(X + K))\n")
+    moved = [c for c in p["collectives"] if c["op"] != "shard"]
+    assert [c["op"] for c in moved] == ["all_reduce"] * 5 and sum(c["bytes"] for c in moved) == 2 * 256 + 3 * 4
+
+
+def test_the_plan_kept_moves_the_fewest_bytes_of_the_ways_tried() -> None:
+    from xgbuild.compiler.passes.shard import _Planner, _traffic, best_plan
+    c, _, _ = plan("    with shard(A, dim=1), shard(B, dim=0):\n        C = A @ B\n        D = A @ (B * 2.0)\n"
+                   "    return (C, D, C + D)\n")
+    g = c.optimized.main
+    raw = compile_source(HEAD.format(n=2) + "def main() {\n    with shard(A, dim=1), shard(B, dim=0):\n"
+                         "        C = A @ B\n        D = A @ (B * 2.0)\n    return (C, D, C + D)\n}\n", "t.xg",
+                         stop_after="stage").optimized.main      # before the sharding pass
+    ways = [_traffic(_Planner(raw, 2, free=f, leave=l).run(), 2) for f, l in
+            ((False, "never"), (True, "outputs"), (True, "anywhere"))]
+    assert _traffic(best_plan(raw, 2), 2) == min(ways) < ways[0]
+    assert _traffic(g, 2) == min(ways)
 
 
 def test_mean_over_a_split_dim_is_a_scaled_partial_sum() -> None:

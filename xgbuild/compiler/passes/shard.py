@@ -39,7 +39,7 @@ class ShardingError(Exception):
 
 def shard(program: Program) -> Program:
     n = program.num_gpu
-    graph = _drop_shards(program.main) if n == 1 else _Planner(program.main, n).run()
+    graph = _drop_shards(program.main) if n == 1 else best_plan(program.main, n)
     if program.target:
         check_footprint(graph, n, program.target)
     return replace(program, main=graph)
@@ -57,9 +57,37 @@ def _drop_shards(g: Graph) -> Graph:
     return g.with_nodes(nodes, tree_map(g.output, lambda i: alias.get(i, i)))
 
 
+def best_plan(g: Graph, n: int) -> Graph:
+    """The planner is greedy: each node takes the layout cheapest for it, blind to its consumers.
+    So it plans three ways and keeps the plan that moves the fewest bytes (then makes the fewest
+    collectives; then the first): partial sums kept through every rule that keeps them (the plain
+    greedy plan), and, counting a conversion that exists already or an output's all-reduce (made
+    anyway) as free, partial sums left where that is strictly cheaper for outputs only, or for
+    any node. Each may win: leaving them can spare a reduction (`C + D` of two outputs) or make
+    later partial sums pay to meet the whole value."""
+    plans = [_Planner(g, n, free=free, leave=leave).run() for free, leave in
+             ((False, "never"), (True, "outputs"), (True, "anywhere"))]
+    return min(plans, key=lambda plan: _traffic(plan, n))
+
+
+def _traffic(g: Graph, n: int) -> tuple[float, int]:
+    """(bytes each GPU sends, collectives) of a plan; symbolic sizes guessed as the planner does."""
+    sent, count = 0.0, 0
+    for node in g.nodes:
+        if node.op in (Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL):
+            share = _share(node, n)
+            sent += 2 * share if node.op is Op.ALL_REDUCE else share / n if node.op is Op.ALL_TO_ALL else share
+            count += 1
+    return sent, count
+
+
 class _Planner:
-    def __init__(self, g: Graph, n: int) -> None:
+    def __init__(self, g: Graph, n: int, free: bool = False, leave: str = "never") -> None:
         self.g, self.n = g, n
+        # free: a conversion made already, or an output's all-reduce, costs nothing; leave: where an
+        # exact partial-sums-in, partial-sums-out rule may give way to a strictly cheaper one
+        # ("never", "outputs", "anywhere"). best_plan tries the combinations.
+        self.free, self.leave = free, leave
         self.nodes: list[Node] = []
         self.by_id: dict[int, Node] = {}
         self.layout: dict[int, Layout] = {}
@@ -124,10 +152,10 @@ class _Planner:
 
     def cost(self, vid: int, want: Layout) -> float:
         have = self.layout[vid]
-        if have == want or (have == R and want.kind == "S") or (vid, want) in self.converted:
-            return 0.0      # nothing to move, a local slice, or a conversion made already
-        if have == P and want == R and vid in self.out_ids:
-            return 0.0      # an output's partial sums are all-reduced anyway: reading it whole is free
+        if have == want or (have == R and want.kind == "S"):
+            return 0.0      # nothing to move, or a local slice
+        if self.free and ((vid, want) in self.converted or (have == P and want == R and vid in self.out_ids)):
+            return 0.0      # a conversion made already, or an output's all-reduce (made anyway)
         if want == P:
             return INF
         share = _share(self.by_id[vid], self.n)
@@ -144,10 +172,10 @@ class _Planner:
             self.emit(node, R)
             return
         exact = next((out for want, out in options if want == have), None)
-        # Partial sums in give partial sums out, as they are, except for an output (reduced anyway)
-        # that another way makes strictly cheaper: inputs reduced anyway, whose whole values combine
-        # for nothing. (Elsewhere leaving P could make later partial sums pay to meet a whole value.)
-        if exact is not None and (exact != P or node.id not in self.out_ids):
+        # Partial sums in give partial sums out, as they are, unless `leave` lets a strictly
+        # cheaper way take over (inputs reduced anyway, whose whole values combine for nothing).
+        if exact is not None and (exact != P or self.leave == "never"
+                                  or (self.leave == "outputs" and node.id not in self.out_ids)):
             self.emit(node, exact)
             return
         best = None
