@@ -387,6 +387,9 @@ class KernelExecutor:
         self.row_blocks, self.min_block_bytes = row_blocks, min_block_bytes
         self.world = world
         self.split_collectives = 0      # after a run: how many collectives went in several blocks
+        # node id -> (index of the plan step that makes it, its position among that step's outputs)
+        self._made = {nid: (index, pos) for index, plan in enumerate(plans)
+                      for pos, nid in enumerate([plan.node] if isinstance(plan, ExternStep) else plan.binding.outputs)}
         # Check mode: a GATHER whose indices the program computed (no input check saw them) has
         # them range-checked after the run (one device sync), where a kernel would read zeros.
         self.check_indices = False
@@ -465,13 +468,12 @@ class KernelExecutor:
             return {}
         users = graph.users()
         outputs = set(tree_ids(graph.output))
-        made = {nid: (index, pos) for index, plan in enumerate(self.plans) if not isinstance(plan, ExternStep)
-                for pos, nid in enumerate(plan.binding.outputs)}
+        made = self._made
         found: dict[int, list[tuple[Node, int]]] = {}
         for n in graph.nodes:
             src = n.inputs[0] if n.op in (Op.ALL_REDUCE, Op.REDUCE_SCATTER) else None
-            if src not in made or graph.node(src).dtype == "bool":
-                continue
+            if src not in made or isinstance(self.plans[made[src][0]], ExternStep) or graph.node(src).dtype == "bool":
+                continue                # (torch allocates an EXTERN's result: not a kernel's buffer)
             if n.op is Op.ALL_REDUCE and (users[src] != [n.id] or src in outputs):
                 continue
             if n.op is Op.REDUCE_SCATTER and n.attr("dim") != 0:
@@ -532,15 +534,10 @@ class KernelExecutor:
     def _collectives_ready(self, graph: Graph) -> dict[int, list[Node]]:
         """Each collective by the index of the last step whose output it needs (-1: inputs only),
         in graph order, so that every rank issues them in the same sequence."""
-        made: dict[int, int] = {}
-        for index, plan in enumerate(self.plans):
-            for nid in ([plan.node] if isinstance(plan, ExternStep) else plan.binding.outputs):
-                made[nid] = index
-
         def after(nid: int) -> int:
             n = graph.node(nid)
-            if nid in made:
-                return made[nid]
+            if nid in self._made:
+                return self._made[nid][0]
             if n.op in VIEWS:
                 return max([after(i) for i in n.inputs] + [-1])
             return -1

@@ -240,9 +240,10 @@ def infer_layouts(graph: Graph, n: int) -> dict[int, Layout]:
     return out
 
 
-def collective_bytes(node: Node, n: int) -> int | None:
-    """Bytes each rank sends for a collective (ring algorithms); 0 for a local slice."""
-    size = nbytes(node)
+def collective_bytes(node: Node, n: int, guess: bool = False) -> int | None:
+    """Bytes each rank sends for a collective (ring algorithms); 0 for a local slice. `guess`:
+    symbolic sizes taken as SYMBOLIC_GUESS (else the bytes are unknown, None)."""
+    size = nbytes(node, guess)
     if size is None:
         return None
     if node.op is Op.SHARD or n == 1:

@@ -70,15 +70,11 @@ def best_plan(g: Graph, n: int) -> Graph:
     return min(plans, key=lambda plan: _traffic(plan, n))
 
 
-def _traffic(g: Graph, n: int) -> tuple[float, int]:
+def _traffic(g: Graph, n: int) -> tuple[int, int]:
     """(bytes each GPU sends, collectives) of a plan; symbolic sizes guessed as the planner does."""
-    sent, count = 0.0, 0
-    for node in g.nodes:
-        if node.op in (Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL):
-            share = _share(node, n)
-            sent += 2 * share if node.op is Op.ALL_REDUCE else share / n if node.op is Op.ALL_TO_ALL else share
-            count += 1
-    return sent, count
+    moved = [collective_bytes(node, n, guess=True) or 0 for node in g.nodes
+             if node.op in (Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL)]
+    return sum(moved), len(moved)
 
 
 class _Planner:
