@@ -14,21 +14,17 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
-from ..compiler.ir.graph import COLLECTIVE, Graph, Node, Op, tree_ids
+from ..compiler.ir.graph import Graph, Node, Op, tree_ids
+from ..compiler.ops import op_def
 from ..compiler.ir.serialize import where as src_text
 from ..errors import ExecutionError
 from .dtypes import FLOAT_DTYPES, TORCH_DTYPES  # noqa: F401 (TORCH_DTYPES re-exported for tests)
 
 
-_UNARY = {Op.NEG: torch.neg, Op.NOT: torch.logical_not, Op.EXP: torch.exp, Op.LOG: torch.log,
-          Op.SQRT: torch.sqrt, Op.RSQRT: torch.rsqrt, Op.SIGMOID: torch.sigmoid, Op.TANH: torch.tanh,
-          Op.GELU: F.gelu, Op.SILU: F.silu, Op.RELU: torch.relu, Op.ABS: torch.abs, Op.ERF: torch.erf}
-_BINARY = {Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul, Op.EQ: torch.eq, Op.NE: torch.ne,
-           Op.LT: torch.lt, Op.LE: torch.le, Op.GT: torch.gt, Op.GE: torch.ge, Op.AND: torch.logical_and,
-           Op.OR: torch.logical_or, Op.MAXIMUM: torch.maximum, Op.MINIMUM: torch.minimum, Op.MATMUL: torch.matmul}
-_REDUCE = {Op.SUM: torch.sum, Op.MEAN: torch.mean, Op.MAX: torch.amax, Op.MIN: torch.amin}
+# The ops whose semantics need this executor's own state (engine inputs, seeded counters, run-time
+# indices, PyTorch operators); every other op runs its registry definition (`OpDef.cpu`).
+EXECUTOR_OPS = frozenset({Op.INPUT, Op.RANDN, Op.RAND, Op.EXTERN, Op.INDEX, Op.UNINDEX, Op.GATHER})
 
 _M32 = 0xFFFFFFFF
 
@@ -154,54 +150,11 @@ class CpuExecutor:
         dt = self.dtype(n.dtype)
         if op is Op.INPUT:
             return inputs[n.attr("name")].to(dt)
-        if op is Op.CONST:
-            return torch.tensor(n.attr("value"), dtype=dt)
-        if op is Op.FULL:
-            return torch.full(n.shape, n.attr("value"), dtype=dt)
         if op is Op.RANDN:
             # Samples are made in the declared dtype, then widened: float64 mode sees the same values.
             return counter_randn(int(args[0]), tuple(n.shape), TORCH_DTYPES[n.dtype]).to(dt)
         if op is Op.RAND:
             return counter_rand(int(args[0]), tuple(n.shape), TORCH_DTYPES[n.dtype]).to(dt)
-        if op is Op.IOTA:
-            return torch.arange(n.shape[0], dtype=dt)
-        if op in _UNARY:
-            return _UNARY[op](args[0])
-        if op is Op.CAST:
-            return args[0].to(dt)
-        if op in _BINARY:
-            return _BINARY[op](args[0], args[1])
-        if op is Op.DIV:
-            a, b = args
-            if a.dtype.is_floating_point:
-                return torch.div(a, b)
-            # Integer division truncates toward zero. A zero divisor only reaches here on a path
-            # the program discards (the checker proved the taken one nonzero): give it 1.
-            return torch.div(a, torch.where(b == 0, torch.ones_like(b), b), rounding_mode="trunc")
-        if op is Op.MOD:
-            a, b = args
-            if not a.dtype.is_floating_point:
-                b = torch.where(b == 0, torch.ones_like(b), b)
-            return torch.fmod(a, b)
-        if op is Op.WHERE:
-            return torch.where(args[0], args[1], args[2])
-        if op in _REDUCE:
-            dim, keep = n.attr("dim"), n.attr("keepdim", False)
-            x = args[0]
-            if dim is None:
-                out = _REDUCE[op](x)
-                return out.reshape((1,) * x.dim()) if keep else out
-            if x.dim() == 0:
-                return x
-            return _REDUCE[op](x, dim=dim, keepdim=keep)
-        if op is Op.SOFTMAX:
-            return torch.softmax(args[0], dim=n.attr("dim"))
-        if op is Op.LOG_SOFTMAX:
-            return torch.log_softmax(args[0], dim=n.attr("dim"))
-        if op is Op.TRANSPOSE:
-            return args[0].transpose(n.attr("dim0"), n.attr("dim1"))
-        if op is Op.RESHAPE:
-            return args[0].reshape(n.shape)
         if op is Op.EXTERN:
             from .extern import call
             return call(n, args, args[0].device if args else torch.device("cpu"), self.memo, dt)
@@ -216,9 +169,10 @@ class CpuExecutor:
             return out.reshape(n.shape)
         if op is Op.GATHER:
             return take_rows(n, args[0], args[1])
-        if op in COLLECTIVE:
-            return args[0]          # one process holds every shard
-        raise ExecutionError(f"the CPU executor has no implementation of `{op.value}`")
+        semantics = op_def(op).cpu
+        if semantics is None:
+            raise ExecutionError(f"the CPU executor has no implementation of `{op.value}`")
+        return semantics(n, args, dt)
 
     def gather(self, n: Node, x: torch.Tensor, args: list[torch.Tensor]) -> torch.Tensor:
         return index_view(n, x, lambda k: int(args[k]))

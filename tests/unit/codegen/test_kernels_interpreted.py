@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from xgbuild.compiler.ops import UNARY_BUILTINS
+
 REPO = Path(__file__).resolve().parents[3]
 
 PROGRAMS = {
@@ -37,6 +39,9 @@ def main() {
     return y, I / 3, I % 3, abs(X) >= 0.5, transpose(X) + 1.0, sigmoid(X) * erf(X), maximum(X, -X)
 }
 """),
+    # Every element-wise builtin the op registry declares, on a positive argument (their common domain).
+    "unary_builtins": (None, "extern Tensor[float32, T, D] X\ndef main() {\n    return "
+                       + ", ".join(f"{name}(X * X + 0.25)" for name in sorted(UNARY_BUILTINS)) + "\n}\n"),
     # The gradient of indexed reads (`unindex`): constant, negative-step, strided and run-time
     # indices, bf16, fused with a consumer.
     # (Fixed sizes: the IR does not add gradients of differently sliced symbolic dims.)

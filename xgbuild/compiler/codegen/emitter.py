@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..ops import Op, TritonCtx, op_def
 from .spec import FLOAT, KernelSpec, LocalNode
 
 TL = {"float32": "tl.float32", "bfloat16": "tl.bfloat16", "float16": "tl.float16", "float64": "tl.float64",
@@ -199,55 +200,9 @@ class Emitter:
         return load(a[1])
 
     def op(self, n: LocalNode, xs: list[str], index: str | None = None) -> str:
-        op, dt = n.op, compute_dtype(n.dtype)
-        a = xs[0] if xs else ""
-        b = xs[1] if len(xs) > 1 else ""
-        f32 = dt == "float32"
-        simple = {
-            "neg": f"-({a})", "not": f"({a} == 0)", "exp": f"tl.exp({a})", "log": f"tl.log({a})",
-            "sqrt": f"tl.sqrt_rn({a})" if f32 else f"tl.sqrt({a})", "rsqrt": f"tl.rsqrt({a})",
-            "sigmoid": f"tl.sigmoid({a})", "tanh": f"_tanh({a})",
-            "gelu": f"0.5 * ({a}) * (1.0 + tl.erf(({a}) * 0.7071067811865476))",
-            "silu": f"({a}) * tl.sigmoid({a})", "relu": f"tl.where(({a}) < 0, 0, {a})",
-            "abs": f"tl.abs({a})", "erf": f"tl.erf({a})",
-            "add": f"({a}) + ({b})", "sub": f"({a}) - ({b})", "mul": f"({a}) * ({b})",
-            "eq": f"({a}) == ({b})", "ne": f"({a}) != ({b})", "lt": f"({a}) < ({b})", "le": f"({a}) <= ({b})",
-            "gt": f"({a}) > ({b})", "ge": f"({a}) >= ({b})", "and": f"({a}) & ({b})", "or": f"({a}) | ({b})",
-            "maximum": f"tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
-            "minimum": f"tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
-        }
-        if op in simple:
-            return simple[op]
-        if op == "div":
-            if dt in FLOAT:
-                return f"({a}) / ({b})"
-            # Truncating integer division; a zero divisor only reaches a discarded path (see cpu.py).
-            return f"({a}) // tl.where(({b}) == 0, 1, {b})"
-        if op == "mod":
-            if dt in FLOAT:
-                return f"_fmod({a}, {b})"
-            return f"({a}) % tl.where(({b}) == 0, 1, {b})"
-        if op == "where":
-            return f"tl.where({a}, {b}, {xs[2]})"
-        if op == "cast":
-            if n.dtype == "bool":
-                return f"(({a}) != 0)"
-            if n.dtype in ("bfloat16", "float16"):
-                return f"({a}).to({TL[n.dtype]}).to(tl.float32)"
-            return f"({a}).to({TL[n.dtype]})"
-        if op == "full":
-            return literal(dict(n.attrs)["value"], n.dtype)
-        if op == "iota":
-            return f"({index}).to({TL[dt]})"
-        if op in ("rand", "randn"):
-            if a.lstrip("-").isdigit():          # a constant seed
-                a = f"tl.full([], {a}, tl.int64)"
-            u1 = f"_uniform({a}, {index}, 0)"
-            if op == "rand":
-                return f"({u1}).to({TL[dt]})"
-            u2 = f"_uniform({a}, {index}, 1)"
-            return f"(tl.sqrt(-2.0 * tl.log({u1})) * tl.cos(6.283185307179586 * {u2})).to({TL[dt]})"
-        raise NotImplementedError(f"no Triton code for `{op}`")
+        """The Triton expression of one element-wise node: its op's own code (`OpDef.triton`)."""
+        ctx = TritonCtx(tuple(xs), compute_dtype(n.dtype), n.dtype, dict(n.attrs), index, TL.__getitem__, literal)
+        return op_def(Op(n.op)).triton_code(ctx)
 
     def load(self, j: int, offset: str, mask: str | None) -> str:
         dtype, _level = self.spec.operands[j]

@@ -9,7 +9,8 @@ from __future__ import annotations
 import difflib
 
 from . import ast as A
-from . import ranges as R
+from ..ops import UNARY_BUILTINS, Operands, op_def
+from ..ops import sign as R
 from .codes import BAD_CAST, BAD_DIM, BAD_KWARG, NOT_CALLABLE, NOT_DIFFERENTIABLE, RANK, RESHAPE, RSQRT_UNSAFE, TYPE_MISMATCH, UNKNOWN_TYPE
 from .types import (DTYPES, ERROR, DTypeValue, ErrorType, ExternVar, FloatLiteral, GradFn, IntLiteral,
                     ShapeValue, TensorType, TupleType, Type, is_float, is_int)
@@ -17,12 +18,10 @@ from .types import (DTYPES, ERROR, DTypeValue, ErrorType, ExternVar, FloatLitera
 REQUIRED = object()
 Val = tuple[Type, R.Sign]
 
-_FLOAT_UNARY = ("erf", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "gelu", "silu")
-_NUMERIC_UNARY = ("relu", "abs")
 _REDUCTIONS = ("sum", "mean", "max", "min")
 
 SPECS: dict[str, list[tuple[str, object]]] = {
-    **{n: [("x", REQUIRED)] for n in _FLOAT_UNARY + _NUMERIC_UNARY},
+    **{n: [("x", REQUIRED)] for n in UNARY_BUILTINS},     # element-wise builtins: compiler/ops
     **{n: [("x", REQUIRED), ("dim", None), ("keepdim", False)] for n in _REDUCTIONS},
     "softmax": [("x", REQUIRED), ("dim", -1)],
     "log_softmax": [("x", REQUIRED), ("dim", -1)],
@@ -82,7 +81,7 @@ class BuiltinChecker:
             for arg in e.args:
                 self.check(arg)
             return ERROR, R.ANY
-        if name in _FLOAT_UNARY or name in _NUMERIC_UNARY:
+        if name in UNARY_BUILTINS:
             return self.b_unary(name, bound["x"])
         if name in _REDUCTIONS:
             return self.b_reduce(name, e, bound)
@@ -161,20 +160,22 @@ class BuiltinChecker:
 
     # --- element-wise ---------------------------------------------------------------------------
     def b_unary(self, name: str, node: A.Expr) -> Val:
+        """An element-wise builtin of one tensor: its dtype rule and sign fact are its `OpDef`'s."""
+        d = op_def(UNARY_BUILTINS[name])
         ty, sign = self.tensor_arg(node)
         if ty is None:
             return ERROR, R.ANY
-        if name in _FLOAT_UNARY and not is_float(ty.dtype):
-            self.diags.error(TYPE_MISMATCH, node.span, expected=f"a floating-point tensor for `{name}`", found=ty,
+        if d.operands is Operands.FLOAT and not is_float(ty.dtype):
+            self.diags.error(TYPE_MISMATCH, node.span, expected=f"{d.operands.value} for `{name}`", found=ty,
                              help=f"convert first: `{name}(cast({self.snippet(node)}, float32))`")
             return ERROR, R.ANY
-        if name in _NUMERIC_UNARY and ty.dtype == "bool":
-            self.diags.error(TYPE_MISMATCH, node.span, expected=f"a numeric tensor for `{name}`", found=ty)
+        if d.operands is Operands.NUMERIC and ty.dtype == "bool":
+            self.diags.error(TYPE_MISMATCH, node.span, expected=f"{d.operands.value} for `{name}`", found=ty)
             return ERROR, R.ANY
-        if name == "rsqrt" and not R.positive(sign):
+        if d.positive_operand and not R.positive(sign):
             self.diags.error(RSQRT_UNSAFE, node.span, arg=self.snippet(node), label="may be zero or negative",
-                             help=f"add a positive epsilon: `rsqrt({self.snippet(node)} + 1e-6)`")
-        return ty, R.unary(name, sign)
+                             help=f"add a positive epsilon: `{name}({self.snippet(node)} + 1e-6)`")
+        return ty, (d.sign(sign) if d.sign else R.ANY)
 
     def b_maximum(self, e: A.Call, bound: dict) -> Val:
         ty, _ = self.elementwise_pair(e, bound["a"], bound["b"], "maximum")

@@ -12,7 +12,7 @@ import difflib
 from dataclasses import dataclass, field
 
 from . import ast as A
-from . import ranges as R
+from ..ops import sign as R
 from .builtins import SPECS, BuiltinChecker
 from .codes import (BAD_DECL, BAD_DIM, BAD_NUM_GPU, COND_NOT_BOOL, DEFAULT_DTYPE, DUPLICATE, MAIN_PARAMS,
                     MISSING_RETURN, NO_ENTRY, NO_MAIN, NOT_CALLABLE, OVERRIDE, RECURSION, RESULT_UNUSED,

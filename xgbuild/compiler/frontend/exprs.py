@@ -10,7 +10,8 @@ import difflib
 import math
 
 from . import ast as A
-from . import ranges as R
+from ..ops import BroadcastError, broadcast
+from ..ops import sign as R
 from .codes import (BAD_MATCH, BROADCAST, DIM_CONFLICT, DIV_UNSAFE, DTYPE_MISMATCH, ERROR_OUTSIDE_RESULT,
                     LITERAL_RANGE, MATMUL_SHAPE, NOT_CALLABLE, OUT_OF_BOUNDS, RANK, RESULT_AS_VALUE,
                     TYPE_MISMATCH, UNKNOWN_FUNC, UNKNOWN_NAME)
@@ -289,25 +290,16 @@ class ExprChecker:
         return (TensorType("bool", shape), R.ANY) if shape is not None else (ERROR, R.ANY)
 
     def broadcast(self, lt: TensorType, rt: TensorType, e: A.Node) -> tuple[Dim, ...] | None:
-        a = [self.subst.dim(d) for d in lt.shape]
-        b = [self.subst.dim(d) for d in rt.shape]
-        out: list[Dim] = []
-        for i in range(1, max(len(a), len(b)) + 1):
-            x = a[-i] if i <= len(a) else 1
-            y = b[-i] if i <= len(b) else 1
-            if x == y or y == 1:
-                out.append(x)
-            elif x == 1:
-                out.append(y)
-            elif self.subst.unify_dim(x, y):
-                out.append(self.subst.dim(x))
-            else:
-                self.diags.error(BROADCAST, getattr(e, "op_span", e.span), left=fmt_shape(tuple(a)),
-                                 right=fmt_shape(tuple(b)),
-                                 label=f"dimension {x} cannot be combined with {y}",
-                                 help="shapes combine when equal, or the shorter one matches the trailing dims, or a dim is 1")
-                return None
-        return tuple(reversed(out))
+        """The broadcast shape (compiler/ops' rule), unifying symbolic dims that must be equal."""
+        a = tuple(self.subst.dim(d) for d in lt.shape)
+        b = tuple(self.subst.dim(d) for d in rt.shape)
+        try:
+            return broadcast(a, b, lambda x, y: self.subst.dim(x) if self.subst.unify_dim(x, y) else None)
+        except BroadcastError as exc:
+            self.diags.error(BROADCAST, getattr(e, "op_span", e.span), left=fmt_shape(a), right=fmt_shape(b),
+                             label=f"dimension {exc.x} cannot be combined with {exc.y}",
+                             help="shapes combine when equal, or the shorter one matches the trailing dims, or a dim is 1")
+            return None
 
     def check_divisor(self, divisor: A.Expr, sign: R.Sign) -> None:
         if R.nonzero(sign):

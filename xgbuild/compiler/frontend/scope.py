@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import ast as A
-from .ranges import Sign
+from ..ops.sign import Sign
 from .source import Span
 from .types import Type
 

@@ -13,6 +13,7 @@ import operator
 from typing import Any, Callable
 
 from ..ir.graph import Op
+from ..ops import ATEN, BINARY, UNARY
 from ..ir.shapes import FLOATS
 from . import composites as C
 from .builder import TranslationError, Ref, is_node, xg_dtype
@@ -57,10 +58,8 @@ def _out_dtype(node) -> str:
 
 
 # --- element-wise ---------------------------------------------------------------------------------
-_UNARY = {"aten.relu": Op.RELU, "aten.sigmoid": Op.SIGMOID, "aten.tanh": Op.TANH, "aten.exp": Op.EXP,
-          "aten.log": Op.LOG, "aten.sqrt": Op.SQRT, "aten.rsqrt": Op.RSQRT, "aten.neg": Op.NEG,
-          "aten.abs": Op.ABS, "aten.erf": Op.ERF, "aten.silu": Op.SILU, "aten.logical_not": Op.NOT,
-          "aten.bitwise_not": Op.NOT}
+# The ATen ops that are one XG element-wise op (their `OpDef.aten`, compiler/ops).
+_UNARY = {name: o for name, o in ATEN.items() if o in UNARY}
 
 
 def _unary(t, node, args, kwargs):
@@ -120,11 +119,7 @@ def _gelu(t, node, args, kwargs):
     return C.gelu(t.b, args[0], kwargs.get("approximate", args[1] if len(args) > 1 else "none"))
 
 
-_BINARY = {"aten.add": Op.ADD, "aten.sub": Op.SUB, "aten.mul": Op.MUL, "aten.div": Op.DIV,
-           "aten.maximum": Op.MAXIMUM, "aten.minimum": Op.MINIMUM, "aten.eq": Op.EQ, "aten.ne": Op.NE,
-           "aten.lt": Op.LT, "aten.le": Op.LE, "aten.gt": Op.GT, "aten.ge": Op.GE,
-           "aten.logical_and": Op.AND, "aten.logical_or": Op.OR, "aten.bitwise_and": Op.AND,
-           "aten.bitwise_or": Op.OR, "aten.fmod": Op.MOD}
+_BINARY = {name: o for name, o in ATEN.items() if o in BINARY}
 
 
 @op(*_BINARY, "aten.rsub")

@@ -15,6 +15,7 @@ import numpy as np
 import sympy
 
 from ..ir.graph import Op
+from ..ops import BINARY, COMPARE, ONNX, UNARY
 from ..ir.shapes import FLOATS
 from . import composites as C
 from .builder import TranslationError, is_node
@@ -54,12 +55,15 @@ def _operand(t, v: Any, other_rank: int, hint: str):
 
 
 # --- element-wise ---------------------------------------------------------------------------------
-_BIN = {"Add": (Op.ADD, np.add), "Sub": (Op.SUB, np.subtract), "Mul": (Op.MUL, np.multiply),
-        "Div": (Op.DIV, None), "Equal": (Op.EQ, np.equal), "Less": (Op.LT, np.less),
-        "Greater": (Op.GT, np.greater), "LessOrEqual": (Op.LE, np.less_equal),
-        "GreaterOrEqual": (Op.GE, np.greater_equal), "And": (Op.AND, np.logical_and),
-        "Or": (Op.OR, np.logical_or), "Max": (Op.MAXIMUM, np.maximum), "Min": (Op.MINIMUM, np.minimum),
-        "Sum": (Op.ADD, np.add), "Mod": (Op.MOD, np.fmod)}
+# The ONNX ops that are one XG element-wise op (their `OpDef.onnx`, compiler/ops). `Sum` is a
+# variadic `Add`: every binary op here folds left over any number of inputs.
+_BIN = {name: o for name, o in ONNX.items() if o in BINARY}
+_UN = {name: o for name, o in ONNX.items() if o in UNARY}
+# Shape arithmetic on static values (possibly sympy symbols in object arrays) folds here with
+# numpy, before any IR exists; ops without an entry become IR nodes.
+_STATIC = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.EQ: np.equal, Op.LT: np.less,
+           Op.GT: np.greater, Op.LE: np.less_equal, Op.GE: np.greater_equal, Op.AND: np.logical_and,
+           Op.OR: np.logical_or, Op.MAXIMUM: np.maximum, Op.MINIMUM: np.minimum, Op.MOD: np.fmod}
 
 
 def _fold_div(a: Static, b: Static) -> np.ndarray:
@@ -72,13 +76,13 @@ def _fold_div(a: Static, b: Static) -> np.ndarray:
 
 @op(*_BIN)
 def _binary(t, node, args, attrs):
-    o, fold = _BIN[node.op_type]
+    o = _BIN[node.op_type]
     args = [a for a in args if a is not None]
-    if _all_static(args):
+    if _all_static(args) and (o in _STATIC or o is Op.DIV):
         acc = args[0]
         for nxt in args[1:]:
-            arr = _fold_div(acc, nxt) if node.op_type == "Div" else fold(acc.array, nxt.array)
-            dt = "bool" if o in (Op.EQ, Op.LT, Op.GT, Op.LE, Op.GE, Op.AND, Op.OR) else acc.dtype
+            arr = _fold_div(acc, nxt) if o is Op.DIV else _STATIC[o](acc.array, nxt.array)
+            dt = "bool" if o in COMPARE or o in (Op.AND, Op.OR) else acc.dtype
             acc = Static(np.asarray(arr), dt)
         return acc
     rank = max(len(t.shape(a)) for a in args)
@@ -94,10 +98,6 @@ def _binary(t, node, args, attrs):
         else:
             acc = t.b.binary(o, acc, y)
     return acc
-
-
-_UN = {"Sqrt": Op.SQRT, "Neg": Op.NEG, "Exp": Op.EXP, "Log": Op.LOG, "Abs": Op.ABS, "Erf": Op.ERF,
-       "Relu": Op.RELU, "Sigmoid": Op.SIGMOID, "Tanh": Op.TANH, "Not": Op.NOT}
 
 
 @op(*_UN)

@@ -10,65 +10,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from typing import Any, Iterable
 
-Dim = int | str
-Shape = tuple[Dim, ...]
-
-
-class Op(str, Enum):
-    # sources
-    INPUT = "input"            # attrs: name              an engine input (external)
-    PARAM = "param"            # attrs: index             a function parameter (before inlining)
-    CONST = "const"            # attrs: value             a scalar
-    FULL = "full"              # attrs: value             zeros / ones / full, shape from the node
-    RANDN = "randn"            # inputs: seed             counter-based normal samples
-    RAND = "rand"              # inputs: seed             counter-based uniform samples in (0, 1)
-    IOTA = "iota"              # 0, 1, 2, … along a 1-D shape
-    # element-wise, one input
-    NEG = "neg"; NOT = "not"; EXP = "exp"; LOG = "log"; SQRT = "sqrt"; RSQRT = "rsqrt"  # noqa: E702
-    SIGMOID = "sigmoid"; TANH = "tanh"; GELU = "gelu"; SILU = "silu"; RELU = "relu"; ABS = "abs"  # noqa: E702
-    ERF = "erf"
-    CAST = "cast"              # to the node's dtype
-    # element-wise, two inputs (broadcasting)
-    ADD = "add"; SUB = "sub"; MUL = "mul"; DIV = "div"; MOD = "mod"  # noqa: E702
-    EQ = "eq"; NE = "ne"; LT = "lt"; LE = "le"; GT = "gt"; GE = "ge"  # noqa: E702
-    AND = "and"; OR = "or"; MAXIMUM = "maximum"; MINIMUM = "minimum"  # noqa: E702
-    WHERE = "where"            # cond, a, b
-    # contractions, reductions, shape ops
-    MATMUL = "matmul"
-    SUM = "sum"; MEAN = "mean"; MAX = "max"; MIN = "min"  # attrs: dim (int or None), keepdim  # noqa: E702
-    SOFTMAX = "softmax"; LOG_SOFTMAX = "log_softmax"       # attrs: dim  # noqa: E702
-    TRANSPOSE = "transpose"    # attrs: dim0, dim1
-    RESHAPE = "reshape"        # shape from the node
-    INDEX = "index"            # attrs: items; extra inputs are run-time indices
-    UNINDEX = "unindex"        # attrs: items: zeros of the node's shape with the input placed where INDEX read
-    GATHER = "gather"          # table, idx: table rows at integer indices: [*idx.shape, *table.shape[1:]]
-    EXTERN = "extern"          # attrs: call, args (JSON), output: a PyTorch operator run eagerly (fallback="eager")
-    # functions (before inlining)
-    CALL = "call"              # attrs: func, dims (callee symbol -> caller dim); one output per PROJ
-    PROJ = "proj"              # attrs: index: the index-th output of a CALL
-    # many GPUs (passes/shard.py, ir/layout.py): identity within one process
-    SHARD = "shard"            # attrs: dim: this value is split along dim over NUM_GPU (a local slice)
-    ALL_GATHER = "all_gather"  # attrs: dim: the slices along dim, joined on every rank
-    ALL_REDUCE = "all_reduce"  # attrs: reduce ("sum"): partial sums added up on every rank
-    REDUCE_SCATTER = "reduce_scatter"  # attrs: dim: partial sums added up, each rank keeping its slice
-    ALL_TO_ALL = "all_to_all"  # attrs: src, dim: split along dim instead of along src
-    # pipeline stages (passes/stage.py, ir/stages.py): identity within one process
-    STAGE = "stage"            # attrs: stage: from here on, the value is used on GPU `stage`; before
-                               # passes/stage.py also (g, x) with no attr: g goes where x lives (a VJP)
-    MICROBATCH = "microbatch"  # attrs: dim, parts: a pipeline splits this input into `parts` microbatches
-                               # along dim (ir/microbatch.py)
-
-
-UNARY = {Op.NEG, Op.NOT, Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.SIGMOID, Op.TANH, Op.GELU, Op.SILU,
-         Op.RELU, Op.ABS, Op.CAST, Op.ERF}
-BINARY = {Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MOD, Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.AND,
-          Op.OR, Op.MAXIMUM, Op.MINIMUM}
-COMPARE = {Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE}
-REDUCE = {Op.SUM, Op.MEAN, Op.MAX, Op.MIN}
-COLLECTIVE = {Op.SHARD, Op.ALL_GATHER, Op.ALL_REDUCE, Op.REDUCE_SCATTER, Op.ALL_TO_ALL, Op.STAGE, Op.MICROBATCH}
+from ..ops import BINARY, COLLECTIVE, COMPARE, REDUCE, UNARY, Dim, Op, Shape, attrs_of  # noqa: F401 (the IR's vocabulary)
 
 
 @dataclass(frozen=True)
@@ -91,18 +35,6 @@ class Node:
         """What makes two nodes compute the same value (for CSE)."""
         return json.dumps([self.op.value, list(self.inputs), self.dtype, list(self.shape),
                            [[k, v] for k, v in self.attrs]], sort_keys=True, separators=(",", ":"))
-
-
-def attrs_of(**kw: Any) -> tuple[tuple[str, Any], ...]:
-    return tuple(sorted((k, _freeze(v)) for k, v in kw.items() if v is not None or k in ("dim",)))
-
-
-def _freeze(v: Any) -> Any:
-    if isinstance(v, list):
-        return tuple(_freeze(x) for x in v)
-    if isinstance(v, dict):
-        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
-    return v
 
 
 # Output trees: {"t": id} a tensor, {"tuple": [...]}, {"result": {"tag": id, "value": tree}}.

@@ -15,6 +15,7 @@ from typing import Any, Union
 from ..frontend import ast as A
 from ..frontend.checker import TypedProgram
 from ..frontend.types import NAMED_ERRORS, FloatLiteral, IntLiteral, ResultType, TensorType, TupleType, Type
+from ..ops import BUILTINS, REDUCE, UNARY_BUILTINS
 from .graph import Graph, GraphBuilder, Node, Op, Program, attrs_of, tree_ids
 from ..frontend.codes import PLAN_UNKNOWN
 from ..frontend.shard_plan import RegionPlan, ShardingPlan, plan_error
@@ -58,9 +59,7 @@ LVal = Union[int, Lit, Err, Res, Tup, Meta]
 
 _BIN = {"+": Op.ADD, "-": Op.SUB, "*": Op.MUL, "/": Op.DIV, "%": Op.MOD, "==": Op.EQ, "!=": Op.NE,
         "<": Op.LT, "<=": Op.LE, ">": Op.GT, ">=": Op.GE, "and": Op.AND, "or": Op.OR}
-_UNARY_BUILTINS = {"erf": Op.ERF, "exp": Op.EXP, "log": Op.LOG, "sqrt": Op.SQRT, "rsqrt": Op.RSQRT, "sigmoid": Op.SIGMOID,
-                   "tanh": Op.TANH, "gelu": Op.GELU, "silu": Op.SILU, "relu": Op.RELU, "abs": Op.ABS}
-_REDUCE = {"sum": Op.SUM, "mean": Op.MEAN, "max": Op.MAX, "min": Op.MIN}
+_REDUCE = {name: op for name, op in BUILTINS.items() if op in REDUCE}
 
 
 def lower(tp: TypedProgram, plan: ShardingPlan | None = None, entry: str = "main") -> Program:
@@ -546,9 +545,9 @@ class FunctionLowering:
         bound = self.bound_args(name, e)
         src = self.src(e)
         dtype, shape = (str(ty.dtype), ty.shape) if isinstance(ty, TensorType) else (None, None)
-        if name in _UNARY_BUILTINS:
+        if name in UNARY_BUILTINS:
             x = self.mat(self.expr(bound["x"]), dtype, bound["x"])
-            return self.b.add(_UNARY_BUILTINS[name], (x,), dtype, shape, (), src)
+            return self.b.add(UNARY_BUILTINS[name], (x,), dtype, shape, (), src)
         if name in _REDUCE:
             x = self.mat(self.expr(bound["x"]), dtype, bound["x"])
             dim = self.int_arg(bound.get("dim"))

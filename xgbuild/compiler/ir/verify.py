@@ -1,24 +1,14 @@
 """The IR verifier: run between passes in tests (and on every engine load).
 
 Checks that ids are unique and defined before use (topological order), that every op has the
-inputs and attributes it needs, and that each node's dtype and shape follow from its inputs.
+inputs and attributes its `OpDef` names, and that each node's dtype and shape follow from its inputs.
 """
 
 from __future__ import annotations
 
-from .graph import BINARY, UNARY, Graph, Op, tree_ids
+from ..ops import DTYPES, op_def
+from .graph import Graph, Op, tree_ids
 from .shapes import ShapeError, infer
-
-_ARITY = {**{op: 1 for op in UNARY}, **{op: 2 for op in BINARY}, Op.WHERE: 3, Op.MATMUL: 2, Op.GATHER: 2,
-          Op.INPUT: 0, Op.PARAM: 0, Op.CONST: 0, Op.FULL: 0, Op.RANDN: 1, Op.RAND: 1, Op.IOTA: 0, Op.TRANSPOSE: 1,
-          Op.RESHAPE: 1, Op.SOFTMAX: 1, Op.LOG_SOFTMAX: 1, Op.PROJ: 1, Op.SHARD: 1,
-          Op.ALL_GATHER: 1, Op.ALL_REDUCE: 1, Op.REDUCE_SCATTER: 1, Op.ALL_TO_ALL: 1, Op.MICROBATCH: 1, Op.SUM: 1, Op.MEAN: 1, Op.MAX: 1, Op.MIN: 1}
-_ATTRS = {Op.INPUT: ("name",), Op.PARAM: ("index",), Op.CONST: ("value",), Op.FULL: ("value",),
-          Op.TRANSPOSE: ("dim0", "dim1"), Op.INDEX: ("items",), Op.UNINDEX: ("items",), Op.CALL: ("func",), Op.PROJ: ("index",),
-          Op.EXTERN: ("call", "args"),
-          Op.SOFTMAX: ("dim",), Op.LOG_SOFTMAX: ("dim",), Op.SHARD: ("dim",),
-          Op.ALL_GATHER: ("dim",), Op.REDUCE_SCATTER: ("dim",), Op.ALL_TO_ALL: ("src", "dim"), Op.MICROBATCH: ("dim", "parts")}
-DTYPES = {"bool", "int8", "int16", "int32", "int64", "uint8", "float16", "bfloat16", "float32", "float64"}
 
 
 class IRError(ValueError):
@@ -33,7 +23,7 @@ def verify(graph: Graph, *, check_shapes: bool = True) -> None:
             raise IRError(f"{where}: id defined twice")
         if n.dtype not in DTYPES:
             raise IRError(f"{where}: unknown dtype {n.dtype!r}")
-        arity = _ARITY.get(n.op)
+        arity = op_def(n.op).arity
         if n.op in (Op.INDEX, Op.UNINDEX):
             dynamic = sum(1 for item in n.attr("items", ()) if item[0] == "d")
             arity = 1 + dynamic
@@ -41,7 +31,7 @@ def verify(graph: Graph, *, check_shapes: bool = True) -> None:
             arity = 1 if n.attr("stage") is not None else 2
         if arity is not None and n.op is not Op.CALL and len(n.inputs) != arity:
             raise IRError(f"{where}: takes {arity} inputs, has {len(n.inputs)}")
-        for key in _ATTRS.get(n.op, ()):
+        for key in op_def(n.op).attrs:
             if n.attr(key, KeyError) is KeyError:
                 raise IRError(f"{where}: missing attribute {key!r}")
         for i in n.inputs:

@@ -3,7 +3,8 @@ constant condition becomes the chosen side.
 
 Needs: CONST nodes are scalars. Leaves: no element-wise node whose inputs are all CONST (except
 ones whose value would be NaN/Inf: they stay, so check mode can name the op that made it). Values
-are computed with torch in the node's own dtype, so rounding is exactly what the engine would do.
+are computed by each op's CPU semantics (its `OpDef.cpu`) in the node's own dtype, so rounding is
+exactly what the engine would do; an op's `OpDef.foldable` says whether it may be folded.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from ..ir.graph import Node, Op, Program, attrs_of, tree_map
+from ..ops import op_def
 
 
 @lru_cache(maxsize=1)
@@ -19,21 +21,21 @@ def _torch():
     # Imported on first use, not with the module: `xgc --check` never folds, and torch costs ~1 s.
     import torch
 
-    dtypes = {"bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
-              "int64": torch.int64, "uint8": torch.uint8, "float16": torch.float16, "bfloat16": torch.bfloat16,
-              "float32": torch.float32, "float64": torch.float64}
-    fns = {
-        Op.NEG: torch.neg, Op.NOT: torch.logical_not, Op.EXP: torch.exp, Op.LOG: torch.log, Op.SQRT: torch.sqrt,
-        Op.RSQRT: torch.rsqrt, Op.SIGMOID: torch.sigmoid, Op.TANH: torch.tanh, Op.RELU: torch.relu,
-        Op.ABS: torch.abs, Op.ERF: torch.erf, Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul,
-        Op.EQ: torch.eq, Op.NE: torch.ne, Op.LT: torch.lt, Op.LE: torch.le, Op.GT: torch.gt, Op.GE: torch.ge,
-        Op.AND: torch.logical_and, Op.OR: torch.logical_or, Op.MAXIMUM: torch.maximum, Op.MINIMUM: torch.minimum,
-    }
-    return torch, dtypes, fns
+    return torch, {"bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
+                   "int64": torch.int64, "uint8": torch.uint8, "float16": torch.float16,
+                   "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+
+
+def _foldable(n: Node) -> bool:
+    """An op whose definition allows folding (its CPU semantics, run on scalars), with every input
+    constant and a scalar result."""
+    d = op_def(n.op)
+    ok = d.foldable(n) if callable(d.foldable) else d.foldable
+    return ok and d.cpu is not None and bool(n.inputs) and not n.shape
 
 
 def const_fold(program: Program) -> Program:
-    torch, dtypes, fns = _torch()
+    torch, dtypes = _torch()
     g = program.main
     consts: dict[int, object] = {}
     alias: dict[int, int] = {}
@@ -48,16 +50,8 @@ def const_fold(program: Program) -> Program:
             if tuple(chosen.shape) == tuple(n.shape) and chosen.dtype == n.dtype:
                 alias[n.id] = pick
                 continue
-        elif (n.op in fns or n.op is Op.CAST or n.op is Op.DIV and n.dtype.startswith("float")) \
-                and n.inputs and all(i in consts for i in n.inputs) and not n.shape:
-            args = [consts[i] for i in n.inputs]
-            if n.op is Op.CAST:
-                out = args[0]
-            elif n.op is Op.DIV:
-                out = torch.div(*args)
-            else:
-                out = fns[n.op](*args)
-            out = out.to(dtypes[n.dtype])
+        elif _foldable(n) and all(i in consts for i in n.inputs):
+            out = op_def(n.op).cpu(n, [consts[i] for i in n.inputs], dtypes[n.dtype]).to(dtypes[n.dtype])
             if out.dtype.is_floating_point and not bool(torch.isfinite(out)):
                 nodes.append(n)      # keep the op: check mode must be able to name what made a NaN/Inf
                 continue

@@ -1,5 +1,7 @@
 """Sign analysis: which signs (-, 0, +) a value may take, to prove divisors nonzero.
 
+The lattice and its arithmetic; each op's own sign fact is in its `OpDef.sign`.
+
 A `Sign` is the set of possible signs of every element of a value. The rules are those of exact
 arithmetic (DESIGN.md: `exp` is positive, `x * x + eps` with `eps > 0` is positive, sums of
 positives are positive); the checker combines them with the facts that `if` guards establish.
@@ -82,20 +84,3 @@ def nonzero(a: Sign) -> bool:
 
 def positive(a: Sign) -> bool:
     return a == POS
-
-
-_UNARY = {
-    "exp": lambda a: POS,
-    "sigmoid": lambda a: POS,
-    "softmax": lambda a: POS,
-    "rsqrt": lambda a: POS,
-    "sqrt": lambda a: POS if a == POS else NONNEG,
-    "relu": lambda a: POS if a == POS else NONNEG,
-    "abs": lambda a: POS if nonzero(a) else NONNEG,
-    "tanh": lambda a: a,
-}
-
-
-def unary(name: str, a: Sign) -> Sign:
-    rule = _UNARY.get(name)
-    return rule(a) if rule else ANY
