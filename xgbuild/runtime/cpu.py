@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..compiler.ir.graph import COLLECTIVE, Graph, Node, Op, tree_ids
 from ..compiler.ir.serialize import where as src_text
 from ..errors import ExecutionError
-from .dtypes import FLOAT_DTYPES, TORCH_DTYPES  # noqa: F401 (TORCH_DTYPES re-exported for tests)
+from ..dtypes import FLOAT_DTYPES, TORCH_DTYPES  # noqa: F401 (TORCH_DTYPES re-exported for tests)
 
 
 _UNARY = {Op.NEG: torch.neg, Op.NOT: torch.logical_not, Op.EXP: torch.exp, Op.LOG: torch.log,

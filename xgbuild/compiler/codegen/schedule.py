@@ -62,6 +62,11 @@ class Kernel:
     def name(self) -> str:
         return f"{self.kind}_{self.nodes[0]}"
 
+    @property
+    def extern(self) -> bool:
+        """A PyTorch operator the engine calls eagerly: no kernel, so no spec and no template."""
+        return self.kind == "extern"
+
 
 @dataclass
 class Schedule:
@@ -117,7 +122,7 @@ class AttentionPattern:
     tree: list[int]         # index expressions the chain reads, computed in the kernel: topological
 
 
-def _index_axis(n: Node, rank: int) -> str | None:
+def index_axis(n: Node, rank: int) -> str | None:
     """Which score dim an IOTA (or a reshape of one adding size-1 dims) runs along, right-aligned
     to a domain of `rank` dims: "row" (the query dim), "col" (the key dim), else None."""
     shape = tuple(n.shape)
@@ -136,7 +141,7 @@ def _index_tree(graph: Graph, nid: int, rank: int, acc: list[int]) -> bool:
     if len(n.shape) > 2 and any(size != 1 for size in n.shape[:-2]):
         return False                    # varies along a batch dim
     if n.op is Op.IOTA or (n.op is Op.RESHAPE and graph.node(n.inputs[0]).op is Op.IOTA):
-        if _index_axis(n, rank) is None:
+        if index_axis(n, rank) is None:
             return False
         for i in ([n.inputs[0]] if n.op is Op.RESHAPE else []) + [nid]:
             if i not in acc:

@@ -1,19 +1,15 @@
-"""Triton source for one kernel spec, one tuning config and one variant: the element-wise and
-row-reduction templates here, the matmul template in `triton_matmul.py`, the attention one in
-`triton_attention.py`, the shared core (what a
-`Variant` may assume, parameters, op code) in `emitter.py`."""
+"""Triton source of the element-wise and row-reduction kernels (for one spec, config and variant);
+the matmul kernel's is in `triton_matmul.py`, the attention kernel's in `triton_attention.py`, the
+shared core (parameters, op code) in `emitter.py`. `templates/` calls each for its kernel kind."""
 
 from __future__ import annotations
 
-from .emitter import (FLOAT, POINTER, TL, Emitted, Emitter, Variant, compute_dtype,  # noqa: F401 (re-exported)
-                      literal)
+from .emitter import FLOAT, TL, Emitted, Emitter, compute_dtype, literal
 from .spec import KernelSpec
-from .triton_attention import attention
-from .triton_matmul import matmul
 
 # --- element-wise --------------------------------------------------------------------------------
 
-def _elementwise(e: Emitter) -> Emitted:
+def elementwise(e: Emitter) -> Emitted:
     spec, w = e.spec, e.w
     e.pointer_params()
     rank = spec.rank
@@ -155,7 +151,7 @@ def _identity(kind: str, dtype: str) -> str:
     return str(-(2 ** (bits - 1))) if low else str(2 ** (bits - 1) - 1)
 
 
-def _rowwise(e: Emitter) -> Emitted:
+def rowwise(e: Emitter) -> Emitted:
     spec, w, v = e.spec, e.w, e.variant
     e.pointer_params()
     nrow, rank = spec.row_dims, spec.rank
@@ -371,15 +367,3 @@ def _in_dtype(spec: KernelSpec, k: int) -> str:
     return spec.nodes[a[1]].dtype if a[0] == "n" else spec.operands[a[1]][0]
 
 
-
-def emit(spec: KernelSpec, config: dict[str, int], variant: Variant) -> Emitted:
-    e = Emitter(spec, config, variant)
-    if spec.kind == "elementwise":
-        return _elementwise(e)
-    if spec.kind == "rowwise":
-        return _rowwise(e)
-    if spec.kind == "matmul":
-        return matmul(e)
-    if spec.kind == "attention":
-        return attention(e)
-    raise ValueError(f"unknown kernel kind {spec.kind!r}")
