@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..emitter import Emitted, Emitter
 from ..launch_abi import Variant
-from ..schedule import Kernel, Schedule
+from ..kernel import Kernel, Schedule
 from ..spec import KINDS, Binding, KernelSpec
 from . import attention, elementwise, matmul, rowwise
 from .base import KernelTemplate, Problem

@@ -1,6 +1,8 @@
 """The kernel-template interface, and the values its tuning half works on (`Problem`, `Config`).
 
 A `KernelTemplate` is everything XG knows about one kernel kind (`spec.KINDS`), in one object:
+- fusion: which nodes may join a kernel of the kind (`joins`, `takes_reduction`,
+  `prologue_of_reduction`: the scheduler asks);
 - code: the spec of a scheduled kernel, and its Triton source under a config and a variant
   (`spec`, `emit`);
 - launch ABI: how a launch's operands line up with the kernel's domain, its size arguments and
@@ -25,7 +27,7 @@ from xgbuild.hw import GpuProfile
 
 from ..emitter import Emitted, Emitter
 from ..launch_abi import Frame, Launch, Variant
-from ..schedule import Kernel, Schedule
+from ..kernel import Kernel, Schedule
 from ..spec import KINDS, Binding, KernelSpec
 
 Config = dict[str, int]  # keys sorted; always includes num_warps and num_stages
@@ -104,6 +106,21 @@ class KernelTemplate(ABC):
     def emit(self, e: Emitter) -> Emitted:
         """The Triton source of `e.spec` under `e.config` and `e.variant`."""
         raise NotImplementedError
+
+    # --- fusion (the scheduler asks) -------------------------------------------------------
+    def joins(self, k: Kernel, shape: tuple, inner: list[int], graph, users: dict) -> bool:
+        """May an element-wise node of `shape`, whose inputs `inner` kernel `k` computes, join
+        `k` (of this kind)? Most kinds take no epilogue."""
+        return False
+
+    def takes_reduction(self, k: Kernel, shape: tuple) -> bool:
+        """May a reduction over the last dim of a value of `shape`, made by `k`, join `k`?"""
+        return False
+
+    def prologue_of_reduction(self, k: Kernel, shape: tuple) -> bool:
+        """May `k` become the prologue of a reduction over the last dim of its value of `shape`
+        (when that reduction alone reads it)?"""
+        return False
 
     # --- launch ABI ------------------------------------------------------------------------
     @abstractmethod

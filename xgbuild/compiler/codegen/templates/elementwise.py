@@ -13,7 +13,7 @@ from ...ir.graph import Node
 from ....errors import ExecutionError
 from ..emitter import Emitted, Emitter
 from ..launch_abi import Frame, Launch, Variant, align
-from ..schedule import Kernel, Schedule
+from ..kernel import Kernel, Schedule
 from ..spec import Binding, KernelSpec
 from ..triton_src import elementwise, unindex_params
 from .base import Config, KernelTemplate, Problem, make_config, next_pow2
@@ -70,6 +70,12 @@ class ElementwiseTemplate(KernelTemplate):
     params = ("BLOCK",)
     sizes = ("numel",)
     rules = (_block_vs_numel, _per_thread)
+
+    def joins(self, k: Kernel, shape: tuple, inner: list[int], graph, users: dict) -> bool:
+        return shape == tuple(k.shape)
+
+    def prologue_of_reduction(self, k: Kernel, shape: tuple) -> bool:
+        return tuple(k.shape) == shape
 
     def spec(self, sched: Schedule, k: Kernel) -> tuple[KernelSpec, Binding]:
         spec, operands, written = build(sched, k, domain_level(len(k.shape)))

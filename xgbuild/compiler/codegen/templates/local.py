@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ...ir.graph import Node, Op
-from ..schedule import Kernel, Schedule, ScheduleError
+from ..kernel import Kernel, Schedule, ScheduleError
 from ..spec import KernelSpec, LocalNode, const
 
 # Nodes whose input is read at the full level, whatever their own level: they reduce (or

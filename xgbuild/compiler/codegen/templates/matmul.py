@@ -14,7 +14,7 @@ from ....dtypes import TORCH_DTYPES
 from ...ir.graph import Op
 from ..emitter import Emitted, Emitter
 from ..launch_abi import INT32_MAX, Frame, Launch, Variant, align
-from ..schedule import Kernel, Schedule
+from ..kernel import Kernel, Schedule
 from ..spec import Binding, KernelSpec
 from ..triton_matmul import matmul
 from .base import Config, KernelTemplate, Problem, config_key, make_config, next_pow2
@@ -122,6 +122,11 @@ class MatmulTemplate(KernelTemplate):
     sizes = ("batch", "m", "n", "k")
     tiled = True
     rules = (_tf32x3, _tile_vs_problem, _k_slice, _smem, _regs)
+
+    def joins(self, k: Kernel, shape: tuple, inner: list[int], graph, users: dict) -> bool:
+        # An epilogue pays when it replaces the product in memory; when the product is written
+        # anyway, a consumer is better fused downstream (no second tensor written).
+        return shape == tuple(graph.node(k.anchor).shape) and all(len(users[i]) == 1 for i in inner)
 
     def spec(self, sched: Schedule, k: Kernel) -> tuple[KernelSpec, Binding]:
         g = sched.graph

@@ -11,7 +11,7 @@ from xgbuild.hw import GpuProfile
 from ..emitter import Emitted, Emitter
 from ..launch_abi import Frame, Launch, Variant, align
 from ...ir.graph import Node, Op
-from ..schedule import Kernel, Schedule
+from ..kernel import Kernel, Schedule
 from ..spec import Binding, KernelSpec
 from ..triton_src import rowwise
 from .base import Config, KernelTemplate, Problem, make_config, next_pow2
@@ -69,6 +69,22 @@ class RowwiseTemplate(KernelTemplate):
     params = ("BLOCK_N", "SINGLE")
     sizes = ("rows", "cols", "passes")
     rules = (_single_fits, _loop_block, _threads)
+
+    def joins(self, k: Kernel, shape: tuple, inner: list[int], graph, users: dict) -> bool:
+        if k.reduce_dims != (len(k.shape) - 1,):
+            return False                # a reduction over other dims stands alone
+        full, keep, row = tuple(k.shape), tuple(k.shape[:-1]) + (1,), tuple(k.shape[:-1])
+        fits = shape in {full, keep, row}
+        # Row values are one scalar per program: a node of the full shape may mix them only in
+        # their kept form ([T, 1]); a [T] value would broadcast along the row instead.
+        held = [tuple(graph.node(i).shape) for i in inner]
+        if shape == full:
+            return fits and all(s in (full, keep, ()) for s in held)
+        return fits and all(s in (keep, row, ()) and (s == () or len(s) == len(shape)) for s in held)
+
+    def takes_reduction(self, k: Kernel, shape: tuple) -> bool:
+        # Another reduction over the same rows: the row is already in registers.
+        return tuple(k.shape) == shape and k.reduce_dims == (len(shape) - 1,)
 
     def spec(self, sched: Schedule, k: Kernel) -> tuple[KernelSpec, Binding]:
         domain = tuple(k.shape)
