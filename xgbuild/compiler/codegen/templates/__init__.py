@@ -8,8 +8,8 @@ in `TEMPLATES` (a unit test checks that every kind has a complete template).
 from __future__ import annotations
 
 from ..emitter import Emitted, Emitter
-from ..launch_abi import Variant
 from ..kernel import Kernel, Schedule
+from ..launch_abi import Variant
 from ..spec import KINDS, Binding, KernelSpec
 from . import attention, elementwise, matmul, rowwise
 from .base import KernelTemplate, Problem

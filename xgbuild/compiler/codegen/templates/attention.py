@@ -10,10 +10,10 @@ import math
 from xgbuild.hw import GpuProfile
 
 from ....dtypes import TORCH_DTYPES
-from ..emitter import Emitted, Emitter
-from ..launch_abi import Frame, Launch, Variant, align
 from ...ir.graph import Op
+from ..emitter import Emitted, Emitter
 from ..kernel import Kernel, Schedule
+from ..launch_abi import Frame, Launch, Variant, align
 from ..spec import Binding, KernelSpec, LocalNode, const
 from ..triton_attention import attention, causal
 from .base import Config, KernelTemplate, Problem, config_key, make_config, next_pow2

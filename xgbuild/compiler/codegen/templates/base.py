@@ -26,8 +26,8 @@ from typing import Callable
 from xgbuild.hw import GpuProfile
 
 from ..emitter import Emitted, Emitter
-from ..launch_abi import Frame, Launch, Variant
 from ..kernel import Kernel, Schedule
+from ..launch_abi import Frame, Launch, Variant
 from ..spec import KINDS, Binding, KernelSpec
 
 Config = dict[str, int]  # keys sorted; always includes num_warps and num_stages
@@ -110,7 +110,7 @@ class KernelTemplate(ABC):
     # --- fusion (the scheduler asks) -------------------------------------------------------
     def joins(self, k: Kernel, shape: tuple, inner: list[int], graph, users: dict) -> bool:
         """May an element-wise node of `shape`, whose inputs `inner` kernel `k` computes, join
-        `k` (of this kind)? Most kinds take no epilogue."""
+        `k` (of this kind)? By default nothing joins (attention's chain is matched whole)."""
         return False
 
     def takes_reduction(self, k: Kernel, shape: tuple) -> bool:

@@ -8,12 +8,12 @@ import math
 
 from xgbuild.hw import GpuProfile
 
-from ...ir.serialize import where as src_text
-from ...ir.graph import Node
 from ....errors import ExecutionError
+from ...ir.graph import Node
+from ...ir.serialize import where as src_text
 from ..emitter import Emitted, Emitter
-from ..launch_abi import Frame, Launch, Variant, align
 from ..kernel import Kernel, Schedule
+from ..launch_abi import Frame, Launch, Variant, align
 from ..spec import Binding, KernelSpec
 from ..triton_src import elementwise, unindex_params
 from .base import Config, KernelTemplate, Problem, make_config, next_pow2

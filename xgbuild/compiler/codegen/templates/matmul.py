@@ -13,8 +13,8 @@ from xgbuild.hw import GpuProfile
 from ....dtypes import TORCH_DTYPES
 from ...ir.graph import Op
 from ..emitter import Emitted, Emitter
-from ..launch_abi import INT32_MAX, Frame, Launch, Variant, align
 from ..kernel import Kernel, Schedule
+from ..launch_abi import INT32_MAX, Frame, Launch, Variant, align
 from ..spec import Binding, KernelSpec
 from ..triton_matmul import matmul
 from .base import Config, KernelTemplate, Problem, config_key, make_config, next_pow2
@@ -36,9 +36,10 @@ PER_TILE_SHAPE = 4
 # targets, whatever the per-thread maximum, once operand fragments and addresses are counted.
 MAX_ACC_REGS_PER_THREAD = 128
 # A k-slice of a tile row is at most this many bytes: 64 bf16, 32 fp32 elements (one 128-byte line,
-# the widest shared-memory swizzle), and never fewer than the smallest BLOCK_K (32, for fp64). On an H100 every bf16 tile ran slower with
-# 256-byte slices (128x256x128 at 2 stages 0.270 ms against 0.182 at BLOCK_K 64, bf16 4096^3), and
-# for fp32/fp64 (CUDA-core FMA dots) operand fragments in registers grow with BLOCK_K.
+# the widest shared-memory swizzle), and never fewer than the smallest BLOCK_K (32, for fp64). On an
+# H100 every bf16 tile ran slower with 256-byte slices (128x256x128 at 2 stages 0.270 ms against
+# 0.182 at BLOCK_K 64, bf16 4096^3), and for fp32/fp64 (CUDA-core FMA dots) operand fragments in
+# registers grow with BLOCK_K.
 MAX_K_SLICE_BYTES = 128
 
 
@@ -221,8 +222,9 @@ class MatmulTemplate(KernelTemplate):
         return False, p.k % config["BLOCK_K"] == 0
 
     def full_space(self, p: Problem) -> list[Config]:
-        # float32 products: exact FMA (TF32X3=0) or three TF32 tensor-core products (see
-        # `_matmul_tf32x3` and the tuner's gate, which admits them only as accurate as float32's own).
+        # float32 products: exact FMA (TF32X3=0) or three TF32 tensor-core products (see the
+        # `_tf32x3` rule, `triton_matmul.py` and the tuner's gate, which admits them only as
+        # accurate as float32's own).
         x3s = (0, 1) if p.dtype == "float32" else (0,)
         return [make_config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, TF32X3=x3,
                             num_warps=w, num_stages=s)

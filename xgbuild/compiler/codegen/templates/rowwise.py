@@ -8,10 +8,10 @@ import math
 
 from xgbuild.hw import GpuProfile
 
-from ..emitter import Emitted, Emitter
-from ..launch_abi import Frame, Launch, Variant, align
 from ...ir.graph import Node, Op
+from ..emitter import Emitted, Emitter
 from ..kernel import Kernel, Schedule
+from ..launch_abi import Frame, Launch, Variant, align
 from ..spec import Binding, KernelSpec
 from ..triton_src import rowwise
 from .base import Config, KernelTemplate, Problem, make_config, next_pow2
