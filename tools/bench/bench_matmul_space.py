@@ -21,13 +21,13 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from xgbuild.compiler.codegen.triton_src import emit  # noqa: E402
+from xgbuild.compiler.codegen.templates import emit  # noqa: E402
 from xgbuild.compiler.driver import compile_source  # noqa: E402
 from xgbuild.hw import load_profile  # noqa: E402
 from xgbuild.tuner.cuda_measure import CudaMeasurer  # noqa: E402
 from xgbuild.tuner.jobs import plan  # noqa: E402
 from xgbuild.tuner.measure import time_gpu  # noqa: E402
-from xgbuild.tuner.space import config_key, make_config  # noqa: E402
+from xgbuild.compiler.codegen.templates.base import config_key, make_config  # noqa: E402
 from xgbuild.tuner.tuner import Compiler, JobData, agrees  # noqa: E402
 
 GEMM = "extern Tensor[{dt}, M, K] A\nextern Tensor[{dt}, K, N] B\ndef main() {{\n    return A @ B\n}}\n"

@@ -25,7 +25,7 @@ def node_errors(name: str, batch: int = 2) -> None:
     import xg
     from torch_models import make
     from xgbuild.compiler.passes.specialize import bind_symbols, specialize
-    from xgbuild.runtime import gpu
+    from xgbuild.runtime import values
     from xgbuild.runtime.cpu import CpuExecutor
 
     model, inputs, dyn = make(name)
@@ -59,17 +59,17 @@ def node_errors(name: str, batch: int = 2) -> None:
     prepared = inner.prepare_inputs(feed, "cuda")
     sg = specialize(inner.graph, bind_symbols(inner.graph, {k: tuple(v.shape) for k, v in prepared.items()}))
     seen: dict[int, torch.Tensor] = {}
-    orig = gpu.Values.__setitem__
+    orig = values.Values.__setitem__
 
     def rec(self, nid, value):
         seen[nid] = value
         orig(self, nid, value)
-    gpu.Values.__setitem__ = rec
+    values.Values.__setitem__ = rec
     ex = inner.cuda_executor(check=False)
     ex.kernels.replay = False
     ex.kernels.run(sg, prepared)
     torch.cuda.synchronize()
-    gpu.Values.__setitem__ = orig
+    values.Values.__setitem__ = orig
     cpu_in = {k: v.cpu() for k, v in prepared.items()}
     c64 = CpuExecutor(float64=True, check=False, timings=False)
     c32 = CpuExecutor(float64=False, check=False, timings=False)

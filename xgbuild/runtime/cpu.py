@@ -19,7 +19,7 @@ from ..compiler.ir.graph import Graph, Node, Op, tree_ids
 from ..compiler.ops import op_def
 from ..compiler.ir.serialize import where as src_text
 from ..errors import ExecutionError
-from .dtypes import FLOAT_DTYPES, TORCH_DTYPES  # noqa: F401 (TORCH_DTYPES re-exported for tests)
+from ..dtypes import FLOAT_DTYPES, TORCH_DTYPES  # noqa: F401 (TORCH_DTYPES re-exported for tests)
 
 
 # The ops whose semantics need this executor's own state (engine inputs, seeded counters, run-time

@@ -25,7 +25,7 @@ from ..compiler.ir.stages import has_stages, rank_share, stage_inputs, stage_pla
 from ..compiler.passes.shard import ShardingError
 from ..errors import EngineError, ExecutionError, InputError, XGError
 from ..settings import DistEnv
-from .dtypes import XG_NAMES
+from ..dtypes import XG_NAMES
 from .engine import Engine, ResultValue, RunResult, _build, _flat
 from .spmd import Group, SpmdExecutor, split_inputs
 

@@ -27,7 +27,7 @@ from ..packager.manifest import build_manifest
 from ..packager.weights import PATH as WEIGHTS_PATH
 from ..packager.weights import load_weights, weights_blob
 from .cpu import CpuExecutor
-from .dtypes import XG_NAMES
+from ..dtypes import XG_NAMES
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import torch
 
 from ..compiler.ir.graph import Node
 from ..errors import ExecutionError
-from .dtypes import TORCH_DTYPES, XG_NAMES
+from ..dtypes import TORCH_DTYPES, XG_NAMES
 
 
 def resolve(name: str) -> Any:

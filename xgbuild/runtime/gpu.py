@@ -1,12 +1,11 @@
 """Runs an engine's kernels: views in torch (no copies), every computed value by a compiled kernel.
 
-The same binding code serves three launchers: the CUDA driver (`KernelLauncher`, the deploy path),
-Triton's interpreter on CPU tensors (tests on hosts without a GPU) and meta tensors (the build
-computes each kernel's layouts at the tuning shape with it, so build and run agree by construction).
-
-For each kernel the executor lines every operand up with the kernel's domain (`expand`, then the
-kernel's dim order), reads the strides, picks the first compiled variant whose assumptions hold
-(`Variant` in codegen/triton_src.py) and launches it with the sizes of this run.
+The executor serves two launchers: the CUDA driver (`KernelLauncher`, the deploy path) and
+Triton's interpreter on CPU tensors (tests on hosts without a GPU). For each kernel it binds the
+run's tensors, picks a compiled variant and its grid through the launch ABI
+(`compiler/codegen/launch.py`, which the tuner uses too), and launches it with the sizes of this
+run; it also records launches for replay, captures CUDA graphs and, on one rank of an SPMD run,
+interleaves a matmul's row blocks with their collectives.
 """
 
 from __future__ import annotations
@@ -20,312 +19,18 @@ from typing import Any, Callable
 
 import torch
 
+from ..compiler.codegen.launch import bind, block_rows, choose, grid_for, rows_of
+from ..compiler.codegen.launch_abi import Compiled, ExternStep, KernelPlan, Launch, arguments
 from ..compiler.codegen.schedule import VIEWS
-from ..compiler.codegen.spec import Binding, KernelSpec
-from ..compiler.codegen.triton_src import Variant, unindex_params
 from ..compiler.ir.graph import COLLECTIVE, Graph, Node, Op, tree_ids
 from ..compiler.ir.serialize import where as src_text
+from ..dtypes import TORCH_DTYPES
 from ..errors import ExecutionError, XGError
-from .cpu import CpuExecutor, RunOutput, index_view
-from .dtypes import TORCH_DTYPES
+from .cpu import CpuExecutor, RunOutput
 from .replay import MAX_REPLAYS, Replay, recipe
+from .values import Collective, Values
 
-INT32_MAX = 2**31 - 1
 MAX_GRAPHS = 4           # captured CUDA graphs kept per executor (each holds its intermediates)
-
-
-@dataclass
-class Compiled:
-    """One compiled variant of a kernel: what to assume, its config, and how to launch it."""
-    variant: Variant
-    config: dict[str, int]
-    params: list[tuple[str, str]]
-    div16: list[str]
-    handle: Any                     # a KernelBinary (CUDA) or a Triton JITFunction (interpreter)
-
-
-@dataclass
-class KernelPlan:
-    spec: KernelSpec
-    binding: Binding
-    variants: list[Compiled]        # fastest first; the last is the generic one
-
-
-@dataclass
-class ExternStep:
-    """A PyTorch operator the engine calls eagerly between kernels (an EXTERN node)."""
-    node: int
-
-
-@dataclass
-class Launch:
-    """What one kernel launch needs, computed from the tensors of this run."""
-    tensors: dict[str, torch.Tensor]
-    ints: dict[str, int]     # sizes and strides by parameter name (matmul: also `batch`)
-    layouts: list            # per operand: ("dense"|strides tuple, shape tuple) as seen in this run
-
-
-# A rank's collective: (node, its input's value, in place?) -> the result, or a callable that waits
-# for it. In place: the input is a buffer nothing else reads, which the collective may overwrite.
-Collective = Callable[..., "torch.Tensor | Callable[[], torch.Tensor]"]
-
-
-class Values:
-    """The node values of one run: views computed on demand from the values they view (never
-    copied where torch can help it), every other node from `base` or set by a kernel.
-
-    Collectives are views of their input within one process. With `collective` (one rank of an
-    SPMD run) they are real: `start(n)` hands the input to it and keeps what comes back, a tensor
-    or a callable that waits for the transfer, called when a consumer first reads the value."""
-
-    def __init__(self, graph: Graph, base: Callable[[Node], torch.Tensor], meta: bool = False,
-                 collective: Collective | None = None) -> None:
-        self.graph, self.base, self.meta, self.collective = graph, base, meta, collective
-        self.vals: dict[int, torch.Tensor] = {}
-        self.pending: dict[int, Callable[[], torch.Tensor]] = {}
-
-    def __call__(self, nid: int) -> torch.Tensor:
-        if nid not in self.vals:
-            n = self.graph.node(nid)
-            if nid in self.pending:
-                self.vals[nid] = self.pending.pop(nid)()
-            elif n.op in COLLECTIVE and self.collective is not None:
-                self.start(n)
-                return self(nid)
-            elif n.op in VIEWS:
-                self.vals[nid] = view(n, [self(i) for i in n.inputs], self.meta)
-            else:
-                self.vals[nid] = self.base(n)
-        return self.vals[nid]
-
-    def start(self, n: Node) -> None:
-        """Issue collective `n` on its input's value (computed by now)."""
-        if n.id in self.vals or n.id in self.pending:
-            return
-        assert self.collective is not None
-        out = self.collective(n, self(n.inputs[0]))
-        if isinstance(out, torch.Tensor):
-            self.vals[n.id] = out
-        else:
-            self.pending[n.id] = out
-
-    def __setitem__(self, nid: int, value: torch.Tensor) -> None:
-        self.vals[nid] = value
-
-
-def view(n: Node, inputs: list[torch.Tensor], meta: bool = False) -> torch.Tensor:
-    """A view node applied to its inputs' values (zero-copy where torch can; run-time indices read
-    back to the host, or taken as 0 on `meta` tensors, where only layouts matter)."""
-    x = inputs[0]
-    if n.op is Op.RESHAPE:
-        return x.reshape(tuple(n.shape))
-    if n.op is Op.TRANSPOSE:
-        return x.transpose(n.attr("dim0"), n.attr("dim1"))
-    if n.op in COLLECTIVE:
-        return x                        # one process holds every shard
-    if n.op is Op.INDEX:
-        return index_view(n, x, lambda k: 0 if meta else int(inputs[k].item()))
-    raise ExecutionError(f"internal: `{n.op.value}` is not a view")
-
-
-def _align(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """`t` broadcast to `shape` (numpy rules: leading dims added)."""
-    if t.dim() < len(shape):
-        t = t.reshape((1,) * (len(shape) - t.dim()) + tuple(t.shape))
-    return t.expand(shape)
-
-
-def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
-         outputs: list[torch.Tensor]) -> Launch:
-    """Operands lined up with the domain, and the sizes, for one launch of `plan`."""
-    spec, b = plan.spec, plan.binding
-    node = graph.node(b.domain)
-    domain = tuple(graph.node(node.inputs[0]).shape) if b.domain_from == "input0" else tuple(node.shape)
-    tensors: dict[str, torch.Tensor] = {}
-    ints: dict[str, int] = {}
-    layouts: list = []
-
-    if spec.kind == "rowwise":
-        kdom = tuple(domain[d] for d in b.perm)
-        rows = kdom[:spec.row_dims]
-    elif spec.kind == "matmul":
-        # A vector operand is a matrix of one row (A) or one column (B): the kernel's domain is
-        # always batch + (M, N), and values shaped like the product gain that size-1 dim.
-        a_shape, b_shape = (tuple(graph.node(i).shape) for i in node.inputs[:2])
-        a_vec, b_vec = len(a_shape) == 1, len(b_shape) == 1
-        K = int(a_shape[-1])
-        M = 1 if a_vec else int(a_shape[-2])
-        N = 1 if b_vec else int(b_shape[-1])
-        batch = domain[:len(domain) - (not a_vec) - (not b_vec)]
-        kdom = batch + (M, N)
-
-        def to_kdom(x: torch.Tensor) -> torch.Tensor:
-            x = _align(x, domain)
-            if a_vec:
-                x = x.unsqueeze(len(batch))
-            return x.unsqueeze(-1) if b_vec else x
-    elif spec.kind == "attention":
-        # Domain: batch + (T, DV), the output's; q is batch + (T, D), kT batch + (D, S), v
-        # batch + (S, DV), and what the score chain reads lines up with the scores, batch + (T, S).
-        jq, jk, jv = spec.matmul
-        q_shape, k_shape = (tuple(graph.node(b.operands[j]).shape) for j in (jq, jk))
-        batch = domain[:-2]
-        T, D, S, DV = int(q_shape[-2]), int(q_shape[-1]), int(k_shape[-1]), int(domain[-1])
-        want_of = {jq: batch + (T, D), jk: batch + (D, S), jv: batch + (S, DV)}
-        kdom = domain
-    else:
-        kdom = domain
-
-    for j, (nid, (_dtype, level)) in enumerate(zip(b.operands, spec.operands)):
-        t = value(nid)
-        if level == "scalar":
-            aligned = t.reshape(())
-        elif spec.kind == "attention":
-            aligned = _align(t, want_of.get(j, batch + (T, S)))
-        elif level in ("gather", "table"):
-            aligned = t                         # an unindex input or a gather's table, in its own shape
-        elif level == "lead":
-            # A gather's indices line up with the domain's leading dims, the same along the rest.
-            aligned = t[(...,) + (None,) * (len(kdom) - t.dim())].expand(kdom)
-        elif spec.kind == "matmul" and j in spec.matmul:
-            want = batch + ((M, K) if j == spec.matmul[0] else (K, N))
-            if j == spec.matmul[1] and b_vec:
-                t = t.reshape(K, 1)
-            aligned = _align(t, want)
-        elif spec.kind == "matmul":
-            aligned = to_kdom(t)
-        elif spec.kind == "rowwise":
-            if level == "row":
-                if t.dim() == len(domain) and t.shape[-1] == 1:
-                    t = t.squeeze(-1)           # the kept form [T, 1] of a row value
-                aligned = _align(t, rows)
-            else:
-                aligned = _align(t, domain).permute(b.perm)
-        else:
-            aligned = _align(t, kdom)
-        tensors[f"p{j}"] = aligned
-        if level == "scalar":
-            layouts.append(("dense", ()))
-            continue
-        dense = aligned.is_contiguous() and level not in ("gather", "table")
-        layouts.append(("dense" if dense else tuple(aligned.stride()), tuple(aligned.shape)))
-        for d, s in enumerate(aligned.stride()):
-            ints[f"p{j}_s{d}"] = int(s)
-    for i, out in enumerate(outputs):
-        tensors[f"q{i}"] = out
-        if spec.kind == "rowwise" and out.dim() == len(domain) and len(domain):
-            for d, s in enumerate(out.permute(b.perm).stride()):   # full-level outputs in kernel order
-                ints[f"q{i}_s{d}"] = int(s)
-
-    if spec.kind == "elementwise":
-        ints["numel"] = math.prod(kdom)
-        for k, n in enumerate(spec.nodes):
-            if n.op == "unindex":
-                ints.update(_unindex_ints(k, n, kdom, tensors, graph.node(b.outputs[0]) if b.outputs else None))
-            elif n.op == "gather":
-                ints[f"g{k}_rows"] = int(tensors[f"p{n.args[0][1]}"].shape[0])
-    elif spec.kind == "rowwise":
-        ints["R"], ints["C"] = math.prod(rows), math.prod(kdom[spec.row_dims:])
-    elif spec.kind == "attention":
-        ints["M"], ints["N"], ints["K"], ints["DV"], ints["batch"] = T, S, D, DV, math.prod(batch)
-    else:
-        ints["M"], ints["N"], ints["K"], ints["batch"] = M, N, K, math.prod(batch)
-    for d, size in enumerate(batch if spec.kind in ("matmul", "attention") else kdom):   # the sizes kernels unravel
-        ints[f"d{d}"] = int(size)
-    return Launch(tensors, ints, layouts)
-
-
-def _unindex_ints(k: int, n, shape: tuple, tensors: dict, node: Node | None) -> dict[str, int]:
-    """An `unindex` node's slice and index arguments; run-time indices read back to the host and
-    bounds-checked as the CPU executor checks them (0 on meta tensors, where only layouts matter)."""
-    items = dict(n.attrs)["items"]
-
-    def index(pos: int) -> int:
-        t = tensors[f"p{n.args[pos][1]}"]
-        return 0 if t.device.type == "meta" else int(t.item())
-
-    out = unindex_params(k, items, shape, index)
-    for a, item in enumerate(items):
-        if item[0] != "s":
-            at, size = out[f"u{k}_{a}_at"], int(shape[a])
-            if not -size <= at < size:
-                where = f" at {src_text(node.src)}" if node is not None and node.src else ""
-                raise ExecutionError(f"index {at} is out of bounds for dimension {a} of size {size}{where}")
-            out[f"u{k}_{a}_at"] = at % size
-    return out
-
-
-def holds(c: Compiled, launch: Launch, spec: KernelSpec) -> bool:
-    """Do this launch's arguments satisfy variant `c`'s assumptions?"""
-    v = c.variant
-    if not v.wide:
-        for name, t in launch.tensors.items():
-            extent = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()) if size > 0)
-            if t.numel() > INT32_MAX or extent > INT32_MAX:
-                return False
-        if any(abs(x) > INT32_MAX for x in launch.ints.values()):
-            return False
-        if spec.kind == "matmul" and math.prod(launch.tensors["q0"].shape) > INT32_MAX:
-            return False
-    for j, lay in enumerate(v.layouts):
-        seen, shape = launch.layouts[j]
-        if lay == "dense":
-            if seen != "dense":
-                return False
-        else:
-            strides = launch.tensors[f"p{j}"].stride() if spec.operands[j][1] != "scalar" else ()
-            for d, want in enumerate(lay):
-                if want is not None and shape[d] > 1 and strides[d] != want:
-                    return False
-    if v.aligned:
-        if any(t.data_ptr() % 16 for t in launch.tensors.values() if t.device.type != "meta"):
-            return False
-        if any(launch.ints[name] % 16 for name in c.div16):
-            return False
-    if v.single and spec.kind == "attention" and launch.ints["K"] > c.config["BLOCK_D"]:
-        return False                    # q's rows are loaded once, whole
-    if v.single and spec.kind == "rowwise" and launch.ints["C"] > c.config["BLOCK_N"]:
-        return False
-    if v.even_k and launch.ints["K"] % c.config["BLOCK_K"]:
-        return False
-    return True
-
-
-GRID_YZ_MAX = 65535      # CUDA's limit on a grid's y and z extents
-
-
-def grid_for(c: Compiled, spec: KernelSpec, launch: Launch) -> tuple[int, int, int]:
-    grid = _grid(c, spec, launch)
-    if grid[1] > GRID_YZ_MAX:
-        raise ExecutionError(f"kernel {spec.name} would launch {grid[1]} batch programs along the grid's y "
-                             f"dimension, over CUDA's limit of {GRID_YZ_MAX}: run the batch in smaller pieces")
-    return grid
-
-
-def _grid(c: Compiled, spec: KernelSpec, launch: Launch) -> tuple[int, int, int]:
-    if spec.kind == "elementwise":
-        return (-(-launch.ints["numel"] // c.config["BLOCK"]), 1, 1)
-    if spec.kind == "rowwise":
-        return (launch.ints["R"], 1, 1)
-    if spec.kind == "attention":
-        tiles = -(-launch.ints["M"] // c.config["BLOCK_M"]) * -(-launch.ints["DV"] // c.config["BLOCK_DV"])
-        return (tiles, launch.ints["batch"], 1)
-    tiles = -(-launch.ints["M"] // c.config["BLOCK_M"]) * -(-launch.ints["N"] // c.config["BLOCK_N"])
-    return (tiles, launch.ints["batch"], 1)
-
-
-def arguments(c: Compiled, launch: Launch) -> list:
-    args = []
-    for name, _ty in c.params:
-        args.append(launch.tensors[name] if name in launch.tensors else launch.ints[name])
-    return args
-
-
-def choose(plan: KernelPlan, launch: Launch) -> Compiled:
-    for c in plan.variants:
-        if holds(c, launch, plan.spec):
-            return c
-    raise ExecutionError(f"internal: no variant of kernel {plan.spec.name} accepts this launch")
 
 
 def _outputs(graph: Graph, value: Values, shared: dict) -> dict[int, torch.Tensor]:
@@ -484,7 +189,7 @@ class KernelExecutor:
             kinds = {n.op for n, _ in nodes}
             if len(kinds) > 1:
                 continue
-            rows = _matmul_rows(self.plans[index], graph)
+            rows = block_rows(self.plans[index], graph)
             src = graph.node(nodes[0][0].inputs[0])
             row_bytes = math.prod(src.shape[1:]) * TORCH_DTYPES[src.dtype].itemsize
             most = self.row_blocks
@@ -513,7 +218,7 @@ class KernelExecutor:
                 results[n.id] = torch.empty(tuple(n.shape), dtype=TORCH_DTYPES[n.dtype], device=self.device)
         for ranges, (b0, b1) in zip(blocks.launches, blocks.spans):
             for r0, r1 in ranges or [(0, 0)]:
-                part = _rows_of(launch, plan.spec, r0, r1) if ranges else launch
+                part = rows_of(launch, plan.spec, r0, r1) if ranges else launch
                 chosen = choose(plan, part)
                 grid = grid_for(chosen, plan.spec, part)
                 if all(grid):
@@ -600,22 +305,6 @@ class Blocks:
     spans: list[tuple[int, int]]
 
 
-def _matmul_rows(plan: KernelPlan, graph: Graph) -> int:
-    """The rows of a 2-D matmul kernel's product (no batch dims, no gathered operands, every output
-    shaped like the product, B read by the product alone), or 0 for a kernel that cannot run in
-    blocks of rows. (A block reads B whole and the rest at its rows: an operand that is B and also
-    read by the epilogue, say `W @ G + G`, or A too, would need both at once.)"""
-    spec, b = plan.spec, plan.binding
-    node = graph.node(b.domain)
-    flat = spec.kind == "matmul" and node.op is Op.MATMUL and len(node.shape) == 2 and all(
-        len(graph.node(i).shape) == 2 for i in node.inputs[:2]) and all(
-        level not in ("gather", "table", "lead") for _dtype, level in spec.operands) and all(
-        tuple(graph.node(o).shape) == tuple(node.shape) for o in b.outputs)
-    ja, jb = spec.matmul[:2] if flat else (0, 0)
-    epilogue_reads_b = any(arg[:2] == ("o", jb) for n in spec.nodes if n.op != "matmul" for arg in n.args)
-    return int(node.shape[0]) if flat and ja != jb and not epilogue_reads_b else 0
-
-
 def _spans(plan: KernelPlan, rows: int, most: int) -> list[tuple[int, int]]:
     """`rows` in up to `most` ranges of whole tiles (the largest BLOCK_M of the kernel's variants);
     one range where that makes fewer than two."""
@@ -625,25 +314,6 @@ def _spans(plan: KernelPlan, rows: int, most: int) -> list[tuple[int, int]]:
         return [(0, rows)]
     step = -(-tiles // min(most, tiles)) * tile
     return [(r, min(r + step, rows)) for r in range(0, rows, step)]
-
-
-def _rows_of(launch: Launch, spec: KernelSpec, r0: int, r1: int) -> Launch:
-    """A 2-D matmul kernel's launch restricted to output rows r0..r1: A's rows and those of every
-    operand and output shaped like the product, B whole (sizes and strides otherwise the same)."""
-    jb = spec.matmul[1]
-    tensors: dict[str, torch.Tensor] = {}
-    layouts: list = []
-    for name, t in launch.tensors.items():
-        j = int(name[1:])
-        whole = name[0] == "p" and (j == jb or spec.operands[j][1] == "scalar")
-        tensors[name] = t if whole else t[r0:r1]
-        if name[0] == "p":
-            if spec.operands[j][1] == "scalar":
-                layouts.append(("dense", ()))
-            else:
-                part = tensors[name]
-                layouts.append(("dense" if part.is_contiguous() else tuple(part.stride()), tuple(part.shape)))
-    return Launch(tensors, {**launch.ints, "M": r1 - r0}, layouts)
 
 
 def _all_done(waits: list, whole: torch.Tensor) -> Callable[[], torch.Tensor]:

@@ -56,9 +56,9 @@ def plans_from_manifest(manifest: dict) -> list:
     """An engine's launch plans with each variant's Triton source (re-emitted from its spec and
     config, as the build compiled it) as an interpreted function instead of a cubin."""
     from ..compiler.codegen.build import load_function
-    from ..compiler.codegen.triton_src import Variant, emit
+    from ..compiler.codegen.launch_abi import Compiled, Variant
+    from ..compiler.codegen.templates import emit
     from ..tuner.link import plans_from_manifest as plans
-    from .gpu import Compiled
 
     def interpreted(spec, v: dict) -> Compiled:
         variant, cfg = Variant.from_json(v["variant"]), dict(v["config"])
@@ -89,14 +89,15 @@ def check_graph(graph: Any, inputs: dict | list[dict], dims: dict[str, int], tar
     import torch
 
     from ..compiler.codegen.build import load_function
-    from ..compiler.codegen.triton_src import Variant, emit
+    from ..compiler.codegen.launch_abi import Compiled, ExternStep, KernelPlan, Variant
+    from ..compiler.codegen.templates import emit
     from ..compiler.passes.specialize import bind_symbols, specialize
     from ..hw import load_profile
     from ..tuner.jobs import plan, tuning_env
     from ..tuner.space import default_config
     from ..tuner.tuner import Tuner
     from .cpu import CpuExecutor
-    from .gpu import Compiled, ExternStep, KernelExecutor, KernelPlan
+    from .gpu import KernelExecutor
 
     jobs, launches = plan(graph, tuning_env(graph, dims))
     tuner = Tuner(load_profile(target), policy="predict")

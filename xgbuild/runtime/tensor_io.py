@@ -30,7 +30,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from .dtypes import TORCH_DTYPES, XG_NAMES as _XG_NAMES, xg_dtype  # noqa: F401 (re-exported)
+from ..dtypes import TORCH_DTYPES, XG_NAMES as _XG_NAMES, xg_dtype  # noqa: F401 (re-exported)
 
 SUFFIXES = (".npz", ".safetensors", ".pt", ".pth")
 _FORMAT_NAMES = {".npz": ".npz archive", ".safetensors": "safetensors file",

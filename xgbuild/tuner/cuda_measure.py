@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from ..compiler.codegen.triton_src import Emitted, Variant
+from ..compiler.codegen.emitter import Emitted
+from ..compiler.codegen.launch import bind, grid_for, holds
+from ..compiler.codegen.launch_abi import Compiled, KernelPlan, Variant, arguments
 from ..hw import GpuProfile
 from ..runtime.cuda import KernelBinary, KernelLauncher
-from ..runtime.dtypes import TORCH_DTYPES
-from ..runtime.gpu import Compiled, KernelPlan, arguments, bind, grid_for, holds
+from ..dtypes import TORCH_DTYPES
 from .jobs import Job
 from .measure import cuda_gpu_model, matches_target, time_gpu
 

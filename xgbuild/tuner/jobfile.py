@@ -68,7 +68,7 @@ def job_from_json(d: dict) -> "Job":
     from ..compiler.codegen.spec import Binding, KernelSpec
     from ..compiler.ir.serialize import from_json as graph_from_json
     from .jobs import Job
-    from .space import Problem
+    from ..compiler.codegen.templates.base import Problem
     try:
         job = Job(KernelSpec.from_canonical(d["spec"]), Problem(**d["problem"]),
                   tuple(_layout_from(lay) for lay in d["layouts"]),

@@ -13,14 +13,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..compiler.codegen.launch import bind
+from ..compiler.codegen.launch_abi import Compiled, KernelPlan, Launch, Variant
 from ..compiler.codegen.schedule import schedule
-from ..compiler.codegen.spec import Binding, KernelSpec, kernel_specs
+from ..compiler.codegen.spec import Binding, KernelSpec
+from ..compiler.codegen.templates import kernel_specs, template
+from ..compiler.codegen.templates.base import Problem
 from ..compiler.ir.graph import COLLECTIVE, Graph, Node
 from ..compiler.passes.specialize import specialize
-from ..runtime.dtypes import TORCH_DTYPES
-from ..runtime.gpu import Compiled, KernelPlan, Values, bind
-from ..compiler.codegen.triton_src import Variant
-from .space import Problem
+from ..dtypes import TORCH_DTYPES
+from ..runtime.values import Values
 
 DEFAULT_DIM = 1024     # a symbolic dim the build was not told about is tuned at this size
 
@@ -41,14 +43,7 @@ class Job:
 
     @property
     def shape_text(self) -> str:
-        p = self.problem
-        if p.kind == "matmul":
-            return f"{p.batch}x{p.m}x{p.n}x{p.k}"
-        if p.kind == "attention":
-            return f"{p.batch}x{p.m}x{p.n}x{p.k}x{p.dv}" + ("c" if p.causal else "")
-        if p.kind == "rowwise":
-            return f"{p.rows}x{p.cols}"
-        return f"{p.numel}"
+        return template(self.problem.kind).shape_text(self.problem)
 
     def shape_part(self) -> dict:
         return {"sizes": {k: v for k, v in sorted(self.sizes.items()) if not k.startswith("p")},
@@ -58,9 +53,7 @@ class Job:
         """What the tuned kernel may assume: this job's layouts, int32 offsets where they fit,
         aligned sizes where the tuning shape has them, a single row tile where it fits."""
         wide = any(v > 2**31 - 1 for v in self.sizes.values()) or self.max_extent > 2**31 - 1
-        single = (self.problem.kind == "rowwise" and config.get("SINGLE", 0) == 1) or \
-            (self.problem.kind == "attention" and self.problem.k <= config["BLOCK_D"])
-        even_k = self.problem.kind == "matmul" and self.problem.k % config["BLOCK_K"] == 0
+        single, even_k = template(self.problem.kind).assumptions(self.problem, config)
         # Sizes and run-time strides compiled as multiples of 16 must be so at the tuning shape.
         hinted = ["N", "K", "C", "DV", "numel"] + [f"p{j}_s{d}" for j, lay in enumerate(self.layouts)
                                               if lay != "dense" for d, s in enumerate(lay) if s is None]
@@ -75,11 +68,12 @@ def tuning_env(graph: Graph, dims: dict[str, int] | None) -> dict[str, int]:
     return {s: dims.get(s, DEFAULT_DIM) for s in sorted(graph.symbols())}
 
 
-def _layout_of(seen, strides: tuple, matmul: bool) -> object:
+def _layout_of(seen, strides: tuple, tiled: bool) -> object:
     """A variant's layout assumption from what the tuning shape shows: "dense", or per dim a baked
-    stride of 0 or 1 (run-time otherwise). Matmul operands always use strides (tiles are 2-D)."""
-    kind, _shape = seen
-    if kind == "dense" and not matmul:
+    stride of 0 or 1 (run-time otherwise). Operands read as 2-D tiles (matmul, attention: the
+    template's `tiled`) always use strides."""
+    form, _shape = seen
+    if form == "dense" and not tiled:
         return "dense"
     return tuple(s if s in (0, 1) else None for s in strides)
 
@@ -88,7 +82,7 @@ def _meta(n: Node) -> torch.Tensor:
     return torch.empty(tuple(n.shape), dtype=TORCH_DTYPES[n.dtype], device="meta")
 
 
-def _problem(spec: KernelSpec, launch, graph: Graph, outputs: list[int]) -> Problem:
+def _problem(spec: KernelSpec, launch: Launch, graph: Graph, outputs: list[int]) -> Problem:
     read = 0
     widest = 1
     for j, (dtype, level) in enumerate(spec.operands):
@@ -101,32 +95,9 @@ def _problem(spec: KernelSpec, launch, graph: Graph, outputs: list[int]) -> Prob
         read += unique * item
         widest = max(widest, item)
     written = sum(math.prod(graph.node(n).shape) * TORCH_DTYPES[graph.node(n).dtype].itemsize for n in outputs)
-    ints = launch.ints
     work = sum(1 for n in spec.nodes if n.op != "matmul")
     dtype = spec.operands[0][0] if spec.operands else spec.nodes[spec.outputs[0]].dtype
-    if spec.kind == "matmul":
-        a = spec.operands[spec.matmul[0]][0]
-        batch = ints["batch"]
-        flops = 2.0 * batch * ints["M"] * ints["N"] * ints["K"] + work * batch * ints["M"] * ints["N"]
-        return Problem("matmul", a, flops, float(read + written), batch=batch, m=ints["M"], n=ints["N"],
-                       k=ints["K"], elem_bytes=TORCH_DTYPES[a].itemsize)
-    if spec.kind == "attention":
-        from ..compiler.codegen.triton_attention import causal
-        jq, jv = spec.matmul[0], spec.matmul[2]
-        b, t, s, d, dv = ints["batch"], ints["M"], ints["N"], ints["K"], ints["DV"]
-        skip = causal(spec)
-        chain = sum(1 for n in spec.nodes if n.op not in ("matmul", "iota"))
-        flops = (2.0 * b * t * s * (d + dv) + chain * b * t * s) * (0.5 if skip else 1.0)
-        return Problem("attention", spec.operands[jq][0], flops, float(read + written), batch=b, m=t, n=s, k=d,
-                       dv=dv, causal=skip, elem_bytes=TORCH_DTYPES[spec.operands[jv][0]].itemsize)
-    if spec.kind == "rowwise":
-        passes = sum(2 if n.op in ("softmax", "log_softmax") else 1 for n in spec.nodes
-                     if n.op in ("sum", "mean", "max", "min", "softmax", "log_softmax"))
-        flops = float(work * ints["R"] * max(1, ints["C"]))
-        return Problem("rowwise", dtype, flops, float(read + written), rows=ints["R"], cols=ints["C"],
-                       passes=passes, elem_bytes=widest)
-    return Problem("elementwise", dtype, float(work * ints["numel"]), float(read + written), numel=ints["numel"],
-                   elem_bytes=widest)
+    return template(spec.kind).problem(spec, launch.ints, dtype, work, float(read + written), widest)
 
 
 def plan(graph: Graph, env: dict[str, int], world: int = 1) -> tuple[list[Job], list[tuple[str, Binding]]]:
@@ -152,7 +123,7 @@ def plan(graph: Graph, env: dict[str, int], world: int = 1) -> tuple[list[Job], 
     launches: list[tuple[str, Binding | int]] = []
     generic = Compiled(Variant.generic(), {"BLOCK": 1}, [], [], None)
     for kernel in sched.kernels:
-        if kernel.kind == "extern":
+        if kernel.extern:
             launches.append(("extern", kernel.anchor))
             continue
         spec, binding = next(pairs)
@@ -160,7 +131,7 @@ def plan(graph: Graph, env: dict[str, int], world: int = 1) -> tuple[list[Job], 
                 for n in binding.outputs]
         launch = bind(KernelPlan(spec, binding, [generic]), sg, value, outs)
         layouts = tuple("dense" if spec.operands[j][1] == "scalar" else
-                        _layout_of(seen, tuple(launch.tensors[f"p{j}"].stride()), spec.kind in ("matmul", "attention"))
+                        _layout_of(seen, tuple(launch.tensors[f"p{j}"].stride()), template(spec.kind).tiled)
                         for j, seen in enumerate(launch.layouts))
         problem = _problem(spec, launch, sg, list(binding.outputs))
         extent = max([t.numel() for t in launch.tensors.values()] + [0])

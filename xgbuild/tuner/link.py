@@ -17,12 +17,12 @@ from typing import Any
 
 from ..compiler.codegen.schedule import ScheduleError
 from ..compiler.codegen.spec import Binding, KernelSpec
-from ..compiler.codegen.triton_src import Variant, emit
+from ..compiler.codegen.launch_abi import Compiled, ExternStep, KernelPlan, Variant
+from ..compiler.codegen.templates import emit
 from ..compiler.ir.graph import Graph
 from ..errors import CompileError
 from ..hw import GpuProfile
 from ..runtime.cuda import KernelBinary
-from ..runtime.gpu import Compiled, ExternStep, KernelPlan
 from .jobs import Job, plan, tuning_env
 from .progress import TuneProgress
 from .space import default_config

@@ -26,18 +26,21 @@ from typing import Any, Protocol
 import torch
 
 from ..cache.keys import CacheKey
+from ..compiler.codegen.emitter import Emitted
+from ..compiler.codegen.launch_abi import Variant
 from ..compiler.codegen.schedule import VIEWS
-from ..compiler.codegen.triton_src import Emitted, Variant, emit
+from ..compiler.codegen.templates import emit
+from ..compiler.codegen.templates.base import config_key
 from ..compiler.ir.graph import Node, Op
 from ..errors import XGError
 from ..hw import GpuProfile
 from ..runtime.cpu import CpuExecutor
 from ..runtime.cuda import KernelBinary
-from ..runtime.dtypes import FLOAT_DTYPES, TORCH_DTYPES
-from ..runtime.gpu import Values
+from ..dtypes import FLOAT_DTYPES, TORCH_DTYPES
+from ..runtime.values import Values
 from .jobs import Job
 from .predict import rank
-from .space import candidates, config_key, default_config
+from .space import candidates, default_config
 
 POLICIES = ("measure", "cache", "predict", "strict")
 SPACE_VERSION = 2

@@ -92,8 +92,8 @@ def inputs(sig: dict, dims: dict[str, int], rows: int, seed: int) -> dict[str, t
 def generic_plans(graph: Graph, dims: dict[str, int]) -> list:
     """The graph's launches, each with only its generic variant (interpreted)."""
     from xgbuild.compiler.codegen.build import load_function
-    from xgbuild.compiler.codegen.triton_src import Variant, emit
-    from xgbuild.runtime.gpu import Compiled, KernelPlan
+    from xgbuild.compiler.codegen.launch_abi import Compiled, KernelPlan, Variant
+    from xgbuild.compiler.codegen.templates import emit
     from xgbuild.tuner.jobs import plan, tuning_env
     from xgbuild.tuner.space import default_config
 

@@ -13,13 +13,15 @@ from pathlib import Path
 import pytest
 
 from xgbuild.compiler.codegen.schedule import schedule
-from xgbuild.compiler.codegen.spec import kernel_specs
+from xgbuild.compiler.codegen.templates import kernel_specs
 from xgbuild.compiler.codegen.triton_attention import causal
 from xgbuild.compiler.driver import compile_file, compile_source
 from xgbuild.hw import load_profile
 from xgbuild.tuner.jobs import plan, tuning_env
 from xgbuild.tuner.predict import floor_ms, predict_ms
-from xgbuild.tuner.space import Problem, attention_smem_bytes, candidates, default_config, full_space, prune
+from xgbuild.compiler.codegen.templates.attention import smem_bytes as attention_smem_bytes
+from xgbuild.compiler.codegen.templates.base import Problem
+from xgbuild.tuner.space import candidates, default_config, full_space, prune
 
 REPO = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent

@@ -70,7 +70,7 @@ def test_transformer_attention_is_one_fused_kernel_per_layer(name: str) -> None:
     # scaled_dot_product_attention (causal, a [B, 1, 1, S] boolean mask, or none) imports as naive
     # attention; the schedule fuses each layer's into one flash-style kernel.
     from xgbuild.compiler.codegen.schedule import schedule
-    from xgbuild.compiler.codegen.spec import kernel_specs
+    from xgbuild.compiler.codegen.templates import kernel_specs
     from xgbuild.compiler.codegen.triton_attention import causal
     from xgbuild.compiler.importers.torch_export import import_torch
     model, inputs, dyn = make(name)

@@ -7,9 +7,11 @@ import dataclasses
 import pytest
 
 from xgbuild.hw import Measured
+from xgbuild.compiler.codegen.templates.base import config_key, make_config
+from xgbuild.compiler.codegen.templates.roofline import matmul_peak
 from xgbuild.tuner import predict, space
 from xgbuild.tuner.predict import floor_ms, predict_ms, rank
-from xgbuild.tuner.space import candidates, config_key
+from xgbuild.tuner.space import candidates
 
 from .test_space import CHECKED, IDS, PROBLEMS, elementwise, matmul, profile, rowwise
 
@@ -17,7 +19,7 @@ GEMM = matmul(4096, 4096, 4096)
 
 
 def gemm_config(bm: int, bn: int, bk: int = 64, warps: int = 8, stages: int = 3) -> dict:
-    return space.make_config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, TF32X3=0, num_warps=warps,
+    return make_config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, TF32X3=0, num_warps=warps,
                              num_stages=stages)
 
 
@@ -53,7 +55,7 @@ def test_prediction_never_beats_the_roofline(gpu, problem):
             assert ms >= floor >= datasheet * (1 - 1e-12)
             assert ms >= floor_ms(problem, target, config)
             if config.get("TF32X3"):
-                tf32 = predict._matmul_peak("tf32", target)
+                tf32 = matmul_peak("tf32", target)
                 assert top.flops == pytest.approx(tf32 / 3) and ms >= 1e3 * problem.flops * 3 / tf32
 
 
@@ -94,16 +96,16 @@ def test_looped_rows_reread_costs_more_than_one_tile():
     # 32 Ki-column fp32 rows do not stay in L1 or L2 while in progress: the looped form pays for
     # its second read, the single-tile form does not.
     problem = rowwise(4096, 32768, passes=2, dtype="float32", elem_bytes=4)
-    single = space.make_config(BLOCK_N=32768, SINGLE=1, num_warps=16, num_stages=1)
-    looped = space.make_config(BLOCK_N=4096, SINGLE=0, num_warps=8, num_stages=1)
+    single = make_config(BLOCK_N=32768, SINGLE=1, num_warps=16, num_stages=1)
+    looped = make_config(BLOCK_N=4096, SINGLE=0, num_warps=8, num_stages=1)
     h100 = profile("H100")
     assert predict_ms(problem, looped, h100) > 1.5 * predict_ms(problem, single, h100)
 
 
 def test_small_blocks_are_slower_for_streaming():
     problem = elementwise(1 << 28)
-    small = space.make_config(BLOCK=256, num_warps=8, num_stages=1)
-    large = space.make_config(BLOCK=4096, num_warps=4, num_stages=1)
+    small = make_config(BLOCK=256, num_warps=8, num_stages=1)
+    large = make_config(BLOCK=4096, num_warps=4, num_stages=1)
     assert predict_ms(problem, small, profile("H100")) > predict_ms(problem, large, profile("H100"))
 
 

@@ -8,8 +8,11 @@ import pytest
 
 from xgbuild import hw
 from xgbuild.settings import REPO_ROOT
+from xgbuild.compiler.codegen.templates import for_problem, template
+from xgbuild.compiler.codegen.templates import matmul as matmul_template
+from xgbuild.compiler.codegen.templates.base import Problem, config_key, make_config, next_pow2
 from xgbuild.tuner import space
-from xgbuild.tuner.space import Problem, candidates, config_key, default_config, prune
+from xgbuild.tuner.space import candidates, default_config, prune
 
 HW_DIR = REPO_ROOT / "hw"
 CHECKED = ("H100", "A100", "RTX4090", "B200")
@@ -63,14 +66,14 @@ def test_candidates_fit_the_profile(gpu, problem):
     target = profile(gpu)
     configs = candidates(problem, target)
     assert configs, "every problem has at least one candidate"
-    assert len(configs) <= space.MAX_CANDIDATES[problem.kind]
+    assert len(configs) <= template(problem.kind).max_candidates
     for config in configs:
         assert list(config) == sorted(config)
         assert {"num_warps", "num_stages"} <= set(config)
         if problem.kind == "matmul":
-            assert space.matmul_smem_bytes(config, problem.elem_bytes) \
+            assert matmul_template.smem_bytes(config, problem.elem_bytes) \
                 <= target.max_shared_memory_per_block_bytes
-            assert space.acc_regs_per_thread(config, problem) <= 128
+            assert matmul_template.acc_regs_per_thread(config, problem) <= 128
         if problem.kind == "rowwise" and config["SINGLE"] == 1:
             assert config["BLOCK_N"] >= problem.cols
         assert 32 * config["num_warps"] <= 1024
@@ -87,7 +90,7 @@ def test_matmul_candidates_are_a_fraction_of_the_space(gpu):
 
 def test_smem_overflow_is_dropped_with_a_reason():
     problem = matmul(4096, 4096, 4096)
-    big = space.make_config(BLOCK_M=256, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, TF32X3=0, num_warps=8,
+    big = make_config(BLOCK_M=256, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, TF32X3=0, num_warps=8,
                             num_stages=5)
     kept, dropped = prune(problem, [big], profile("H100"))
     assert kept == []
@@ -98,7 +101,7 @@ def test_smem_overflow_is_dropped_with_a_reason():
 
 def test_smem_limit_depends_on_the_profile():
     # 128x128x64 bf16 over 4 stages: 128 KiB + headroom; fits Hopper's 227 KiB, not Ada's 99 KiB.
-    config = space.make_config(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, TF32X3=0, num_warps=8,
+    config = make_config(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, TF32X3=0, num_warps=8,
                                num_stages=4)
     problem = matmul(4096, 4096, 4096)
     assert prune(problem, [config], profile("H100"))[0] == [config]
@@ -122,13 +125,13 @@ def test_limit_cut_is_reported():
 
 def test_register_and_tile_rules():
     problem = matmul(4096, 4096, 4096)
-    too_many_regs = space.make_config(BLOCK_M=256, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, TF32X3=0,
+    too_many_regs = make_config(BLOCK_M=256, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, TF32X3=0,
                                       num_warps=4, num_stages=2)
     _, [(_, reason)] = prune(problem, [too_many_regs], profile("H100"))
     assert reason.startswith("accumulator takes 256 registers per thread")
 
     small = matmul(8, 20, 16)
-    wide = space.make_config(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, TF32X3=0, num_warps=4,
+    wide = make_config(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, TF32X3=0, num_warps=4,
                              num_stages=2)
     _, [(_, reason)] = prune(small, [wide], profile("H100"))
     assert reason == "BLOCK_M 32 > 16, the most a size of 8 needs"
@@ -210,11 +213,11 @@ def test_wrong_keys_and_bad_problems_raise():
     with pytest.raises(ValueError, match="unknown kernel kind"):
         Problem("conv", "float32", 1.0, 1.0)
     with pytest.raises(ValueError, match="needs m >= 1"):
-        Problem("matmul", "bfloat16", 1.0, 1.0, n=4, k=4, elem_bytes=2)
+        for_problem(Problem("matmul", "bfloat16", 1.0, 1.0, n=4, k=4, elem_bytes=2))
     with pytest.raises(ValueError, match="elem_bytes"):
         Problem("elementwise", "float32", 1.0, 1.0, numel=4, elem_bytes=3)
 
 
 def test_next_pow2():
-    assert [space.next_pow2(x) for x in (0, 1, 2, 3, 4, 5, 1000, 1024)] == \
+    assert [next_pow2(x) for x in (0, 1, 2, 3, 4, 5, 1000, 1024)] == \
         [1, 1, 2, 4, 4, 8, 1024, 1024]

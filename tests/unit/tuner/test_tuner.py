@@ -19,7 +19,7 @@ from xgbuild.runtime.cuda import cubin_arch
 from xgbuild.settings import Settings
 from xgbuild.tuner.jobs import plan, tuning_env
 from xgbuild.tuner.link import build_kernels
-from xgbuild.tuner.space import config_key
+from xgbuild.compiler.codegen.templates.base import config_key
 from xgbuild.tuner.tuner import Compiler, JobData, Tuner, TuneError
 
 SRC = """extern Tensor[float32, T, D] X

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .triton_src import Emitted
+from .emitter import Emitted
 
 
 def source_dir() -> Path:

@@ -1,20 +1,8 @@
 """The shared core of Triton code generation: dtypes, variants, parameters, element-wise op code.
 
 Every kernel takes its sizes as integer arguments, so one compiled kernel serves every shape; the
-tuning config fixes the tile sizes. A `Variant` states what the compiled code may assume about the
-arguments of a launch, and the runtime checks it before launching:
-
-- `wide`: index arithmetic in int64 (else every offset must fit in int32);
-- `layouts`: per operand, "dense" (laid out like the domain: one linear index addresses it) or one
-  entry per domain dim: an int stride baked into the code (0 for broadcast, 1 for contiguous) or
-  None (passed at run time);
-- `aligned`: every pointer is 16-byte aligned and every run-time stride and size named in
-  `Emitted.div16` is a multiple of 16 (Triton then vectorises loads);
-- `single` (rowwise): a row fits one tile, so it is loaded once; (attention) the head dim fits
-  BLOCK_D, so q's tile is loaded once;
-- `even_k` (matmul): K is a multiple of BLOCK_K, so the K loop needs no mask.
-
-The generic variant (`Variant.generic`) assumes nothing: it is the fallback every engine carries.
+tuning config fixes the tile sizes, and a `Variant` (`launch_abi.py`) what the code may assume
+about a launch's arguments.
 """
 
 from __future__ import annotations
@@ -23,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..ops import Op, TritonCtx, op_def
+from .launch_abi import Variant
 from .spec import FLOAT, KernelSpec, LocalNode
 
 TL = {"float32": "tl.float32", "bfloat16": "tl.bfloat16", "float16": "tl.float16", "float64": "tl.float64",
@@ -35,28 +24,6 @@ POINTER = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16", "float64
 def compute_dtype(dtype: str) -> str:
     """16-bit floats are computed in fp32 and rounded where the program rounds (casts, stores)."""
     return "float32" if dtype in ("float16", "bfloat16") else dtype
-
-
-@dataclass(frozen=True)
-class Variant:
-    wide: bool = True
-    layouts: tuple = ()           # per operand: "dense" or tuple[int | None, ...]; () = all run-time strides
-    aligned: bool = False
-    single: bool = False
-    even_k: bool = False
-
-    @classmethod
-    def generic(cls) -> "Variant":
-        return cls()
-
-    def to_json(self) -> dict:
-        return {"wide": self.wide, "layouts": [lay if lay == "dense" else list(lay) for lay in self.layouts],
-                "aligned": self.aligned, "single": self.single, "even_k": self.even_k}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Variant":
-        return cls(bool(d["wide"]), tuple(lay if lay == "dense" else tuple(lay) for lay in d["layouts"]),
-                   bool(d["aligned"]), bool(d["single"]), bool(d["even_k"]))
 
 
 @dataclass

@@ -16,13 +16,18 @@ EXTERN (a PyTorch operator run eagerly, `fallback="eager"`) is a step of its own
 Views (RESHAPE of a contiguous value, TRANSPOSE, constant INDEX) are not kernels: a kernel reads
 its inputs through their strides. CONST nodes are folded into the kernels that read them. Every
 other node must land in a kernel: an op with no kernel path is an error, never a CPU fallback.
+Which nodes may join a kernel of a kind is that kind's template's call (`templates/`: `joins`,
+`takes_reduction`, `prologue_of_reduction`); the scheduled kernels are `kernel.py`'s types.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..ir.graph import BINARY, COLLECTIVE, UNARY, Graph, Node, Op, tree_ids
+from .kernel import Kernel, Schedule, ScheduleError
+from .templates import KernelTemplate, template
+from .templates.attention import index_axis
 
 ELEMENTWISE = UNARY | BINARY | {Op.WHERE, Op.FULL, Op.IOTA, Op.RANDN, Op.RAND}
 SOURCES = {Op.FULL, Op.IOTA, Op.RANDN, Op.RAND}     # element-wise ops that read no tensor
@@ -41,57 +46,6 @@ ATTENTION_DTYPES = {"bfloat16", "float16", "float32"}
 SCORE_OPS = UNARY | BINARY | {Op.WHERE}
 # Ops of an index expression evaluated in the kernel (a causal mask: IOTAs compared).
 INDEX_OPS = UNARY | BINARY | {Op.WHERE, Op.FULL}
-
-
-class ScheduleError(ValueError):
-    """An op that has no GPU kernel path (yet): the build stops and says which, and where."""
-
-
-@dataclass
-class Kernel:
-    kind: str                          # "elementwise" | "rowwise" | "matmul" | "attention" | "extern" (no kernel: torch)
-    anchor: int | None                 # the MATMUL or reduction node
-    nodes: list[int] = field(default_factory=list)      # computed in the kernel, topological
-    shape: tuple = ()                  # the iteration domain: output shape (rowwise: the anchor's input)
-    reduce_dims: tuple[int, ...] = ()  # rowwise: the dims of `shape` reduced (the last one when fused)
-    # attention: nodes computed from row/column indices alone (a causal mask from IOTAs), and the
-    # views between them, evaluated inside the kernel instead of read from memory; topological.
-    inlined: list[int] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return f"{self.kind}_{self.nodes[0]}"
-
-
-@dataclass
-class Schedule:
-    graph: Graph
-    kernels: list[Kernel]
-    owner: dict[int, int]              # node id -> index of the kernel that computes it
-    views: set[int]                    # nodes that are views of another node's memory
-    inlined: set[int] = field(default_factory=set)   # computed inside the attention kernels that read them
-
-    def inputs(self, k: Kernel) -> list[int]:
-        """Nodes a kernel reads from memory (INPUTs, other kernels' outputs, views of them)."""
-        inside = set(k.nodes)
-        seen: list[int] = []
-        for nid in k.nodes:
-            for i in self.graph.node(nid).inputs:
-                if i not in inside and i not in seen and i not in k.inlined and \
-                        self.graph.node(i).op is not Op.CONST:
-                    seen.append(i)
-        return seen
-
-    def outputs(self, k: Kernel) -> list[int]:
-        """Nodes a kernel writes: those read outside it, or graph outputs."""
-        inside = set(k.nodes)
-        users = self.graph.users()
-        graph_out = set(tree_ids(self.graph.output))
-        out = []
-        for nid in k.nodes:
-            if nid in graph_out or any(u not in inside for u in users[nid]):
-                out.append(nid)
-        return out
 
 
 def _is_last_dim_reduction(n: Node, x: Node) -> bool:
@@ -117,16 +71,6 @@ class AttentionPattern:
     tree: list[int]         # index expressions the chain reads, computed in the kernel: topological
 
 
-def _index_axis(n: Node, rank: int) -> str | None:
-    """Which score dim an IOTA (or a reshape of one adding size-1 dims) runs along, right-aligned
-    to a domain of `rank` dims: "row" (the query dim), "col" (the key dim), else None."""
-    shape = tuple(n.shape)
-    big = [d for d, size in enumerate(shape) if size != 1]
-    if len(big) != 1 or len(shape) > rank:
-        return None
-    return {0: "col", 1: "row"}.get(len(shape) - 1 - big[0])
-
-
 def _index_tree(graph: Graph, nid: int, rank: int, acc: list[int]) -> bool:
     """Whether node `nid` is a function of row/column indices and constants alone (IOTAs along a
     score dim, through reshapes that add size-1 dims); collects its nodes into `acc`."""
@@ -136,7 +80,7 @@ def _index_tree(graph: Graph, nid: int, rank: int, acc: list[int]) -> bool:
     if len(n.shape) > 2 and any(size != 1 for size in n.shape[:-2]):
         return False                    # varies along a batch dim
     if n.op is Op.IOTA or (n.op is Op.RESHAPE and graph.node(n.inputs[0]).op is Op.IOTA):
-        if _index_axis(n, rank) is None:
+        if index_axis(n, rank) is None:
             return False
         for i in ([n.inputs[0]] if n.op is Op.RESHAPE else []) + [nid]:
             if i not in acc:
@@ -266,28 +210,11 @@ def schedule(graph: Graph) -> Schedule:
         return out
 
     def can_join(k: Kernel, n: Node) -> bool:
-        if n.op not in ELEMENTWISE or n.op in SOURCES or k.kind in ("extern", "attention"):
+        rules = _template(k)
+        if n.op not in ELEMENTWISE or n.op in SOURCES or rules is None:
             return False
-        if k.kind == "rowwise" and k.reduce_dims != (len(k.shape) - 1,):
-            return False                # a reduction over other dims stands alone
-        shape = tuple(n.shape)
-        if k.kind == "elementwise":
-            fits = shape == tuple(k.shape)
-        elif k.kind == "matmul":
-            # An epilogue pays when it replaces the product in memory; when the product is
-            # written anyway, a consumer is better fused downstream (no second tensor written).
-            fits = shape == tuple(graph.node(k.anchor).shape) and all(
-                len(users[i]) == 1 for i in n.inputs if owner.get(i) == owner_index(k))
-        else:
-            full, keep, row = tuple(k.shape), tuple(k.shape[:-1]) + (1,), tuple(k.shape[:-1])
-            fits = shape in {full, keep, row}
-            # Row values are one scalar per program: a node of the full shape may mix them only in
-            # their kept form ([T, 1]); a [T] value would broadcast along the row instead.
-            inner = [tuple(graph.node(i).shape) for i in n.inputs if owner.get(i) == owner_index(k)]
-            if shape == full:
-                fits = fits and all(s in (full, keep, ()) for s in inner)
-            else:
-                fits = fits and all(s in (keep, row, ()) and (s == () or len(s) == len(shape)) for s in inner)
+        inner = [i for i in n.inputs if owner.get(i) == owner_index(k)]
+        fits = rules.joins(k, tuple(n.shape), inner, graph, users)
         # Joining must not make the kernel read a value that itself needs this kernel (a cycle).
         return fits and not any(reaches(p, owner_index(k)) for p in producers(n, owner_index(k)))
 
@@ -332,8 +259,8 @@ def schedule(graph: Graph) -> Schedule:
                 continue
             pidx = owner.get(x.id)
             last = (len(x.shape) - 1,)
-            if pidx is not None and kernels[pidx].kind == "rowwise" and tuple(kernels[pidx].shape) == tuple(x.shape) \
-                    and kernels[pidx].reduce_dims == last \
+            rules = _template(kernels[pidx]) if pidx is not None else None
+            if rules is not None and rules.takes_reduction(kernels[pidx], tuple(x.shape)) \
                     and not any(reaches(p, pidx) for p in producers(n, pidx)):
                 # Another reduction over the same rows: the row is already in registers.
                 kernels[pidx].nodes.append(n.id)
@@ -343,7 +270,7 @@ def schedule(graph: Graph) -> Schedule:
                 prod = kernels[pidx]
                 # Absorb the producer as a prologue when it is an element-wise kernel of the same
                 # shape whose output this reduction alone needs.
-                if prod.kind == "elementwise" and tuple(prod.shape) == tuple(x.shape) and \
+                if rules is not None and rules.prologue_of_reduction(prod, tuple(x.shape)) and \
                         all(u == n.id or owner.get(u) == pidx for u in users[x.id]) and \
                         not any(graph.node(i).op in GATHERS for i in prod.nodes):
                     kernels[pidx] = Kernel("rowwise", n.id, prod.nodes + [n.id], tuple(x.shape), last)
@@ -372,6 +299,11 @@ def schedule(graph: Graph) -> Schedule:
     order = _topological(len(kernels), deps)
     remap = {old: new for new, old in enumerate(order)}
     return Schedule(graph, [kernels[i] for i in order], {n: remap[k] for n, k in owner.items()}, views, inlined)
+
+
+def _template(k: Kernel) -> KernelTemplate | None:
+    """The template whose fusion rules kernel `k` follows (None for a PyTorch operator's step)."""
+    return None if k.extern else template(k.kind)
 
 
 def _topological(count: int, deps: dict[int, set[int]]) -> list[int]:

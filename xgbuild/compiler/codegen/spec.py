@@ -25,10 +25,10 @@ import json
 import math
 from dataclasses import dataclass
 
-from ..ir.graph import Node, Op
-from .schedule import Kernel, Schedule, ScheduleError
 
 FLOAT = {"float16", "bfloat16", "float32", "float64"}
+# The kernel kinds; each has its template in `templates/` (a unit test checks).
+KINDS = ("elementwise", "rowwise", "matmul", "attention")
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class LocalNode:
 
 @dataclass(frozen=True)
 class KernelSpec:
-    kind: str                                   # "elementwise" | "rowwise" | "matmul" | "attention"
+    kind: str                                   # one of KINDS
     rank: int                                   # domain rank (matmul, attention: batch dims + 2)
     operands: tuple[tuple[str, str], ...]       # (dtype, level) per memory read
     nodes: tuple[LocalNode, ...]
@@ -105,162 +105,8 @@ class Binding:
                    tuple(d["perm"]))
 
 
-def _const(value, dtype: str) -> tuple:
+def const(value, dtype: str) -> tuple:
+    """A constant argument of a local node, in canonical JSON form."""
     if isinstance(value, float) and not math.isfinite(value):
         value = repr(value)             # "inf", "-inf", "nan": canonical JSON has no non-finite floats
     return ("c", value, dtype)
-
-
-def _attention_spec(sched: Schedule, k: Kernel) -> tuple[KernelSpec, Binding]:
-    """An attention kernel: local nodes `matmul(q, kT)`, the score chain (with the index expressions
-    it reads, `iota` at level "row" or "col"), `softmax`, casts, `matmul(p, v)`. Operands read by
-    the chain are at level "full" (lined up with the scores) or "scalar"."""
-    from .schedule import _index_axis
-    g = sched.graph
-    inside = set(k.nodes)
-    tree = set(k.inlined)
-    out_rank = len(k.shape)
-    score_rank = len(g.node(k.nodes[0]).shape)
-    local: dict[int, int] = {}
-    operands: list[tuple[str, str]] = []
-    operand_nodes: list[int] = []
-    nodes: list[LocalNode] = []
-
-    def add(nid: int, node: LocalNode) -> tuple:
-        local[nid] = len(nodes)
-        nodes.append(node)
-        return ("n", local[nid])
-
-    index: dict[tuple[int, str], int] = {}
-
-    def operand(nid: int, role: str = "") -> tuple:
-        """Operand `nid`; q, kT and v (`role`) are always operands of their own, lined up with
-        their own matrix dims, even when one node plays two roles."""
-        src = g.node(nid)
-        if src.op is Op.CONST and not role:
-            return _const(src.attr("value"), src.dtype)
-        level = "scalar" if tuple(src.shape) == () and not role else "full"
-        key = (nid, role or level)
-        if key not in index:
-            index[key] = len(operands)
-            operands.append((src.dtype, level))
-            operand_nodes.append(nid)
-        return ("o", index[key])
-
-    def side(nid: int) -> tuple:
-        if nid in local:
-            return ("n", local[nid])
-        n = g.node(nid)
-        if nid not in tree:
-            return operand(nid)
-        if n.op is Op.IOTA or n.op is Op.RESHAPE:
-            return add(nid, LocalNode("iota", (), n.dtype, _index_axis(n, score_rank)))
-        attrs: tuple = (("value", _const(n.attr("value"), n.dtype)[1]),) if n.op is Op.FULL else ()
-        return add(nid, LocalNode(n.op.value, tuple(side(i) for i in n.inputs), n.dtype, "full", attrs))
-
-    mm: list[int] = []
-    for pos, nid in enumerate(k.nodes):
-        n = g.node(nid)
-        if n.op is Op.MATMUL and pos == 0:
-            a, b = operand(n.inputs[0], "q"), operand(n.inputs[1], "k")
-            mm += [a[1], b[1]]
-            add(nid, LocalNode("matmul", (), n.dtype, "full"))
-        elif n.op is Op.MATMUL:
-            v = operand(n.inputs[1], "v")
-            mm.append(v[1])
-            add(nid, LocalNode("matmul", (("n", local[n.inputs[0]]),), n.dtype, "full"))
-        else:
-            args = tuple(("n", local[i]) if i in inside else side(i) for i in n.inputs)
-            add(nid, LocalNode(n.op.value, args, n.dtype, "full"))
-    spec = KernelSpec("attention", out_rank, tuple(operands), tuple(nodes), (local[k.anchor],), 0, tuple(mm))
-    return spec, Binding(tuple(operand_nodes), (k.anchor,), k.anchor, "shape")
-
-
-def make_spec(sched: Schedule, k: Kernel) -> tuple[KernelSpec, Binding]:
-    """The spec of scheduled kernel `k` and its binding to `sched.graph`."""
-    if k.kind == "attention":
-        return _attention_spec(sched, k)
-    g = sched.graph
-    inside = set(k.nodes)
-    outs = set(sched.outputs(k))
-    domain = tuple(k.shape)
-    rank = len(domain)
-    fused_row = k.kind == "rowwise" and k.reduce_dims == ((rank - 1,) if rank else ())
-    perm: tuple[int, ...] = ()
-    row_dims = 0
-    if k.kind == "rowwise":
-        kept = [d for d in range(rank) if d not in k.reduce_dims]
-        perm = tuple(kept + list(k.reduce_dims))
-        row_dims = len(kept)
-
-    local: dict[int, int] = {}
-    operands: list[tuple[str, str]] = []
-    operand_nodes: list[int] = []
-    operand_index: dict[tuple[int, str], int] = {}
-    nodes: list[LocalNode] = []
-
-    def level_of(n: Node) -> str:
-        shape = tuple(n.shape)
-        if k.kind == "rowwise":
-            if n.op in (Op.SUM, Op.MEAN, Op.MAX, Op.MIN):
-                return "row"
-            if n.op in (Op.SOFTMAX, Op.LOG_SOFTMAX):
-                return "full"
-            return "full" if shape == domain and fused_row else "row"
-        return "full" if shape or not rank else "scalar"
-
-    def operand(nid: int, level: str) -> tuple:
-        src = g.node(nid)
-        if src.op is Op.CONST:
-            return _const(src.attr("value"), src.dtype)
-        if tuple(src.shape) == () and rank:
-            level = "scalar"
-        key = (nid, level)
-        if key not in operand_index:
-            operand_index[key] = len(operands)
-            operands.append((src.dtype, level))
-            operand_nodes.append(nid)
-        return ("o", operand_index[key])
-
-    matmul: tuple[int, int] = ()
-    for nid in k.nodes:
-        n = g.node(nid)
-        level = level_of(n)
-        if n.op is Op.MATMUL:
-            a, b = (operand(i, "full") for i in n.inputs)
-            matmul = (a[1], b[1])
-            args: tuple = ()
-        else:
-            # An input read by a reduction (or softmax) is read at the full level.
-            want = "full" if n.op in (Op.SUM, Op.MEAN, Op.MAX, Op.MIN, Op.SOFTMAX, Op.LOG_SOFTMAX) else level
-            if n.op is Op.UNINDEX:      # its input in its own shape; run-time indices are scalars
-                args = (operand(n.inputs[0], "gather"),) + tuple(operand(i, "scalar") for i in n.inputs[1:])
-            elif n.op is Op.GATHER:     # starts its kernel (schedule.GATHERS): both inputs from memory
-                args = (operand(n.inputs[0], "table"), operand(n.inputs[1], "lead"))
-            else:
-                args = tuple(("n", local[i]) if i in inside else operand(i, want) for i in n.inputs)
-        # Reductions reduce the kernel's columns and element-wise ops carry no attributes: only
-        # FULL's value, UNINDEX's items and GATHER's count of index dims matter to the code.
-        attrs: tuple = (("value", _const(n.attr("value"), n.dtype)[1]),) if n.op is Op.FULL else ()
-        if n.op is Op.UNINDEX:
-            attrs = (("items", n.attr("items")),)
-        elif n.op is Op.GATHER:
-            attrs = (("lead", len(g.node(n.inputs[1]).shape)),)
-        local[nid] = len(nodes)
-        nodes.append(LocalNode(n.op.value, args, n.dtype, level, attrs))
-    outputs = tuple(local[nid] for nid in k.nodes if nid in outs)
-    if not outputs:
-        raise ScheduleError(f"internal: kernel {k.name} writes nothing")
-    strided_out = bool(perm) and perm != tuple(range(rank)) and any(nodes[o].level == "full" for o in outputs)
-    if k.kind == "matmul":
-        # The matmul template's domain is batch + (M, N): a vector operand adds its size-1 dim.
-        rank += sum(len(g.node(i).shape) == 1 for i in g.node(k.anchor).inputs)
-    spec = KernelSpec(k.kind, rank, tuple(operands), tuple(nodes), outputs, row_dims, matmul, strided_out)
-    written = tuple(nid for nid in k.nodes if nid in outs)
-    if k.kind == "rowwise":
-        return spec, Binding(tuple(operand_nodes), written, k.anchor, "input0", perm)
-    return spec, Binding(tuple(operand_nodes), written, k.nodes[0], "shape")
-
-
-def kernel_specs(sched: Schedule) -> list[tuple[KernelSpec, Binding]]:
-    return [make_spec(sched, k) for k in sched.kernels if k.kind != "extern"]

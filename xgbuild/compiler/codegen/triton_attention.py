@@ -71,7 +71,7 @@ def causal_fill(spec: KernelSpec) -> float | None:
 def _rounded(value: float, dtype: str) -> float:
     """`value` as a tensor of `dtype` holds it (the where's fill, rounded as on the CPU)."""
     import torch
-    from ...runtime.dtypes import TORCH_DTYPES
+    from ...dtypes import TORCH_DTYPES
     return float(torch.tensor(value, dtype=TORCH_DTYPES[dtype]).float())
 
 

@@ -1,19 +1,15 @@
-"""Triton source for one kernel spec, one tuning config and one variant: the element-wise and
-row-reduction templates here, the matmul template in `triton_matmul.py`, the attention one in
-`triton_attention.py`, the shared core (what a
-`Variant` may assume, parameters, op code) in `emitter.py`."""
+"""Triton source of the element-wise and row-reduction kernels (for one spec, config and variant);
+the matmul kernel's is in `triton_matmul.py`, the attention kernel's in `triton_attention.py`, the
+shared core (parameters, op code) in `emitter.py`. `templates/` calls each for its kernel kind."""
 
 from __future__ import annotations
 
-from .emitter import (FLOAT, POINTER, TL, Emitted, Emitter, Variant, compute_dtype,  # noqa: F401 (re-exported)
-                      literal)
+from .emitter import FLOAT, TL, Emitted, Emitter, compute_dtype, literal
 from .spec import KernelSpec
-from .triton_attention import attention
-from .triton_matmul import matmul
 
 # --- element-wise --------------------------------------------------------------------------------
 
-def _elementwise(e: Emitter) -> Emitted:
+def elementwise(e: Emitter) -> Emitted:
     spec, w = e.spec, e.w
     e.pointer_params()
     rank = spec.rank
@@ -140,11 +136,11 @@ def _gather(e: Emitter, k: int, n, idx: str) -> str:
 
 # --- row reductions ------------------------------------------------------------------------------
 
-def _identity(kind: str, dtype: str) -> str:
-    """The value a reduction of `kind` ("sum", "mean", "max", "min") starts from, in compute `dtype`."""
-    if kind in ("sum", "mean"):
+def _identity(agg: str, dtype: str) -> str:
+    """The value a reduction of `agg` ("sum", "mean", "max", "min") starts from, in compute `dtype`."""
+    if agg in ("sum", "mean"):
         return "0"
-    low = kind == "max"
+    low = agg == "max"
     if dtype in FLOAT:
         return '-float("inf")' if low else 'float("inf")'
     if dtype == "bool":
@@ -155,7 +151,7 @@ def _identity(kind: str, dtype: str) -> str:
     return str(-(2 ** (bits - 1))) if low else str(2 ** (bits - 1) - 1)
 
 
-def _rowwise(e: Emitter) -> Emitted:
+def rowwise(e: Emitter) -> Emitted:
     spec, w, v = e.spec, e.w, e.variant
     e.pointer_params()
     nrow, rank = spec.row_dims, spec.rank
@@ -178,7 +174,7 @@ def _rowwise(e: Emitter) -> Emitted:
 
     # Dependencies: reductions (and softmax's two hidden ones) in order; full-level values are
     # recomputed from memory inside each pass over the row.
-    reductions: list[tuple[int, str, str]] = []   # (node, kind, internal name)
+    reductions: list[tuple[int, str, str]] = []   # (node, "sum" | "mean" | "max" | "min" | "expsum", internal name)
     for k, n in enumerate(spec.nodes):
         if n.op in ("sum", "mean", "max", "min"):
             reductions.append((k, n.op, f"red{k}"))
@@ -240,38 +236,38 @@ def _rowwise(e: Emitter) -> Emitted:
 
         return value
 
-    def emit_reduction_step(k: int, kind: str, value, c: str, cmask: str, acc: str | None) -> str:
+    def emit_reduction_step(k: int, agg: str, value, c: str, cmask: str, acc: str | None) -> str:
         """The reduction of one tile (acc is None in the single-tile form)."""
         a = spec.nodes[k].args[0]
         x = value(a[1]) if a[0] == "n" else value(("o", a[1]))
         n = spec.nodes[k]
         dt = compute_dtype(spec.nodes[a[1]].dtype if a[0] == "n" else spec.operands[a[1]][0])
-        if kind == "expsum":
+        if agg == "expsum":
             x = f"tl.exp(({x}) - smax{k})"
-            kind_ = "sum"
+            agg_ = "sum"
         else:
-            kind_ = kind
-        masked = f"tl.where({cmask}, {x}, {_identity(kind_, dt)})"
+            agg_ = agg
+        masked = f"tl.where({cmask}, {x}, {_identity(agg_, dt)})"
         t = w.tmp("m")
         w.line(f"{t} = {masked}")
-        nan_check = kind_ in ("max", "min") and dt in FLOAT and n.op in ("max", "min")
+        nan_check = agg_ in ("max", "min") and dt in FLOAT and n.op in ("max", "min")
         if acc is None:
             return t
-        if kind_ in ("sum", "mean"):
+        if agg_ in ("sum", "mean"):
             w.line(f"{acc} = {acc} + {t}")
         else:
-            fn = "tl.maximum" if kind_ == "max" else "tl.minimum"
+            fn = "tl.maximum" if agg_ == "max" else "tl.minimum"
             w.line(f"{acc} = {fn}({acc}, {t})")
             if nan_check:
                 w.line(f"{acc}_nan = {acc}_nan | ({t} != {t})")
         return t
 
-    def finish_reduction(k: int, kind: str, name: str, tile_or_acc: str, has_nan: str | None) -> None:
+    def finish_reduction(k: int, agg: str, name: str, tile_or_acc: str, has_nan: str | None) -> None:
         n = spec.nodes[k]
-        kind_ = "sum" if kind == "expsum" else kind
-        fn = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min"}[kind_]
+        agg_ = "sum" if agg == "expsum" else agg
+        fn = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min"}[agg_]
         w.line(f"{name} = {fn}({tile_or_acc}, axis=0)")
-        if kind_ == "mean":
+        if agg_ == "mean":
             w.line(f"{name} = {name} / {cols}")
         if has_nan:
             w.line(f'{name} = tl.where(tl.max({has_nan}.to(tl.int32), axis=0) > 0, float("nan"), {name})')
@@ -319,27 +315,27 @@ def _rowwise(e: Emitter) -> Emitted:
     if single:
         w.line(f"cmask = cols < {cols}")
         value = full_scope("cols", "cmask")
-        for k, kind, name in reductions:
-            tile = emit_reduction_step(k, kind, value, "cols", "cmask", None)
+        for k, agg, name in reductions:
+            tile = emit_reduction_step(k, agg, value, "cols", "cmask", None)
             nan = None
-            if kind in ("max", "min") and spec.nodes[k].op in ("max", "min") and \
+            if agg in ("max", "min") and spec.nodes[k].op in ("max", "min") and \
                     compute_dtype(_in_dtype(spec, k)) in FLOAT:
                 nan = w.tmp("nan")
                 w.line(f"{nan} = {tile} != {tile}")
-            finish_reduction(k, kind, name, tile, nan)
+            finish_reduction(k, agg, name, tile, nan)
             compute_row_nodes()
         for i, k in full_outputs:
             e.store(i, out_offset(i, "cols"), value(k), "cmask")
     else:
-        for k, kind, name in reductions:
-            acc = f"acc{k}_{kind}"
+        for k, agg, name in reductions:
+            acc = f"acc{k}_{agg}"
             dt = compute_dtype(_in_dtype(spec, k))
-            kind_ = "sum" if kind == "expsum" else kind
-            init = _identity(kind_, dt)
-            acc_dt = TL[dt] if kind_ in ("max", "min") else ("tl.float32" if dt in FLOAT and dt != "float64"
+            agg_ = "sum" if agg == "expsum" else agg
+            init = _identity(agg_, dt)
+            acc_dt = TL[dt] if agg_ in ("max", "min") else ("tl.float32" if dt in FLOAT and dt != "float64"
                                                              else TL[dt])
             w.line(f"{acc} = tl.full([BLOCK_N], {init}, {acc_dt})")
-            nan_check = kind_ in ("max", "min") and dt in FLOAT and spec.nodes[k].op in ("max", "min")
+            nan_check = agg_ in ("max", "min") and dt in FLOAT and spec.nodes[k].op in ("max", "min")
             if nan_check:
                 w.line(f"{acc}_nan = tl.zeros([BLOCK_N], tl.int1)")
             w.line(f"for c0 in range(0, {cols}, BLOCK_N):")
@@ -347,9 +343,9 @@ def _rowwise(e: Emitter) -> Emitted:
             w.line("c = c0 + cols")
             w.line(f"cmask = c < {cols}")
             value = full_scope("c", "cmask")
-            emit_reduction_step(k, kind, value, "c", "cmask", acc)
+            emit_reduction_step(k, agg, value, "c", "cmask", acc)
             w.indent -= 1
-            finish_reduction(k, kind, name, acc, f"{acc}_nan" if nan_check else None)
+            finish_reduction(k, agg, name, acc, f"{acc}_nan" if nan_check else None)
             compute_row_nodes()
         if full_outputs:
             w.line(f"for c0 in range(0, {cols}, BLOCK_N):")
@@ -371,15 +367,3 @@ def _in_dtype(spec: KernelSpec, k: int) -> str:
     return spec.nodes[a[1]].dtype if a[0] == "n" else spec.operands[a[1]][0]
 
 
-
-def emit(spec: KernelSpec, config: dict[str, int], variant: Variant) -> Emitted:
-    e = Emitter(spec, config, variant)
-    if spec.kind == "elementwise":
-        return _elementwise(e)
-    if spec.kind == "rowwise":
-        return _rowwise(e)
-    if spec.kind == "matmul":
-        return matmul(e)
-    if spec.kind == "attention":
-        return attention(e)
-    raise ValueError(f"unknown kernel kind {spec.kind!r}")

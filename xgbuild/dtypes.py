@@ -1,7 +1,8 @@
-"""XG dtype names and their torch dtypes: the one table the runtime uses.
+"""XG dtype names and their torch dtypes: the one table code generation, the tuner and the runtime use.
 
-Must match `compiler/frontend/types.py:DTYPES` (a test checks). Kept in the runtime rather than
-imported from the compiler, so running an engine does not need the compiler.
+Must match `compiler/frontend/types.py:DTYPES` (a test checks). A base module rather than part of
+the compiler, so running an engine does not need the compiler, and below codegen, so kernel
+templates need not import the runtime.
 """
 
 from __future__ import annotations

@@ -1,0 +1,118 @@
+"""Binding a kernel to one run's tensors, choosing its compiled variant and its grid: the launch
+ABI's functions, shared by the runtime's executors and the tuner (which binds on meta tensors at
+the tuning shape, so build and run agree on layouts and sizes by construction).
+
+For each kernel, `bind` lines every operand up with the kernel's domain (its template's `Frame`:
+`expand`, then the kernel's dim order), reads the strides and the sizes of this run; `choose`
+picks the first compiled variant whose assumptions (`launch_abi.Variant`) the launch meets.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ...errors import ExecutionError
+from ..ir.graph import Graph
+from .launch_abi import GRID_YZ_MAX, INT32_MAX, Compiled, KernelPlan, Launch
+from .spec import KernelSpec
+from .templates import template
+
+
+def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
+         outputs: list[torch.Tensor]) -> Launch:
+    """Operands lined up with the domain, and the sizes, for one launch of `plan`."""
+    spec, b = plan.spec, plan.binding
+    node = graph.node(b.domain)
+    domain = tuple(graph.node(node.inputs[0]).shape) if b.domain_from == "input0" else tuple(node.shape)
+    frame = template(spec.kind).frame(spec, b, graph, domain)
+    kdom = frame.kdom
+    tensors: dict[str, torch.Tensor] = {}
+    ints: dict[str, int] = {}
+    layouts: list = []
+
+    for j, (nid, (_dtype, level)) in enumerate(zip(b.operands, spec.operands)):
+        t = value(nid)
+        if level == "scalar":
+            aligned = t.reshape(())
+        elif level in ("gather", "table"):
+            aligned = t                         # an unindex input or a gather's table, in its own shape
+        elif level == "lead":
+            # A gather's indices line up with the domain's leading dims, the same along the rest.
+            aligned = t[(...,) + (None,) * (len(kdom) - t.dim())].expand(kdom)
+        else:
+            aligned = frame.align(j, level, t)
+        tensors[f"p{j}"] = aligned
+        if level == "scalar":
+            layouts.append(("dense", ()))
+            continue
+        dense = aligned.is_contiguous() and level not in ("gather", "table")
+        layouts.append(("dense" if dense else tuple(aligned.stride()), tuple(aligned.shape)))
+        for d, s in enumerate(aligned.stride()):
+            ints[f"p{j}_s{d}"] = int(s)
+    for i, out in enumerate(outputs):
+        tensors[f"q{i}"] = out
+        if frame.out_perm is not None and out.dim() == len(domain) and len(domain):
+            for d, s in enumerate(out.permute(frame.out_perm).stride()):   # full-level outputs in kernel order
+                ints[f"q{i}_s{d}"] = int(s)
+    ints.update(frame.sizes(tensors))
+    for d, size in enumerate(frame.unravel):    # the sizes kernels unravel
+        ints[f"d{d}"] = int(size)
+    return Launch(tensors, ints, layouts)
+
+
+def holds(c: Compiled, launch: Launch, spec: KernelSpec) -> bool:
+    """Do this launch's arguments satisfy variant `c`'s assumptions?"""
+    v = c.variant
+    if not v.wide:
+        for t in launch.tensors.values():
+            extent = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()) if size > 0)
+            if t.numel() > INT32_MAX or extent > INT32_MAX:
+                return False
+        if any(abs(x) > INT32_MAX for x in launch.ints.values()):
+            return False
+    for j, lay in enumerate(v.layouts):
+        seen, shape = launch.layouts[j]
+        if lay == "dense":
+            if seen != "dense":
+                return False
+        else:
+            strides = launch.tensors[f"p{j}"].stride() if spec.operands[j][1] != "scalar" else ()
+            for d, want in enumerate(lay):
+                if want is not None and shape[d] > 1 and strides[d] != want:
+                    return False
+    if v.aligned:
+        if any(t.data_ptr() % 16 for t in launch.tensors.values() if t.device.type != "meta"):
+            return False
+        if any(launch.ints[name] % 16 for name in c.div16):
+            return False
+    return template(spec.kind).accepts(v, c.config, launch)
+
+
+def choose(plan: KernelPlan, launch: Launch) -> Compiled:
+    """The first of `plan`'s variants (fastest first) whose assumptions the launch meets."""
+    for c in plan.variants:
+        if holds(c, launch, plan.spec):
+            return c
+    raise ExecutionError(f"internal: no variant of kernel {plan.spec.name} accepts this launch")
+
+
+def grid_for(c: Compiled, spec: KernelSpec, launch: Launch) -> tuple[int, int, int]:
+    """The launch grid of variant `c`; an ExecutionError past CUDA's limit on its y extent."""
+    grid = template(spec.kind).grid(c.config, launch.ints)
+    if grid[1] > GRID_YZ_MAX:
+        raise ExecutionError(f"kernel {spec.name} would launch {grid[1]} batch programs along the grid's y "
+                             f"dimension, over CUDA's limit of {GRID_YZ_MAX}: run the batch in smaller pieces")
+    return grid
+
+
+def block_rows(plan: KernelPlan, graph: Graph) -> int:
+    """The rows `plan`'s kernel can run in blocks of (`rows_of`), or 0 where it cannot."""
+    return template(plan.spec.kind).block_rows(plan.spec, plan.binding, graph)
+
+
+def rows_of(launch: Launch, spec: KernelSpec, r0: int, r1: int) -> Launch:
+    """A launch restricted to output rows r0..r1 (a kernel whose `block_rows` is not 0)."""
+    return template(spec.kind).rows_of(spec, launch, r0, r1)
+

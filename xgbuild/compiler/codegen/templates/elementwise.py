@@ -1,0 +1,140 @@
+"""The element-wise kernel kind: one program per BLOCK elements of the flattened domain (source in
+`triton_src.elementwise`), its launch (every operand broadcast to the domain; gathers and unindex
+nodes read through their own strides), its config space and its cost model."""
+
+from __future__ import annotations
+
+import math
+
+from xgbuild.hw import GpuProfile
+
+from ....errors import ExecutionError
+from ...ir.graph import Node
+from ...ir.serialize import where as src_text
+from ..emitter import Emitted, Emitter
+from ..kernel import Kernel, Schedule
+from ..launch_abi import Frame, Launch, Variant, align
+from ..spec import Binding, KernelSpec
+from ..triton_src import elementwise, unindex_params
+from .base import Config, KernelTemplate, Problem, make_config, next_pow2
+from .local import build, domain_level
+from .roofline import BASE_REGS_PER_THREAD, SPILL_PENALTY, blocks_per_sm, scalar_peak, stream_s
+
+BLOCKS = (256, 512, 1024, 2048, 4096, 8192)
+WARPS = (2, 4, 8)
+# Elements per thread beyond this hold too many registers per input.
+MAX_ELEMENTS_PER_THREAD = 64
+
+
+def _block_vs_numel(p: Problem, c: Config, hw: GpuProfile) -> str | None:
+    # Keep one block size that covers the whole domain; larger ones only mask more lanes off.
+    cover = max(BLOCKS[0], next_pow2(p.numel))
+    if c["BLOCK"] > cover:
+        return f"BLOCK {c['BLOCK']} > {cover}, the smallest block covering numel {p.numel}"
+    return None
+
+
+def _per_thread(p: Problem, c: Config, hw: GpuProfile) -> str | None:
+    per_thread = c["BLOCK"] / (32 * c["num_warps"])
+    if per_thread > MAX_ELEMENTS_PER_THREAD:
+        return (f"BLOCK {c['BLOCK']} over {c['num_warps']} warps is {per_thread:g} elements per "
+                f"thread > {MAX_ELEMENTS_PER_THREAD}")
+    if per_thread < 1:
+        return (f"BLOCK {c['BLOCK']} leaves {per_thread:g} elements per thread "
+                f"of {c['num_warps']} warps")
+    return None
+
+
+def _unindex_ints(k: int, n, shape: tuple, tensors: dict, node: Node | None) -> dict[str, int]:
+    """An `unindex` node's slice and index arguments; run-time indices read back to the host and
+    bounds-checked as the CPU executor checks them (0 on meta tensors, where only layouts matter)."""
+    items = dict(n.attrs)["items"]
+
+    def index(pos: int) -> int:
+        t = tensors[f"p{n.args[pos][1]}"]
+        return 0 if t.device.type == "meta" else int(t.item())
+
+    out = unindex_params(k, items, shape, index)
+    for a, item in enumerate(items):
+        if item[0] != "s":
+            at, size = out[f"u{k}_{a}_at"], int(shape[a])
+            if not -size <= at < size:
+                where = f" at {src_text(node.src)}" if node is not None and node.src else ""
+                raise ExecutionError(f"index {at} is out of bounds for dimension {a} of size {size}{where}")
+            out[f"u{k}_{a}_at"] = at % size
+    return out
+
+
+class ElementwiseTemplate(KernelTemplate):
+    kind = "elementwise"
+    params = ("BLOCK",)
+    sizes = ("numel",)
+    rules = (_block_vs_numel, _per_thread)
+
+    def joins(self, k: Kernel, shape: tuple, inner: list[int], graph, users: dict) -> bool:
+        return shape == tuple(k.shape)
+
+    def prologue_of_reduction(self, k: Kernel, shape: tuple) -> bool:
+        return tuple(k.shape) == shape
+
+    def spec(self, sched: Schedule, k: Kernel) -> tuple[KernelSpec, Binding]:
+        spec, operands, written = build(sched, k, domain_level(len(k.shape)))
+        return spec, Binding(tuple(operands), written, k.nodes[0], "shape")
+
+    def emit(self, e: Emitter) -> Emitted:
+        return elementwise(e)
+
+    def frame(self, spec: KernelSpec, b: Binding, graph, domain: tuple) -> Frame:
+        out = graph.node(b.outputs[0]) if b.outputs else None
+
+        def sizes(tensors: dict) -> dict[str, int]:
+            ints = {"numel": math.prod(domain)}
+            for k, n in enumerate(spec.nodes):
+                if n.op == "unindex":
+                    ints.update(_unindex_ints(k, n, domain, tensors, out))
+                elif n.op == "gather":
+                    ints[f"g{k}_rows"] = int(tensors[f"p{n.args[0][1]}"].shape[0])
+            return ints
+        return Frame(domain, lambda _j, _level, t: align(t, domain), sizes, domain)
+
+    def grid(self, config: Config, ints: dict[str, int]) -> tuple[int, int, int]:
+        return (-(-ints["numel"] // config["BLOCK"]), 1, 1)
+
+    def accepts(self, variant: Variant, config: Config, launch: Launch) -> bool:
+        return True
+
+    def problem(self, spec: KernelSpec, ints: dict[str, int], dtype: str, work: int, moved: float,
+                widest: int) -> Problem:
+        return Problem("elementwise", dtype, float(work * ints["numel"]), moved, numel=ints["numel"],
+                       elem_bytes=widest)
+
+    def shape_text(self, p: Problem) -> str:
+        return f"{p.numel}"
+
+    def assumptions(self, p: Problem, config: Config) -> tuple[bool, bool]:
+        return False, False
+
+    def full_space(self, p: Problem) -> list[Config]:
+        return [make_config(BLOCK=b, num_warps=w, num_stages=1) for b in BLOCKS for w in WARPS]
+
+    def default_config(self, p: Problem) -> Config:
+        return make_config(BLOCK=1024, num_warps=4, num_stages=1)
+
+    def peak_flops(self, p: Problem, profile: GpuProfile, config: Config | None) -> float:
+        return scalar_peak(p.dtype, profile)
+
+    def seconds(self, p: Problem, c: Config, hw: GpuProfile, top) -> float:
+        threads = 32 * c["num_warps"]
+        per_thread = c["BLOCK"] / threads
+        # Each element of the block lives in a register or two per input while loads are in flight.
+        regs = BASE_REGS_PER_THREAD + 2 * per_thread
+        programs = math.ceil(p.numel / c["BLOCK"])
+        per_sm = blocks_per_sm(hw, threads, regs)
+        in_flight = min(c["BLOCK"], p.numel) * p.elem_bytes
+        memory = stream_s(p.bytes, programs, per_sm, in_flight, hw, top.bandwidth)
+        if regs > hw.max_registers_per_thread:
+            memory *= SPILL_PENALTY
+        return max(memory, p.flops / top.flops)
+
+
+TEMPLATE = ElementwiseTemplate()

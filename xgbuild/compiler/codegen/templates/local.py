@@ -1,0 +1,87 @@
+"""Building a kernel spec from a scheduled kernel, shared by the element-wise, rowwise and matmul
+templates (attention builds its own): the kernel's nodes renumbered locally, its memory reads named
+as operands at the level each is read, its written values as outputs.
+
+A template passes what differs by kind: the level of each node's value (`level_of`), the domain's
+dim order (`perm`, rowwise: kept dims, then reduced ones) and the spec's rank.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ...ir.graph import Node, Op
+from ..kernel import Kernel, Schedule, ScheduleError
+from ..spec import KernelSpec, LocalNode, const
+
+# Nodes whose input is read at the full level, whatever their own level: they reduce (or
+# normalise) the kernel's columns.
+REDUCTIONS = (Op.SUM, Op.MEAN, Op.MAX, Op.MIN, Op.SOFTMAX, Op.LOG_SOFTMAX)
+
+
+def domain_level(rank: int) -> Callable[[Node], str]:
+    """The level of a value in a kernel over the whole domain: full, unless it is rank-0 in a
+    kernel of rank > 0."""
+    return lambda n: "full" if tuple(n.shape) or not rank else "scalar"
+
+
+def build(sched: Schedule, k: Kernel, level_of: Callable[[Node], str], perm: tuple[int, ...] = (),
+          row_dims: int = 0, rank: int | None = None) -> tuple[KernelSpec, list[int], tuple[int, ...]]:
+    """(the spec, the graph node of each operand, the graph nodes written) of kernel `k`;
+    `rank` defaults to the domain's."""
+    g = sched.graph
+    inside = set(k.nodes)
+    outs = set(sched.outputs(k))
+    domain_rank = len(k.shape)
+    local: dict[int, int] = {}
+    operands: list[tuple[str, str]] = []
+    operand_nodes: list[int] = []
+    operand_index: dict[tuple[int, str], int] = {}
+    nodes: list[LocalNode] = []
+
+    def operand(nid: int, level: str) -> tuple:
+        src = g.node(nid)
+        if src.op is Op.CONST:
+            return const(src.attr("value"), src.dtype)
+        if tuple(src.shape) == () and domain_rank:
+            level = "scalar"
+        key = (nid, level)
+        if key not in operand_index:
+            operand_index[key] = len(operands)
+            operands.append((src.dtype, level))
+            operand_nodes.append(nid)
+        return ("o", operand_index[key])
+
+    matmul: tuple[int, ...] = ()
+    for nid in k.nodes:
+        n = g.node(nid)
+        level = level_of(n)
+        if n.op is Op.MATMUL:
+            a, b = (operand(i, "full") for i in n.inputs)
+            matmul = (a[1], b[1])
+            args: tuple = ()
+        else:
+            # An input read by a reduction (or softmax) is read at the full level.
+            want = "full" if n.op in REDUCTIONS else level
+            if n.op is Op.UNINDEX:      # its input in its own shape; run-time indices are scalars
+                args = (operand(n.inputs[0], "gather"),) + tuple(operand(i, "scalar") for i in n.inputs[1:])
+            elif n.op is Op.GATHER:     # starts its kernel (schedule.GATHERS): both inputs from memory
+                args = (operand(n.inputs[0], "table"), operand(n.inputs[1], "lead"))
+            else:
+                args = tuple(("n", local[i]) if i in inside else operand(i, want) for i in n.inputs)
+        # Reductions reduce the kernel's columns and element-wise ops carry no attributes: only
+        # FULL's value, UNINDEX's items and GATHER's count of index dims matter to the code.
+        attrs: tuple = (("value", const(n.attr("value"), n.dtype)[1]),) if n.op is Op.FULL else ()
+        if n.op is Op.UNINDEX:
+            attrs = (("items", n.attr("items")),)
+        elif n.op is Op.GATHER:
+            attrs = (("lead", len(g.node(n.inputs[1]).shape)),)
+        local[nid] = len(nodes)
+        nodes.append(LocalNode(n.op.value, args, n.dtype, level, attrs))
+    outputs = tuple(local[nid] for nid in k.nodes if nid in outs)
+    if not outputs:
+        raise ScheduleError(f"internal: kernel {k.name} writes nothing")
+    strided_out = bool(perm) and perm != tuple(range(domain_rank)) and any(nodes[o].level == "full" for o in outputs)
+    spec = KernelSpec(k.kind, domain_rank if rank is None else rank, tuple(operands), tuple(nodes), outputs,
+                      row_dims, matmul, strided_out)
+    return spec, operand_nodes, tuple(nid for nid in k.nodes if nid in outs)

@@ -1,0 +1,180 @@
+"""The row-reduction kernel kind: one program per row of the (permuted) domain, a row held whole
+(`SINGLE`) or walked in BLOCK_N chunks (source in `triton_src.rowwise`), its launch (kept dims,
+then reduced ones; row values line up with the kept dims), its config space and its cost model."""
+
+from __future__ import annotations
+
+import math
+
+from xgbuild.hw import GpuProfile
+
+from ...ir.graph import Node, Op
+from ..emitter import Emitted, Emitter
+from ..kernel import Kernel, Schedule
+from ..launch_abi import Frame, Launch, Variant, align
+from ..spec import Binding, KernelSpec
+from ..triton_src import rowwise
+from .base import Config, KernelTemplate, Problem, make_config, next_pow2
+from .local import build
+from .roofline import (BASE_REGS_PER_THREAD, L1_SPEEDUP, L2_SPEEDUP, SPILL_PENALTY, blocks_per_sm,
+                       scalar_peak, stream_s)
+
+SINGLE_WARPS = (1, 2, 4, 8, 16)
+LOOP_BLOCKS = (256, 512, 1024, 2048, 4096)
+LOOP_WARPS = (2, 4, 8)
+SINGLE_MAX_COLS = 32768
+
+
+def regs_per_thread(config: Config, problem: Problem) -> float:
+    """32-bit registers per thread holding its share of one row tile (fp32, fp64 takes two)."""
+    per_elem = 2 if problem.dtype == "float64" else 1
+    return config["BLOCK_N"] * per_elem / (32 * config["num_warps"])
+
+
+def regs_limit(profile: GpuProfile) -> int:
+    """Registers per thread a whole-row tile may take, leaving the rest for the math on it."""
+    return min(64, profile.max_registers_per_thread // 2)
+
+
+def _single_fits(p: Problem, c: Config, hw: GpuProfile) -> str | None:
+    if c["SINGLE"] == 1 and p.cols > SINGLE_MAX_COLS:
+        return f"SINGLE=1 needs cols <= {SINGLE_MAX_COLS}, got cols {p.cols}"
+    if c["SINGLE"] == 1 and c["BLOCK_N"] < p.cols:
+        return f"SINGLE=1 needs BLOCK_N >= cols, got BLOCK_N {c['BLOCK_N']} < cols {p.cols}"
+    return None
+
+
+def _loop_block(p: Problem, c: Config, hw: GpuProfile) -> str | None:
+    cover = next_pow2(p.cols)
+    if c["SINGLE"] == 0 and c["BLOCK_N"] > cover:
+        return f"looped BLOCK_N {c['BLOCK_N']} > {cover} = next_pow2(cols {p.cols})"
+    return None
+
+
+def _threads(p: Problem, c: Config, hw: GpuProfile) -> str | None:
+    per_thread = c["BLOCK_N"] / (32 * c["num_warps"])
+    # One warp is the least a row can get, even when the row is shorter than 32.
+    if per_thread < 1 and c["num_warps"] > 1:
+        return (f"{c['num_warps']} warps leave {per_thread:g} elements per thread of "
+                f"BLOCK_N {c['BLOCK_N']}")
+    regs, limit = regs_per_thread(c, p), regs_limit(hw)
+    if c["SINGLE"] == 1 and regs > limit:
+        return (f"the row tile takes {regs:g} registers per thread over {c['num_warps']} warps "
+                f"> {limit} on {hw.name}")
+    return None
+
+
+class RowwiseTemplate(KernelTemplate):
+    kind = "rowwise"
+    params = ("BLOCK_N", "SINGLE")
+    sizes = ("rows", "cols", "passes")
+    rules = (_single_fits, _loop_block, _threads)
+
+    def joins(self, k: Kernel, shape: tuple, inner: list[int], graph, users: dict) -> bool:
+        if k.reduce_dims != (len(k.shape) - 1,):
+            return False                # a reduction over other dims stands alone
+        full, keep, row = tuple(k.shape), tuple(k.shape[:-1]) + (1,), tuple(k.shape[:-1])
+        fits = shape in {full, keep, row}
+        # Row values are one scalar per program: a node of the full shape may mix them only in
+        # their kept form ([T, 1]); a [T] value would broadcast along the row instead.
+        held = [tuple(graph.node(i).shape) for i in inner]
+        if shape == full:
+            return fits and all(s in (full, keep, ()) for s in held)
+        return fits and all(s in (keep, row, ()) and (s == () or len(s) == len(shape)) for s in held)
+
+    def takes_reduction(self, k: Kernel, shape: tuple) -> bool:
+        # Another reduction over the same rows: the row is already in registers.
+        return tuple(k.shape) == shape and k.reduce_dims == (len(shape) - 1,)
+
+    def spec(self, sched: Schedule, k: Kernel) -> tuple[KernelSpec, Binding]:
+        domain = tuple(k.shape)
+        rank = len(domain)
+        fused_row = k.reduce_dims == ((rank - 1,) if rank else ())
+        kept = [d for d in range(rank) if d not in k.reduce_dims]
+        perm = tuple(kept + list(k.reduce_dims))
+
+        def level_of(n: Node) -> str:
+            if n.op in (Op.SUM, Op.MEAN, Op.MAX, Op.MIN):
+                return "row"
+            if n.op in (Op.SOFTMAX, Op.LOG_SOFTMAX):
+                return "full"
+            return "full" if tuple(n.shape) == domain and fused_row else "row"
+        spec, operands, written = build(sched, k, level_of, perm, len(kept))
+        return spec, Binding(tuple(operands), written, k.anchor, "input0", perm)
+
+    def emit(self, e: Emitter) -> Emitted:
+        return rowwise(e)
+
+    def frame(self, spec: KernelSpec, b: Binding, graph, domain: tuple) -> Frame:
+        kdom = tuple(domain[d] for d in b.perm)
+        rows = kdom[:spec.row_dims]
+
+        def line_up(_j: int, level: str, t):
+            if level == "row":
+                if t.dim() == len(domain) and t.shape[-1] == 1:
+                    t = t.squeeze(-1)           # the kept form [T, 1] of a row value
+                return align(t, rows)
+            return align(t, domain).permute(b.perm)
+
+        def sizes(_tensors: dict) -> dict[str, int]:
+            return {"R": math.prod(rows), "C": math.prod(kdom[spec.row_dims:])}
+        return Frame(kdom, line_up, sizes, kdom, out_perm=b.perm)
+
+    def grid(self, config: Config, ints: dict[str, int]) -> tuple[int, int, int]:
+        return (ints["R"], 1, 1)
+
+    def accepts(self, variant: Variant, config: Config, launch: Launch) -> bool:
+        return not (variant.single and launch.ints["C"] > config["BLOCK_N"])
+
+    def problem(self, spec: KernelSpec, ints: dict[str, int], dtype: str, work: int, moved: float,
+                widest: int) -> Problem:
+        passes = sum(2 if n.op in ("softmax", "log_softmax") else 1 for n in spec.nodes
+                     if n.op in ("sum", "mean", "max", "min", "softmax", "log_softmax"))
+        flops = float(work * ints["R"] * max(1, ints["C"]))
+        return Problem("rowwise", dtype, flops, moved, rows=ints["R"], cols=ints["C"], passes=passes,
+                       elem_bytes=widest)
+
+    def shape_text(self, p: Problem) -> str:
+        return f"{p.rows}x{p.cols}"
+
+    def assumptions(self, p: Problem, config: Config) -> tuple[bool, bool]:
+        return config.get("SINGLE", 0) == 1, False
+
+    def full_space(self, p: Problem) -> list[Config]:
+        single = [make_config(BLOCK_N=next_pow2(p.cols), SINGLE=1, num_warps=w, num_stages=1)
+                  for w in SINGLE_WARPS]
+        looped = [make_config(BLOCK_N=b, SINGLE=0, num_warps=w, num_stages=1)
+                  for b in LOOP_BLOCKS for w in LOOP_WARPS]
+        return single + looped
+
+    def default_config(self, p: Problem) -> Config:
+        return make_config(BLOCK_N=1024, SINGLE=0, num_warps=4, num_stages=1)
+
+    def peak_flops(self, p: Problem, profile: GpuProfile, config: Config | None) -> float:
+        return scalar_peak(p.dtype, profile)
+
+    def seconds(self, p: Problem, c: Config, hw: GpuProfile, top) -> float:
+        threads = 32 * c["num_warps"]
+        single = c["SINGLE"] == 1
+        regs = BASE_REGS_PER_THREAD + (2 * regs_per_thread(c, p) if single else regs_per_thread(c, p))
+        per_sm = blocks_per_sm(hw, threads, regs)
+        in_flight = min(c["BLOCK_N"], p.cols) * p.elem_bytes
+        memory = stream_s(p.bytes, p.rows, per_sm, in_flight, hw, top.bandwidth)
+        if single and regs > hw.max_registers_per_thread:
+            memory *= SPILL_PENALTY
+        if not single:
+            # The looped form reads the row again for every pass; cheap only while the rows in
+            # progress stay in L1 (on an SM) or L2 (over the whole GPU).
+            row_bytes = p.cols * p.elem_bytes
+            reread = p.passes * p.rows * row_bytes
+            if per_sm * row_bytes <= hw.max_shared_memory_per_sm_bytes // 2:
+                speedup = L1_SPEEDUP
+            elif min(p.rows, hw.sm_count * per_sm) * row_bytes <= hw.l2_bytes // 2:
+                speedup = L2_SPEEDUP
+            else:
+                speedup = 1.0
+            memory += reread / (top.bandwidth * speedup)
+        return max(memory, p.flops / top.flops)
+
+
+TEMPLATE = RowwiseTemplate()
