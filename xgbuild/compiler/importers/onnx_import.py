@@ -20,6 +20,8 @@ import sympy
 import torch
 
 from ...errors import CompileError
+from ..frontend.codes import BAD_ONNX, MODEL_DTYPE, MODEL_INPUT, MODEL_OUTPUT, Code
+from ..frontend.diagnostics import plain_error
 from ..ir.graph import Dim
 from .builder import IRBuilder, TranslationError, Ref, is_node
 from .imported import ImportedProgram, Unsupported, UnsupportedOps, finish
@@ -34,9 +36,10 @@ NP_DTYPES = {"float32": np.float32, "uint8": np.uint8, "int8": np.int8, "int16":
 class OnnxImportError(CompileError):
     """The file is missing, unreadable, not ONNX (`unreadable`), or not a model XG can import."""
 
-    def __init__(self, message: str, unreadable: bool = False) -> None:
-        super().__init__(f"error: {message}", [])
-        self.unreadable = unreadable
+    def __init__(self, code: Code, message: str) -> None:
+        err = plain_error(code, detail=message)
+        super().__init__(str(err), err.diagnostics)
+        self.unreadable = code is BAD_ONNX
 
 
 @dataclass
@@ -123,7 +126,7 @@ class OnnxTranslator:
             arr = numpy_helper.to_array(t)
             dt = ONNX_DTYPES.get(t.data_type)
             if dt is None:
-                raise OnnxImportError(f"initializer `{t.name}` has ONNX element type {t.data_type}, which XG "
+                raise OnnxImportError(MODEL_DTYPE, f"initializer `{t.name}` has ONNX element type {t.data_type}, which XG "
                                       "has no dtype for")
             self.values[t.name] = Static(arr, dt)
         for inp in g.input:
@@ -132,7 +135,7 @@ class OnnxTranslator:
             tt = inp.type.tensor_type
             dt = ONNX_DTYPES.get(tt.elem_type)
             if dt is None:
-                raise OnnxImportError(f"input `{inp.name}` has ONNX element type {tt.elem_type}, which XG has "
+                raise OnnxImportError(MODEL_INPUT, f"input `{inp.name}` has ONNX element type {tt.elem_type}, which XG has "
                                       "no dtype for")
             dims: list[Dim] = []
             for axis, d in enumerate(tt.shape.dim):
@@ -174,7 +177,7 @@ class OnnxTranslator:
             try:
                 leaves.append({"t": int(self.tensor(v, out.name))})
             except TranslationError as exc:
-                raise OnnxImportError(f"graph output `{out.name}`: {exc}") from None
+                raise OnnxImportError(MODEL_OUTPUT, f"graph output `{out.name}`: {exc}") from None
         return leaves[0] if len(leaves) == 1 else {"tuple": leaves}
 
 
@@ -191,20 +194,18 @@ def load_onnx(path: Path | str):
     import onnx
     path = Path(path)
     if not path.is_file():
-        raise OnnxImportError(f"cannot read {path}: no such file", unreadable=True)
+        raise OnnxImportError(BAD_ONNX, f"cannot read {path}: no such file")
     try:
         model = onnx.load(str(path))
     except Exception as exc:  # noqa: BLE001 (protobuf raises several kinds on corrupt bytes)
-        raise OnnxImportError(f"{path} is not a readable ONNX model ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else 'corrupt protobuf'})",
-                              unreadable=True) from None
+        raise OnnxImportError(BAD_ONNX, f"{path} is not a readable ONNX model ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else 'corrupt protobuf'})") from None
     if not model.graph.node and not model.graph.output:
-        raise OnnxImportError(f"{path} holds no ONNX graph", unreadable=True)
+        raise OnnxImportError(BAD_ONNX, f"{path} holds no ONNX graph")
     try:
         onnx.checker.check_model(model)
     except Exception as exc:  # noqa: BLE001 (onnx's ValidationError and friends)
-        raise OnnxImportError(f"{path} is not a valid ONNX model: {str(exc).splitlines()[0]}",
-                              unreadable=True) from None
+        raise OnnxImportError(BAD_ONNX, f"{path} is not a valid ONNX model: {str(exc).splitlines()[0]}") from None
     return model
 
 
