@@ -16,9 +16,9 @@ from .frontend.diagnostics import error_at
 from .frontend.shard_plan import ShardingPlan, check_plan
 from .ir.graph import Program
 from .ir.lower import LoweringError, lower
+from .ir.planner import ShardingError
 from .passes import PASS_NAMES, run_pipeline
 from .passes.autodiff import AutodiffError
-from .passes.shard import ShardingError
 
 DEFAULT_TARGET = "H100"
 
