@@ -23,6 +23,7 @@ from ..frontend.diagnostics import plain_error
 from ..ir.graph import Dim, Op
 from .aten_ops import TABLE
 from .builder import IRBuilder, TranslationError, Ref, is_node, xg_dtype
+from .extern_args import dumps, template
 from .imported import ImportedProgram, Unsupported, UnsupportedOps, finish
 
 
@@ -205,7 +206,6 @@ class _Translator:
 
     def extern(self, node: torch.fx.Node) -> Any:
         """An EXTERN node per tensor the operator returns: the engine calls it through `torch.ops`."""
-        from ...runtime.extern import dumps, template
         if not isinstance(node.target, torch._ops.OpOverload):
             raise TranslationError(f"{node.target} is not a PyTorch operator")
         inputs: list[Ref] = []
