@@ -5,18 +5,17 @@ Every ONNX value is either a graph tensor (an IR node) or a static value known a
 symbolic dims included, as sympy expressions). Static values fold at import; one that reaches a
 tensor op becomes a weight INPUT (large) or a CONST (a scalar). Graph inputs that are not
 initializers are the engine's inputs; `dim_param`s become IR symbols. Every op the table in
-`onnx_ops.py` lacks is reported at once, with the node that uses it.
+`onnx_ops.py` lacks is reported at once, with the node that uses it. `Static` and the ONNX dtype
+tables are in onnx_values.py, which the op tables share.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import sympy
 import torch
 
 from ...errors import CompileError
@@ -25,12 +24,7 @@ from ..frontend.diagnostics import plain_error
 from ..ir.graph import Dim
 from .builder import IRBuilder, TranslationError, Ref, is_node
 from .imported import ImportedProgram, Unsupported, UnsupportedOps, finish
-
-# ONNX TensorProto element types -> XG dtypes
-ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
-               10: "float16", 11: "float64", 16: "bfloat16"}
-NP_DTYPES = {"float32": np.float32, "uint8": np.uint8, "int8": np.int8, "int16": np.int16, "int32": np.int32,
-             "int64": np.int64, "bool": np.bool_, "float16": np.float16, "float64": np.float64}
+from .onnx_values import NP_DTYPES, ONNX_DTYPES, Static
 
 
 class OnnxImportError(CompileError):
@@ -40,29 +34,6 @@ class OnnxImportError(CompileError):
         err = plain_error(code, detail=message)
         super().__init__(str(err), err.diagnostics)
         self.unreadable = code is BAD_ONNX
-
-
-@dataclass
-class Static:
-    """A value known at import time: a numpy array (object dtype when it holds symbolic dims)."""
-    array: np.ndarray
-    dtype: str                          # the XG dtype it has in the model
-
-    @property
-    def symbolic(self) -> bool:
-        return self.array.dtype == object and any(not _is_int(v) for v in self.array.reshape(-1))
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) or (isinstance(v, sympy.Basic) and v.is_Integer)
-
-
-def ir_dim(d: Any) -> Dim:
-    if isinstance(d, (int, np.integer)):
-        return int(d)
-    if isinstance(d, sympy.Basic):
-        return int(d) if d.is_Integer else str(d).replace(" ", "")
-    raise TranslationError(f"a size {d!r}")
 
 
 class OnnxTranslator:
