@@ -306,19 +306,6 @@ A note: a command-line option (`--target`, `--num-gpu`) overrides the file's har
 declaration.
 """)
 
-# --- internal (XG09xx) ----------------------------------------------------------------------
-INTERNAL = _code("XG0900", "internal compiler error", "internal compiler error: {detail}", """
-XG itself failed: this is a bug in XG, not in the program. The message names the dump file that
-holds the traceback; please attach it to a bug report.
-""")
-NOT_LOWERED = _code("XG0901", "not supported by the compiler yet", "{detail}", """
-The checker accepts the construct, but this compiler cannot turn it into graph IR yet: for
-example a parameter of a structured type on the entry function, a value returned on some paths of
-an `if` and not on others, or slice bounds that are not constants. The message names what and
-the caret where. Rewrite that piece (make the bound a constant, return on every path, pass
-tensors), or report the case so support can be added.
-""")
-
 # --- imported models (XG08xx) ---------------------------------------------------------------
 UNSUPPORTED_OPS = _code("XG0800", "unsupported ops in an imported model", "{what} uses {count} unsupported op{s}", """
 `xg.compile` and `xgc-onnx` translate every op of the model into XG's graph IR. The notes list
@@ -361,6 +348,19 @@ BAD_ONNX = _code("XG0806", "not an ONNX model XG can read", "{detail}", """
 `onnx.checker` before importing. The file is missing, unreadable, not ONNX, holds no graph, or
 fails the checker; the message says which. Re-export the model (`torch.onnx.export`) or check it
 with `python -m onnx.checker FILE`.
+""")
+
+# --- internal, and not supported yet (XG09xx) -----------------------------------------------
+INTERNAL = _code("XG0900", "internal compiler error", "internal compiler error: {detail}", """
+XG itself failed: this is a bug in XG, not in the program. The message names the dump file that
+holds the traceback; please attach it to a bug report.
+""")
+NOT_LOWERED = _code("XG0901", "not supported by the compiler yet", "{detail}", """
+The checker accepts the construct, but this compiler cannot turn it into graph IR yet: for
+example a parameter of a structured type on the entry function, a value returned on some paths of
+an `if` and not on others, or slice bounds that are not constants. The message names what and
+the caret where. Rewrite that piece (make the bound a constant, return on every path, pass
+tensors), or report the case so support can be added.
 """)
 
 # --- GPU kernels (XG10xx) -------------------------------------------------------------------
