@@ -163,7 +163,7 @@ class CliResult:
         return self.out + self.err
 
     def error_lines(self) -> list[str]:
-        return [line for line in self.err.splitlines() if line.startswith("error:")]
+        return [line for line in self.err.splitlines() if line.startswith(("error:", "error["))]
 
 
 def cli(prog: str, *args: Any) -> CliResult:

@@ -14,13 +14,25 @@ without an index row is indexed, and temp files of dead writers are removed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
+from xgbuild.cache.blobfiles import BlobFiles
 from xgbuild.cache.errors import CorruptEntryError
+from xgbuild.cache.index import Index
 from xgbuild.cache.records import decode_record
 
-if TYPE_CHECKING:
-    from xgbuild.cache.local import LocalStore
+
+class Verifiable(Protocol):
+    """What `verify_store` needs of a store: local.py's LocalStore, its caller, which this module
+    therefore names only as this Protocol (importing it would be a cycle)."""
+
+    files: BlobFiles
+    index: Index
+
+    def touch_blob(self, digest: str, size: int) -> bool: ...
+    def drop_corrupt_blob(self, digest: str) -> None: ...
+    def drop_index_rows(self, digest: str) -> None: ...
+    def delete_record(self, key: str, corrupt: bool = False) -> None: ...
 
 
 @dataclass
@@ -41,7 +53,7 @@ class VerifyReport:
         return self.index_ok and not (self.corrupt or self.missing or self.dangling)
 
 
-def verify_store(store: LocalStore, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+def verify_store(store: Verifiable, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
     """Rehash every blob, re-check every record, reconcile index and files; drop what is bad."""
     report = VerifyReport()
     report.temp_removed = store.files.clean_temp()
@@ -86,7 +98,7 @@ def verify_store(store: LocalStore, progress: Callable[[int, int], None] | None 
     return report
 
 
-def _verify_record(store: LocalStore, key: str, text: str, report: VerifyReport) -> None:
+def _verify_record(store: Verifiable, key: str, text: str, report: VerifyReport) -> None:
     try:
         record = decode_record(text.encode("ascii", "replace"), key)
     except CorruptEntryError as exc:

@@ -46,7 +46,8 @@ def run(app: typer.Typer | Callable[[], object], prog_name: str) -> NoReturn:
         app(prog_name=prog_name, standalone_mode=True)  # type: ignore[call-arg]
     except CliError as exc:
         # Library errors may already carry their "error:" (rendered diagnostics do); say it once.
-        sys.stderr.write(f"error: {str(exc).removeprefix('error: ')}\n")
+        text = str(exc).removeprefix("error: ")
+        sys.stderr.write((text if text.startswith("error[") else f"error: {text}") + "\n")
         sys.exit(exc.code)
     except SystemExit:
         raise

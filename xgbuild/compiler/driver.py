@@ -11,14 +11,14 @@ from pathlib import Path
 
 from ..errors import CompileError
 from .frontend import CheckOptions, CheckResult, TypedProgram, check_file, check_source
-from .frontend.diagnostics import Diagnostic, Severity
+from .frontend.codes import CODES, NOT_DIFFERENTIABLE, NOT_LOWERED
+from .frontend.diagnostics import error_at
 from .frontend.shard_plan import ShardingPlan, check_plan
-from .frontend.source import Span
 from .ir.graph import Program
 from .ir.lower import LoweringError, lower
+from .ir.planner import ShardingError
 from .passes import PASS_NAMES, run_pipeline
 from .passes.autodiff import AutodiffError
-from .passes.shard import ShardingError
 
 DEFAULT_TARGET = "H100"
 
@@ -44,33 +44,19 @@ def _finish(result: CheckResult, name: str, stop_after: str | None, verify_each:
     typed = result.program
     if plan is not None:
         check_plan(plan, typed, typed.num_gpu)
+    source, file, earlier = result.source, Path(name).name, result.diagnostics
     try:
         lowered = replace(lower(typed, plan, entry), target=typed.target or DEFAULT_TARGET)
     except LoweringError as exc:
-        raise CompileError(f"error: {exc}", result.diagnostics) from None
+        raise error_at(NOT_LOWERED, NOT_LOWERED.fmt(detail=str(exc)), source, file, exc.src, earlier) from None
     try:
         optimized = run_pipeline(lowered, stop_after=stop_after, verify_each=verify_each)
     except AutodiffError as exc:
-        raise CompileError(_located(result, "XG0112", str(exc), exc.src), result.diagnostics) from None
+        raise error_at(NOT_DIFFERENTIABLE, str(exc), source, file, exc.src, earlier) from None
     except ShardingError as exc:
-        line, col = exc.src[:2] if exc.src else (0, 0)
-        diag = Diagnostic(exc.code, Severity.ERROR, str(exc), result.source.name if result.source else name,
-                          line, col, Span(0, 0), help=exc.help or "")
-        raise CompileError(_located(result, exc.code, str(exc), exc.src, exc.help),
-                           [*result.diagnostics, diag]) from None
+        raise error_at(CODES[exc.code], str(exc), source, file, exc.src, earlier, exc.help or "") from None
     return Compiled(Path(name).name, result.source.text if result.source else "", result, typed, lowered,
                     optimized, typed.target or DEFAULT_TARGET, typed.num_gpu, plan=plan)
-
-
-def _located(result: CheckResult, code: str, message: str, src: tuple | None, help: str | None = None) -> str:
-    """A diagnostic-style message for an error found after checking (in lowering or a pass)."""
-    tail = f"\n  |\n  = help: {help}" if help else ""
-    if src and len(src) == 2 and result.source is not None:
-        line, col = src
-        text = result.source.line_text(line)
-        return (f"error[{code}]: {message}\n --> {result.source.name}:{line}:{col}\n  |\n"
-                f"{line} | {text}\n  | {' ' * (col - 1)}^" + tail)
-    return f"error[{code}]: {message}" + tail
 
 
 def compile_source(text: str, name: str = "program.xg", options: CheckOptions = CheckOptions(), *,

@@ -2,9 +2,10 @@
 
 The node names the operator (`aten.cumsum.default`) and keeps its arguments as a JSON template in
 which `{"$t": i}` is the node's i-th tensor input, `{"$dtype": "float32"}` a dtype and
-`{"$device": null}` the device the engine runs on. Every executor (CPU, CPU float64 reference,
-CUDA) calls the operator through `torch.ops`, so a saved engine runs in `xgrun` as well; an
-operator from a library the running process has not loaded is an error that names it.
+`{"$device": null}` the device the engine runs on (compiler/importers/extern_args.py writes
+them). Every executor (CPU, CPU float64 reference, CUDA) calls the operator through `torch.ops`,
+so a saved engine runs in `xgrun` as well; an operator from a library the running process has not
+loaded is an error that names it.
 """
 
 from __future__ import annotations
@@ -79,27 +80,3 @@ def _pick(n: Node, out: Any, dtype: torch.dtype | None) -> torch.Tensor:
         raise ExecutionError(f"the eager PyTorch operator `{n.attr('call')}` (node %{n.id}) returned {got}, "
                              f"but the engine was compiled for {XG_NAMES.get(want, want)}{list(n.shape)}")
     return out
-
-
-def template(value: Any, tensor_index) -> Any:
-    """A JSON-able argument template: `tensor_index(x)` numbers a tensor operand (None: not one)."""
-    if isinstance(value, (list, tuple)):
-        return [template(v, tensor_index) for v in value]
-    i = tensor_index(value)
-    if i is not None:
-        return {"$t": i}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        if isinstance(value, float) and value != value:
-            raise ValueError("a NaN argument")
-        return value
-    if isinstance(value, torch.dtype):
-        if value not in XG_NAMES:
-            raise ValueError(f"a {value} argument")
-        return {"$dtype": XG_NAMES[value]}
-    if isinstance(value, torch.device):
-        return {"$device": None}
-    raise ValueError(f"an argument of type {type(value).__name__}")
-
-
-def dumps(args: Any, kwargs: Any) -> str:
-    return json.dumps([args, kwargs], sort_keys=True, separators=(",", ":"), allow_nan=True)

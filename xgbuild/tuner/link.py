@@ -19,8 +19,9 @@ from ..compiler.codegen.schedule import ScheduleError
 from ..compiler.codegen.spec import Binding, KernelSpec
 from ..compiler.codegen.launch_abi import Compiled, ExternStep, KernelPlan, Variant
 from ..compiler.codegen.templates import emit
+from ..compiler.frontend.codes import KERNEL_COMPILE, NO_GPU_CODE, NO_TUNED_KERNEL
+from ..compiler.frontend.diagnostics import plain_error
 from ..compiler.ir.graph import Graph
-from ..errors import CompileError
 from ..hw import GpuProfile
 from ..runtime.cuda import KernelBinary
 from .jobs import Job, plan, tuning_env
@@ -43,7 +44,7 @@ def plan_jobs(graph: Graph, dims: dict[str, int] | None, world: int = 1) -> tupl
     try:
         return plan(graph, tuning_env(graph, dims), world)
     except ScheduleError as exc:
-        raise CompileError(f"error: no GPU code for this program: {exc}", []) from None
+        raise plain_error(NO_GPU_CODE, what="this program", detail=exc) from None
 
 
 def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: str = "cache", cache: Any = None,
@@ -108,7 +109,7 @@ def compile_winners(jobs: list[Job], winners: dict[str, Winner], compiler: Compi
             try:
                 em = emit(job.spec, cfg, variant)
             except NotImplementedError as exc:
-                raise CompileError(f"error: no GPU code for kernel {job.spec.name}: {exc}", []) from None
+                raise plain_error(NO_GPU_CODE, what=f"kernel {job.spec.name}", detail=exc) from None
             pending.append((job, cfg, variant, em, compiler.submit(em, cfg["num_warps"], cfg["num_stages"])))
     entries: dict[str, dict] = {}
     files: dict[str, bytes] = {}
@@ -117,8 +118,7 @@ def compile_winners(jobs: list[Job], winners: dict[str, Winner], compiler: Compi
             kb, ptx = fut.result()
         except Exception as exc:  # noqa: BLE001
             text = [x for x in str(exc).splitlines() if x.strip()] or [type(exc).__name__]
-            raise CompileError(f"error: Triton could not compile kernel {job.spec.name} for sm_{arch}: "
-                               f"{text[-1]} ({text[0]})", []) from None
+            raise plain_error(KERNEL_COMPILE, name=job.spec.name, arch=arch, detail=f"{text[-1]} ({text[0]})") from None
         entry = entries.setdefault(job.ident, {
             "id": job.ident, "name": job.spec.name, "kind": job.spec.kind, "spec": job.spec.canonical(),
             "tuning": {**winners[job.ident].to_json(), "shape": job.shape_part()["sizes"]},
@@ -140,9 +140,9 @@ def assemble(jobs: list[Job], launches: list[tuple[str, Binding]], entries: dict
     """The kernel table: a pure function of the plan and the compiled winners."""
     missing = [job.ident for job in jobs if job.ident not in entries]
     if missing:
-        raise CompileError(f"error: no tuned kernel for {len(missing)} of {len(jobs)} jobs: "
-                           + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-                           + "; were the tuning results made from another version of this program?", [])
+        raise plain_error(NO_TUNED_KERNEL, missing=len(missing), total=len(jobs),
+                          jobs=", ".join(missing[:5]) + (" ..." if len(missing) > 5 else ""),
+                          help="were the tuning results made from another version of this program?")
     kernels = [entries[job.ident] for job in jobs]
     named = {v[kind] for k in kernels for v in k["variants"] for kind in ("cubin", "ptx")}
     table_launches = [{"extern": b} if ident == "extern" else {"kernel": ident, "binding": b.to_json()}

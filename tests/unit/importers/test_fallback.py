@@ -145,7 +145,8 @@ def test_bad_fallback_value_and_unknown_operator() -> None:
 
 def test_a_result_of_another_integer_type_is_an_error_naming_the_operator() -> None:
     from xgbuild.compiler.ir.graph import Node, Op, attrs_of
-    from xgbuild.runtime.extern import call, dumps
+    from xgbuild.compiler.importers.extern_args import dumps
+    from xgbuild.runtime.extern import call
     node = Node(0, Op.EXTERN, (0,), "int32", (3,),
                 attrs_of(call="aten.argsort.default", args=dumps([{"$t": 0}], {})))
     with pytest.raises(ExecutionError, match=r"aten.argsort.default.*returned int64\[3\].*compiled for int32\[3\]"):
@@ -155,7 +156,8 @@ def test_a_result_of_another_integer_type_is_an_error_naming_the_operator() -> N
 def test_a_multi_result_operator_runs_once_per_run() -> None:
     """topk's values and indices come from one call (a random operator's pieces must agree)."""
     from xgbuild.compiler.ir.graph import Node, Op, attrs_of
-    from xgbuild.runtime.extern import call, dumps
+    from xgbuild.compiler.importers.extern_args import dumps
+    from xgbuild.runtime.extern import call
     args = dumps([{"$t": 0}, 2], {})
     values = Node(1, Op.EXTERN, (0,), "float32", (2,), attrs_of(call="aten.topk.default", args=args, output=0))
     indices = Node(2, Op.EXTERN, (0,), "int64", (2,), attrs_of(call="aten.topk.default", args=args, output=1))

@@ -90,14 +90,15 @@ def test_partial_sums_reduced_anyway_combine_whole() -> None:
 
 
 def test_the_plan_kept_moves_the_fewest_bytes_of_the_ways_tried() -> None:
-    from xgbuild.compiler.passes.shard import _Planner, _traffic, best_plan
+    from xgbuild.compiler.ir.planner import Planner
+    from xgbuild.compiler.passes.shard import _traffic, best_plan
     c, _, _ = plan("    with shard(A, dim=1), shard(B, dim=0):\n        C = A @ B\n        D = A @ (B * 2.0)\n"
                    "    return (C, D, C + D)\n")
     g = c.optimized.main
     raw = compile_source(HEAD.format(n=2) + "def main() {\n    with shard(A, dim=1), shard(B, dim=0):\n"
                          "        C = A @ B\n        D = A @ (B * 2.0)\n    return (C, D, C + D)\n}\n", "t.xg",
                          stop_after="stage").optimized.main      # before the sharding pass
-    ways = [_traffic(_Planner(raw, 2, free=f, leave=l).run(), 2) for f, l in
+    ways = [_traffic(Planner(raw, 2, free=f, leave=l).run(), 2) for f, l in
             ((False, "never"), (True, "outputs"), (True, "anywhere"))]
     assert _traffic(best_plan(raw, 2), 2) == min(ways) < ways[0]
     assert _traffic(g, 2) == min(ways)

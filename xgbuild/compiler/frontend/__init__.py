@@ -59,7 +59,7 @@ def _deep_stack(limit: int = 20000):
 
 def check_source(text: str, name: str = "<input>", options: CheckOptions = CheckOptions()) -> CheckResult:
     base = Path(name).resolve().parent if name and not name.startswith("<") else Path.cwd()
-    return check_source_with_loader(text, name, options, ModuleLoader(options, base))
+    return check_source_with_loader(text, name, options, ModuleLoader(options, base, check_source_with_loader))
 
 
 def check_source_with_loader(text: str, name: str, options: CheckOptions, loader: "ModuleLoader") -> CheckResult:

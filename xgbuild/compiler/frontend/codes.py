@@ -306,8 +306,79 @@ A note: a command-line option (`--target`, `--num-gpu`) overrides the file's har
 declaration.
 """)
 
-# --- internal (XG09xx) ----------------------------------------------------------------------
+# --- imported models (XG08xx) ---------------------------------------------------------------
+UNSUPPORTED_OPS = _code("XG0800", "unsupported ops in an imported model", "{what} uses {count} unsupported op{s}", """
+`xg.compile` and `xgc-onnx` translate every op of the model into XG's graph IR. The notes list
+each op that has no translation, with the module (PyTorch) or node (ONNX) that uses it and why,
+when the op is supported only in some forms. Supported ops are listed in docs/importers.md. With
+`xg.compile(..., fallback="eager")` the listed ops run through PyTorch instead, with one warning.
+""")
+MODEL_INPUT = _code("XG0801", "model input XG cannot import", "{detail}", """
+An imported model's inputs become the engine's inputs. They must be tensors (a PyTorch model's
+positional arguments, an ONNX graph's inputs) of a dtype XG has: `float16`, `bfloat16`,
+`float32`, `float64`, `int8`, `int16`, `int32`, `int64`, `uint8` or `bool`. Other kinds of input
+(Python scalars, lists, custom objects, inputs torch.export marks as tokens) are not imported:
+close over them, or pass them as tensors.
+""")
+MODEL_DTYPE = _code("XG0802", "weight of a dtype XG has no type for", "{detail}", """
+Every weight (parameter, buffer or constant tensor; an ONNX initializer) is stored in the engine
+with one of XG's dtypes: `float16`, `bfloat16`, `float32`, `float64`, `int8`, `int16`, `int32`,
+`int64`, `uint8` or `bool`. Complex, quantized and float8 tensors have no XG type: convert the
+weight (e.g. `model.float()`) before compiling.
+""")
+MODEL_TRAINING = _code("XG0803", "model in training mode", "{detail}", """
+An engine computes a fixed function of its inputs: it cannot update the model's state as it
+runs. A module in training mode does (batch norm updates its running statistics, dropout draws
+random masks), so XG refuses it. Call `model.eval()` before `xg.compile`.
+""")
+MODEL_OUTPUT = _code("XG0804", "model output XG cannot import", "{detail}", """
+An imported model's outputs become the engine's outputs, so each must be a tensor (or a tuple or
+list of tensors; an ONNX graph's outputs) of a dtype XG has. Return the tensors themselves:
+Python numbers, strings and custom objects are not engine outputs.
+""")
+NOT_CAPTURED = _code("XG0805", "model cannot be captured", "torch.export could not capture the model: {detail}", """
+`xg.compile` captures a PyTorch model with `torch.export.export(model, example_inputs)`, which
+traces one fixed graph. Python control flow that depends on tensor values (`if x.sum() > 0:`),
+data-dependent shapes and some Python constructs cannot be traced. The message repeats
+torch.export's first line. Use `torch.where` or `torch.cond` instead of `if`, or move the
+data-dependent part out of the model.
+""")
+BAD_ONNX = _code("XG0806", "not an ONNX model XG can read", "{detail}", """
+`xgc-onnx` reads an ONNX file (protobuf, with its external data beside it) and checks it with
+`onnx.checker` before importing. The file is missing, unreadable, not ONNX, holds no graph, or
+fails the checker; the message says which. Re-export the model (`torch.onnx.export`) or check it
+with `python -m onnx.checker FILE`.
+""")
+
+# --- internal, and not supported yet (XG09xx) -----------------------------------------------
 INTERNAL = _code("XG0900", "internal compiler error", "internal compiler error: {detail}", """
 XG itself failed: this is a bug in XG, not in the program. The message names the dump file that
 holds the traceback; please attach it to a bug report.
+""")
+NOT_LOWERED = _code("XG0901", "not supported by the compiler yet", "{detail}", """
+The checker accepts the construct, but this compiler cannot turn it into graph IR yet: for
+example a parameter of a structured type on the entry function, a value returned on some paths of
+an `if` and not on others, or slice bounds that are not constants. The message names what and
+the caret where. Rewrite that piece (make the bound a constant, return on every path, pass
+tensors), or report the case so support can be added.
+""")
+
+# --- GPU kernels (XG10xx) -------------------------------------------------------------------
+NO_GPU_CODE = _code("XG1000", "no GPU code", "no GPU code for {what}: {detail}", """
+Building an engine with kernels turns each fused group of ops into a Triton kernel. Some
+programs and shapes have no kernel template yet; the message names the kernel (or the program)
+and what is missing. Build without GPU kernels (`xgc --no-kernels`, `kernels=False`) to run the
+engine on the CPU reference executor, or report the case.
+""")
+KERNEL_COMPILE = _code("XG1001", "kernel failed to compile", "could not compile kernel {name} for sm_{arch} with Triton: {detail}", """
+Triton failed on a kernel XG generated, for the target's architecture. The message repeats the
+last and first lines of Triton's error. This is most often a Triton other than the version XG
+pins (`triton==3.6.0` in pyproject.toml) or a configuration the target cannot hold; it is not a
+mistake in the program. Report it with the output of `xgc --emit ir-opt` for the program.
+""")
+NO_TUNED_KERNEL = _code("XG1002", "tuning results do not match the program", "no tuned kernel for {missing} of {total} jobs: {jobs}", """
+Linking (`xgc --kernels-from`, Bazel's link step) takes each kernel's winner from the tuning
+results given. A job with no result means those results were made from another version of the
+program, another target or other tuning shapes (`--dim`). Tune again from the same program and
+options (`xgbuild tune`), or let `xgc` tune as it builds.
 """)

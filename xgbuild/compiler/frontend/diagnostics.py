@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from ...errors import CompileError
 from .codes import CODES, TOO_MANY, Code
 from .source import SourceFile, Span
 
@@ -120,8 +121,9 @@ def _printable(text: str) -> str:
 def render(diag: Diagnostic, source: SourceFile | None) -> str:
     """Render one diagnostic the way rustc does."""
     head = f"{diag.severity.value}[{diag.code}]: {diag.message}"
-    if source is None:  # the file could not be read or decoded: no line to show
-        lines = [head, f" --> {diag.file}"]
+    if source is None:  # no line to show: an unreadable file, or no file at all (an imported model)
+        lines = [head] + ([f" --> {diag.file}"] if diag.file else [])
+        lines += [f"  = note: {note}" for note in diag.notes]
         if diag.help:
             lines.append(f"  = help: {diag.help}")
         return "\n".join(lines)
@@ -144,6 +146,26 @@ def render(diag: Diagnostic, source: SourceFile | None) -> str:
     if diag.help:
         lines.append(f"{gutter} = help: {diag.help}")
     return "\n".join(lines)
+
+
+def error_at(code: Code, message: str, source: SourceFile | None, file: str, src: tuple | None,
+             earlier: list[Diagnostic] = (), help: str = "") -> CompileError:
+    """A CompileError for an error found after checking (lowering, a pass) at `src`: a (line, col)
+    of `source`, or (line, col, module) in an imported module, which is named in a note. `message`
+    is `code`'s template, formatted; the diagnostics are the check's (`earlier`) and this one."""
+    shown = source if src and len(src) == 2 else None
+    notes = (f"in the imported module `{src[2]}`, line {src[0]}, column {src[1]}",) if src and len(src) == 3 else ()
+    line, col = src[:2] if shown else (0, 0)
+    diag = Diagnostic(code.code, Severity.ERROR, message, source.name if source else file,
+                      line, col, Span(0, 0), help=help, notes=notes)
+    return CompileError(render(diag, shown), [*earlier, diag])
+
+
+def plain_error(code: Code, *, help: str = "", notes: tuple[str, ...] = (), **fmt: object) -> CompileError:
+    """A CompileError with one diagnostic for a failure that no source line shows (an imported
+    model, a kernel), rendered like every other."""
+    diag = Diagnostic(code.code, Severity.ERROR, code.fmt(**fmt), "", 0, 0, Span(0, 0), help=help, notes=notes)
+    return CompileError(render(diag, None), [diag])
 
 
 def render_all(diags: list[Diagnostic], source: SourceFile | None) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from ...settings import REPO_ROOT
 from . import ast as A
@@ -35,6 +36,9 @@ class Origin:
 class ModuleLoader:
     options: object
     base_dir: Path
+    # The frontend's entry point, check_source_with_loader(text, name, options, loader): passed in
+    # by frontend/__init__.py, which imports this module (importing it back would be a cycle).
+    check: Callable
     loading: list[str] = field(default_factory=list)
     loaded: dict[str, list[A.Node]] = field(default_factory=dict)
     next_offset: int = 1
@@ -72,11 +76,10 @@ class ModuleLoader:
             diags.error(BAD_IMPORT, imp.span, detail=f"cannot import `{name}`: {reason} ({path})",
                         help="`std.*` modules live in XG's std/ directory; others beside the importing file")
             return []
-        from . import check_source_with_loader          # the package's entry point, shared
         from .checker import CheckOptions
         self.loading.append(name)
-        sub = ModuleLoader(self.options, path.parent, self.loading, self.loaded, self.next_offset)
-        result = check_source_with_loader(text, str(path), CheckOptions(lib=True, hw_dir=self.options.hw_dir), sub)
+        sub = ModuleLoader(self.options, path.parent, self.check, self.loading, self.loaded, self.next_offset)
+        result = self.check(text, str(path), CheckOptions(lib=True, hw_dir=self.options.hw_dir), sub)
         self.next_offset = sub.next_offset
         self.loading.pop()
         if not result.ok:

@@ -39,12 +39,12 @@ from __future__ import annotations
 
 import hashlib
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ...errors import CompileError
 from .codes import PLAN_BAD, PLAN_PIPELINE, PLAN_UNKNOWN, SHARD_CONFLICT, SHARD_INDIVISIBLE, Code
-from .diagnostics import Diagnostic, Severity
+from .diagnostics import Diagnostic, Severity, render
 from .source import Span
 
 STRATEGIES = ("data", "tensor", "replicated", "pipeline")
@@ -158,9 +158,8 @@ def plan_error(code: Code, detail: str, where: str, help: str | None = None) -> 
 def _error(code: str, message: str, where: str, help: str | None = None) -> CompileError:
     """An error in the plan file, rendered rustc-style; its one diagnostic names the file (no line:
     TOML readers do not keep positions) for `--json`."""
-    text = f"error[{code}]: {message}\n --> {where}" + (f"\n  = help: {help}" if help else "")
     diag = Diagnostic(code, Severity.ERROR, message, where.split(":")[0], 0, 0, Span(0, 0), help=help or "")
-    return CompileError(text, [diag])
+    return CompileError(render(replace(diag, file=where), None), [diag])   # the text names the table too
 
 
 def load_plan(path: Path | str) -> ShardingPlan:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ...errors import CompileError
+from ..frontend.codes import UNSUPPORTED_OPS
+from ..frontend.diagnostics import plain_error
 from ..ir.graph import Graph, Program, renumber, tree_ids
 from ..passes import PASS_NAMES, run_pipeline
 
@@ -71,9 +73,8 @@ class UnsupportedOps(CompileError):
     """Every op of a model that XG cannot import, each with where the model uses it."""
 
     def __init__(self, what: str, items: list[Unsupported]) -> None:
-        lines = [f"error: {what} uses {len(items)} unsupported op{'s' if len(items) != 1 else ''}:"]
-        for u in items:
-            lines.append(f"  {u.op} at {u.where}" + (f": {u.why}" if u.why else ""))
-        lines.append("  = help: supported ops are listed in docs/importers.md")
-        super().__init__("\n".join(lines), [])
+        err = plain_error(UNSUPPORTED_OPS, what=what, count=len(items), s="s" if len(items) != 1 else "",
+                          notes=tuple(f"{u.op} at {u.where}" + (f": {u.why}" if u.why else "") for u in items),
+                          help="supported ops are listed in docs/importers.md")
+        super().__init__(str(err), err.diagnostics)
         self.items = items

@@ -5,61 +5,35 @@ Every ONNX value is either a graph tensor (an IR node) or a static value known a
 symbolic dims included, as sympy expressions). Static values fold at import; one that reaches a
 tensor op becomes a weight INPUT (large) or a CONST (a scalar). Graph inputs that are not
 initializers are the engine's inputs; `dim_param`s become IR symbols. Every op the table in
-`onnx_ops.py` lacks is reported at once, with the node that uses it.
+`onnx_ops.py` lacks is reported at once, with the node that uses it. `Static` and the ONNX dtype
+tables are in onnx_values.py, which the op tables share.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import sympy
 import torch
 
 from ...errors import CompileError
+from ..frontend.codes import BAD_ONNX, MODEL_DTYPE, MODEL_INPUT, MODEL_OUTPUT, Code
+from ..frontend.diagnostics import plain_error
 from ..ir.graph import Dim
 from .builder import IRBuilder, TranslationError, Ref, is_node
 from .imported import ImportedProgram, Unsupported, UnsupportedOps, finish
-
-# ONNX TensorProto element types -> XG dtypes
-ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
-               10: "float16", 11: "float64", 16: "bfloat16"}
-NP_DTYPES = {"float32": np.float32, "uint8": np.uint8, "int8": np.int8, "int16": np.int16, "int32": np.int32,
-             "int64": np.int64, "bool": np.bool_, "float16": np.float16, "float64": np.float64}
+from .onnx_values import NP_DTYPES, ONNX_DTYPES, Static
 
 
 class OnnxImportError(CompileError):
     """The file is missing, unreadable, not ONNX (`unreadable`), or not a model XG can import."""
 
-    def __init__(self, message: str, unreadable: bool = False) -> None:
-        super().__init__(f"error: {message}", [])
-        self.unreadable = unreadable
-
-
-@dataclass
-class Static:
-    """A value known at import time: a numpy array (object dtype when it holds symbolic dims)."""
-    array: np.ndarray
-    dtype: str                          # the XG dtype it has in the model
-
-    @property
-    def symbolic(self) -> bool:
-        return self.array.dtype == object and any(not _is_int(v) for v in self.array.reshape(-1))
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) or (isinstance(v, sympy.Basic) and v.is_Integer)
-
-
-def ir_dim(d: Any) -> Dim:
-    if isinstance(d, (int, np.integer)):
-        return int(d)
-    if isinstance(d, sympy.Basic):
-        return int(d) if d.is_Integer else str(d).replace(" ", "")
-    raise TranslationError(f"a size {d!r}")
+    def __init__(self, code: Code, message: str) -> None:
+        err = plain_error(code, detail=message)
+        super().__init__(str(err), err.diagnostics)
+        self.unreadable = code is BAD_ONNX
 
 
 class OnnxTranslator:
@@ -123,7 +97,7 @@ class OnnxTranslator:
             arr = numpy_helper.to_array(t)
             dt = ONNX_DTYPES.get(t.data_type)
             if dt is None:
-                raise OnnxImportError(f"initializer `{t.name}` has ONNX element type {t.data_type}, which XG "
+                raise OnnxImportError(MODEL_DTYPE, f"initializer `{t.name}` has ONNX element type {t.data_type}, which XG "
                                       "has no dtype for")
             self.values[t.name] = Static(arr, dt)
         for inp in g.input:
@@ -132,7 +106,7 @@ class OnnxTranslator:
             tt = inp.type.tensor_type
             dt = ONNX_DTYPES.get(tt.elem_type)
             if dt is None:
-                raise OnnxImportError(f"input `{inp.name}` has ONNX element type {tt.elem_type}, which XG has "
+                raise OnnxImportError(MODEL_INPUT, f"input `{inp.name}` has ONNX element type {tt.elem_type}, which XG has "
                                       "no dtype for")
             dims: list[Dim] = []
             for axis, d in enumerate(tt.shape.dim):
@@ -174,7 +148,7 @@ class OnnxTranslator:
             try:
                 leaves.append({"t": int(self.tensor(v, out.name))})
             except TranslationError as exc:
-                raise OnnxImportError(f"graph output `{out.name}`: {exc}") from None
+                raise OnnxImportError(MODEL_OUTPUT, f"graph output `{out.name}`: {exc}") from None
         return leaves[0] if len(leaves) == 1 else {"tuple": leaves}
 
 
@@ -191,20 +165,18 @@ def load_onnx(path: Path | str):
     import onnx
     path = Path(path)
     if not path.is_file():
-        raise OnnxImportError(f"cannot read {path}: no such file", unreadable=True)
+        raise OnnxImportError(BAD_ONNX, f"cannot read {path}: no such file")
     try:
         model = onnx.load(str(path))
     except Exception as exc:  # noqa: BLE001 (protobuf raises several kinds on corrupt bytes)
-        raise OnnxImportError(f"{path} is not a readable ONNX model ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else 'corrupt protobuf'})",
-                              unreadable=True) from None
+        raise OnnxImportError(BAD_ONNX, f"{path} is not a readable ONNX model ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else 'corrupt protobuf'})") from None
     if not model.graph.node and not model.graph.output:
-        raise OnnxImportError(f"{path} holds no ONNX graph", unreadable=True)
+        raise OnnxImportError(BAD_ONNX, f"{path} holds no ONNX graph")
     try:
         onnx.checker.check_model(model)
     except Exception as exc:  # noqa: BLE001 (onnx's ValidationError and friends)
-        raise OnnxImportError(f"{path} is not a valid ONNX model: {str(exc).splitlines()[0]}",
-                              unreadable=True) from None
+        raise OnnxImportError(BAD_ONNX, f"{path} is not a valid ONNX model: {str(exc).splitlines()[0]}") from None
     return model
 
 

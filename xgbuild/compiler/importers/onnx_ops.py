@@ -19,7 +19,7 @@ from ..ops import BINARY, COMPARE, ONNX, UNARY
 from ..ir.shapes import FLOATS
 from . import composites as C
 from .builder import TranslationError, is_node
-from .onnx_import import ONNX_DTYPES, Static
+from .onnx_values import NP_DTYPES, ONNX_DTYPES, Static
 
 TABLE: dict[str, Callable] = {}
 
@@ -186,7 +186,6 @@ def _cast(t, node, args, attrs):
     if isinstance(x, Static):
         if x.symbolic:
             return Static(x.array, dt)
-        from .onnx_import import NP_DTYPES
         return Static(x.array.astype(NP_DTYPES.get(dt, np.float32)), dt)
     return t.b.cast(x, dt)
 

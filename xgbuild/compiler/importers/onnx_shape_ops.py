@@ -14,7 +14,7 @@ import sympy
 from ..ir.graph import Op
 from . import composites as C
 from .builder import TranslationError
-from .onnx_import import ONNX_DTYPES, Static, ir_dim
+from .onnx_values import ONNX_DTYPES, Static, ir_dim
 from .onnx_ops import _all_static, _ints, _static, op
 
 # --- shapes ---------------------------------------------------------------------------------------

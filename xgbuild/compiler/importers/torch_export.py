@@ -17,10 +17,13 @@ from typing import Any, Sequence
 
 import torch
 
-from ...errors import CompileError, XGError
+from ...errors import XGError
+from ..frontend.codes import MODEL_DTYPE, MODEL_INPUT, MODEL_OUTPUT, MODEL_TRAINING, NOT_CAPTURED
+from ..frontend.diagnostics import plain_error
 from ..ir.graph import Dim, Op
 from .aten_ops import TABLE
 from .builder import IRBuilder, TranslationError, Ref, is_node, xg_dtype
+from .extern_args import dumps, template
 from .imported import ImportedProgram, Unsupported, UnsupportedOps, finish
 
 
@@ -101,8 +104,8 @@ class _Translator:
             val = node.meta.get("val")
             if spec.kind == InputKind.USER_INPUT:
                 if not isinstance(val, torch.Tensor):
-                    raise CompileError(f"error: input `{spec.arg.name}` is a {type(val).__name__}; "
-                                       "xg.compile takes tensor inputs only", [])
+                    raise plain_error(MODEL_INPUT, detail=f"input `{spec.arg.name}` is a {type(val).__name__}; "
+                                      "xg.compile takes tensor inputs only")
                 for axis, d in enumerate(val.shape):
                     if isinstance(d, torch.SymInt) and d.node.expr.is_symbol:
                         sym = str(d.node.expr)
@@ -122,8 +125,8 @@ class _Translator:
             elif spec.kind == InputKind.CONSTANT_TENSOR:
                 tensor = self.ep.constants[spec.target]
             else:
-                raise CompileError(f"error: the model takes a {spec.kind.name.lower()} input "
-                                   f"`{spec.arg.name}`, which XG cannot import", [])
+                raise plain_error(MODEL_INPUT, detail=f"the model takes a {spec.kind.name.lower()} input "
+                                  f"`{spec.arg.name}`, which XG cannot import")
             name = spec.target if spec.target not in user_names else f"weight.{spec.target}"
             tensor = tensor.detach()
             alias = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
@@ -131,7 +134,7 @@ class _Translator:
                 self.values[node.name] = self.aliases[alias]
                 continue
             if xg_dtype(tensor.dtype) is None:
-                raise CompileError(f"error: weight `{name}` has dtype {tensor.dtype}, which XG has no type for", [])
+                raise plain_error(MODEL_DTYPE, detail=f"weight `{name}` has dtype {tensor.dtype}, which XG has no type for")
             self.weights[name] = tensor
             self.values[node.name] = self.b.input(name, xg_dtype(tensor.dtype), tuple(tensor.shape))
             self.aliases[alias] = self.values[node.name]
@@ -203,7 +206,6 @@ class _Translator:
 
     def extern(self, node: torch.fx.Node) -> Any:
         """An EXTERN node per tensor the operator returns: the engine calls it through `torch.ops`."""
-        from ...runtime.extern import dumps, template
         if not isinstance(node.target, torch._ops.OpOverload):
             raise TranslationError(f"{node.target} is not a PyTorch operator")
         inputs: list[Ref] = []
@@ -244,16 +246,16 @@ class _Translator:
         from torch.export.graph_signature import OutputKind
         kinds = [s.kind for s in self.ep.graph_signature.output_specs]
         if any(k != OutputKind.USER_OUTPUT for k in kinds):
-            raise CompileError("error: the model updates its buffers while running (a module in training "
-                               "mode?); call model.eval() before xg.compile", [])
+            raise plain_error(MODEL_TRAINING, detail="the model updates its buffers while running (a module in "
+                              "training mode?)", help="call model.eval() before xg.compile")
         leaves = []
         for arg in node.args[0]:
             v = self.values.get(arg.name) if isinstance(arg, torch.fx.Node) else arg
             if not is_node(v):
                 if self.unsupported:
                     return {"tuple": []}
-                raise CompileError(f"error: the model returns a {type(v).__name__}; xg.compile supports "
-                                   "models that return tensors", [])
+                raise plain_error(MODEL_OUTPUT, detail=f"the model returns a {type(v).__name__}; xg.compile "
+                                  "supports models that return tensors")
             leaves.append({"t": int(v)})
         spec = self.ep.call_spec.out_spec
         if spec is not None and spec.is_leaf() and len(leaves) == 1:
@@ -272,9 +274,9 @@ def _capture(model: torch.nn.Module, args: tuple, dynamic_shapes: Any) -> torch.
         return torch.export.export(model, args, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as exc:  # noqa: BLE001 (torch.export raises many kinds; all mean "not capturable")
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CompileError(f"error: torch.export could not capture the model: {type(exc).__name__}: {first}\n"
-                           "  = help: xg.compile needs a model that torch.export.export(model, example_inputs) "
-                           "accepts", []) from None
+        raise plain_error(NOT_CAPTURED, detail=f"{type(exc).__name__}: {first}",
+                          help="xg.compile needs a model that torch.export.export(model, example_inputs) "
+                               "accepts") from None
 
 
 def import_torch(model_or_fn: Any, example_inputs: Sequence[Any], *, dynamic_shapes: Any = None,
@@ -304,8 +306,8 @@ def import_torch(model_or_fn: Any, example_inputs: Sequence[Any], *, dynamic_sha
         arg_names = []
     for path, module in model.named_modules():
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.training:
-            raise CompileError(f"error: module `{path}` ({type(module).__name__}) is in training mode: batch norm "
-                               "would update its statistics\n  = help: call model.eval() before xg.compile", [])
+            raise plain_error(MODEL_TRAINING, detail=f"module `{path}` ({type(module).__name__}) is in training "
+                              "mode: batch norm would update its statistics", help="call model.eval() before xg.compile")
     args = tuple(x.detach() for x in example_inputs)
     ep = _capture(model, args, dynamic_shapes)
     dim_names = _dim_names(dynamic_shapes, arg_names)

@@ -26,7 +26,12 @@ ERROR_CODES = {name: i + 1 for i, name in enumerate(NAMED_ERRORS)}
 
 
 class LoweringError(Exception):
-    """A construct the checker accepts but this compiler cannot lower yet; names the line."""
+    """A construct the checker accepts but this compiler cannot lower yet; `src` is where, as
+    `FunctionLowering.src` gives it (None: the program as a whole)."""
+
+    def __init__(self, message: str, src: tuple | None = None) -> None:
+        super().__init__(message)
+        self.src = src
 
 
 @dataclass(frozen=True)
@@ -190,8 +195,7 @@ class FunctionLowering:
         return (*origin.source.line_col(node.span.start), origin.module)
 
     def fail(self, node: A.Node, message: str) -> LoweringError:
-        line, col = self.src(node)
-        return LoweringError(f"{self.tp.source.name}:{line}:{col}: {message}")
+        return LoweringError(message, self.src(node))
 
     # --- statements (if-conversion) -------------------------------------------------------------
     def seq(self, stmts: list[A.Stmt]) -> LVal | None:

@@ -3,10 +3,10 @@
 A pipeline plan's `[pipeline] microbatches = M` with `split = { X = 0 }` puts a
 MICROBATCH(x, dim=d, parts=M) marker on each split input (identity in one process: the whole
 batch at once gives the same result). For a pipeline run, `microbatch_graph` plans the program as
-if M ranks each held one microbatch, with the sharding pass's own rules (ir/layout.py): the
-markers are splits, a value is R (whole: computed once), S(d) (one piece per microbatch) or P (one
-addend per microbatch: a weight gradient), and the pass's conversions become combinations over
-microbatches:
+if M ranks each held one microbatch, with the sharding pass's own rules (ir/layout.py) and
+planner (ir/planner.py): the markers are splits, a value is R (whole: computed once), S(d) (one
+piece per microbatch) or P (one addend per microbatch: a weight gradient), and the planner's
+conversions become combinations over microbatches:
 
 | conversion | over microbatches |
 | --- | --- |
@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 
 from .graph import Graph, Op, attrs_of, tree_map
 from .layout import R, infer_layouts, local_shape
+from .planner import Planner, ShardingError
 
 def microbatches(graph: Graph) -> int:
     """The graph's microbatch count (1: none)."""
@@ -49,13 +50,10 @@ class Microbatched:
     replicas: int = 1            # GPUs per stage: the plan is over parts * replicas pieces
 
 
-def microbatch_graph(graph: Graph) -> Microbatched:
-    """The plan over microbatches (raises passes/shard.py's ShardingError, worded in microbatches,
-    for a size the count does not divide)."""
-    from ..passes.shard import ShardingError, _Planner
-    from .stages import has_stages, stage_gpus
+def microbatch_graph(graph: Graph, replicas: int = 1) -> Microbatched:
+    """The plan over microbatches for `replicas` GPUs per stage (ir/stages.py's `stage_replicas`); raises
+    ShardingError, worded in microbatches, for a size the count does not divide."""
     parts = microbatches(graph)
-    replicas = len(stage_gpus(graph)[0]) if has_stages(graph) else 1
     if parts * replicas == 1:
         return Microbatched(graph, 1, frozenset())
     # No marker left (the program never reads its `split` inputs): nothing is split, and every
@@ -65,7 +63,7 @@ def microbatch_graph(graph: Graph) -> Microbatched:
     # The markers become the sharding pass's splits, over `parts` virtual ranks.
     marked = graph.with_nodes([replace(n, op=Op.SHARD, attrs=attrs_of(dim=n.attr("dim")))
                                if n.op is Op.MICROBATCH else n for n in graph.nodes])
-    planner = _Planner(marked, pieces)
+    planner = Planner(marked, pieces)
     try:
         planned = planner.run()
         whole = tree_map(planned.output, lambda i: planner.convert(i, R, None))

@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .graph import Graph, Op, tree_ids
+from .layout import nbytes
+from .microbatch import microbatch_graph
 
 
 def has_stages(graph: Graph) -> bool:
@@ -46,6 +48,11 @@ def stage_gpus(graph: Graph) -> tuple[tuple[int, ...], ...]:
                 return n.attr("gpus")
             most = max(most, n.attr("stage") if n.attr("stage") is not None else -1)
     return tuple((k,) for k in range(most + 1))
+
+
+def stage_replicas(graph: Graph) -> int:
+    """GPUs per stage: the data-parallel replicas of the pipeline (1 without stages)."""
+    return len(stage_gpus(graph)[0]) if has_stages(graph) else 1
 
 
 def stage_of(graph: Graph, rank: int) -> tuple[int, int] | None:
@@ -290,8 +297,7 @@ def _stage_plans(graph: Graph, world: int) -> list[RankPlan]:
     all backwards) or 1F1B (below). A simulation of all ranks in step gives each transfer its
     time; every pair posts its transfers in that order, which each side reaches in its own order
     of work, so sends and receives pair up."""
-    from .microbatch import microbatch_graph
-    mb = microbatch_graph(graph)
+    mb = microbatch_graph(graph, stage_replicas(graph))
     g, parts, per = mb.graph, mb.parts, mb.per_microbatch
     st = infer_stages(g)
     outputs = tree_ids(g.output)
@@ -450,7 +456,6 @@ def stage_summary(graph: Graph) -> dict:
     """The placement as data (manifest, inspect, --emit ir-opt): each stage's GPUs and nodes,
     microbatches, what each pair of stages sends (per value: how many times, and bytes in all; each
     replica sends as much) and, with stages of several GPUs, the collectives inside each stage."""
-    from .layout import nbytes
     st = infer_stages(graph)
     gpus = stage_gpus(graph)
     world = len(gpus)

@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..frontend.codes import PLAN_PIPELINE
-from ..ir.graph import Graph, Op, Program, attrs_of, tree_ids, tree_map
+from ..ir.graph import Graph, Op, Program, attrs_of, tree_map
 from ..ir.layout import nbytes
 from ..ir.microbatch import microbatch_graph
-from ..ir.stages import batch_split, has_stages, infer_stages, stage_gpus, stage_plans
-from .shard import ShardingError
+from ..ir.planner import ShardingError
+from ..ir.stages import batch_split, has_stages, infer_stages, stage_gpus, stage_plans, stage_replicas
 
 
 def stage(program: Program) -> Program:
@@ -51,7 +51,7 @@ def stage(program: Program) -> Program:
         nodes.append(n)
     g = g.with_nodes(nodes, tree_map(g.output, lambda i: alias.get(i, i)))
     if program.num_gpu > 1:
-        microbatch_graph(g)        # the microbatch plan must work (a dim the count does not divide: XG0500)
+        microbatch_graph(g, stage_replicas(g))    # the microbatch plan must work (a dim the count does not divide: XG0500)
     return replace(program, main=g)
 
 

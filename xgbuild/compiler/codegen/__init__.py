@@ -1,0 +1,1 @@
+"""Codegen: kernel specs -> Triton source and cubins (schedule, spec, emitter, templates, build)."""
