@@ -10,51 +10,13 @@ shape, source, convolution and pooling ops are in aten_shape_ops.py.
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable
 
 from ..ir.graph import Op
-from ..ops import ATEN, BINARY, UNARY
 from ..ir.shapes import FLOATS
+from ..ops import ATEN, BINARY, UNARY
 from . import composites as C
-from .builder import TranslationError, Ref, is_node, xg_dtype
-
-TABLE: dict[str, Callable] = {}
-
-
-def op(*names: str):
-    def deco(fn):
-        for n in names:
-            TABLE[n] = fn
-        return fn
-    return deco
-
-
-def _arg(args: list, kwargs: dict, i: int, name: str, default: Any = None) -> Any:
-    if len(args) > i:
-        return args[i]
-    return kwargs.get(name, default)
-
-
-def _tensor(v: Any, what: str) -> Ref:
-    if not is_node(v):
-        raise TranslationError(f"{what} is not a tensor ({type(v).__name__})")
-    return v
-
-
-def _pair(v: Any) -> tuple[int, int]:
-    if isinstance(v, (list, tuple)):
-        return (int(v[0]), int(v[-1]))
-    return (int(v), int(v))
-
-
-def _pads(v) -> tuple[int, int, int, int]:
-    """PyTorch's symmetric (h, w) padding as (top, bottom, left, right)."""
-    h, w = _pair(v)
-    return (h, h, w, w)
-
-
-def _out_dtype(node) -> str:
-    return xg_dtype(node.meta["val"].dtype) or "float32"
+from .aten_table import TABLE, arg, op, out_dtype, tensor
+from .builder import TranslationError, is_node
 
 
 # --- element-wise ---------------------------------------------------------------------------------
@@ -63,7 +25,7 @@ _UNARY = {name: o for name, o in ATEN.items() if o in UNARY}
 
 
 def _unary(t, node, args, kwargs):
-    return t.b.unary(_UNARY[str(node.target.overloadpacket)], _tensor(args[0], "the operand"))
+    return t.b.unary(_UNARY[str(node.target.overloadpacket)], tensor(args[0], "the operand"))
 
 
 for _name in _UNARY:
@@ -73,7 +35,7 @@ for _name in _UNARY:
 @op("aten.relu_", "aten.hardtanh")
 def _relu_like(t, node, args, kwargs):
     if str(node.target.overloadpacket) == "aten.hardtanh":
-        return _clamp(t, args[0], _arg(args, kwargs, 1, "min_val", -1.0), _arg(args, kwargs, 2, "max_val", 1.0))
+        return _clamp(t, args[0], arg(args, kwargs, 1, "min_val", -1.0), arg(args, kwargs, 2, "max_val", 1.0))
     return t.b.unary(Op.RELU, args[0])
 
 
@@ -83,9 +45,9 @@ def _activation(t, node, args, kwargs):
     """Activations written with existing element-wise ops (same formulas as torch's)."""
     b, x, name = t.b, args[0], str(node.target.overloadpacket)
     if name == "aten.leaky_relu":
-        return b.where(b.compare(Op.GT, x, 0.0), x, b.binary(Op.MUL, x, float(_arg(args, kwargs, 1, "negative_slope", 0.01))))
+        return b.where(b.compare(Op.GT, x, 0.0), x, b.binary(Op.MUL, x, float(arg(args, kwargs, 1, "negative_slope", 0.01))))
     if name == "aten.elu":
-        alpha = float(_arg(args, kwargs, 1, "alpha", 1.0))
+        alpha = float(arg(args, kwargs, 1, "alpha", 1.0))
         return b.where(b.compare(Op.GT, x, 0.0), x, b.binary(Op.MUL, b.binary(Op.SUB, b.unary(Op.EXP, x), 1.0), alpha))
     if name == "aten.hardsigmoid":
         return _clamp(t, b.binary(Op.ADD, b.binary(Op.DIV, x, 6.0), 0.5), 0.0, 1.0)
@@ -94,8 +56,8 @@ def _activation(t, node, args, kwargs):
     if name == "aten.relu6":
         return _clamp(t, x, 0.0, 6.0)
     if name in ("aten.softplus", "aten.mish"):
-        beta = float(_arg(args, kwargs, 1, "beta", 1.0)) if name == "aten.softplus" else 1.0
-        threshold = float(_arg(args, kwargs, 2, "threshold", 20.0)) if name == "aten.softplus" else 20.0
+        beta = float(arg(args, kwargs, 1, "beta", 1.0)) if name == "aten.softplus" else 1.0
+        threshold = float(arg(args, kwargs, 2, "threshold", 20.0)) if name == "aten.softplus" else 20.0
         bx = b.binary(Op.MUL, x, beta)
         # log(1 + exp(bx)) / beta, and x itself where bx > threshold (as torch, to avoid overflow)
         soft = b.binary(Op.DIV, b.unary(Op.LOG, b.binary(Op.ADD, b.unary(Op.EXP, b.binary(Op.MINIMUM, bx, threshold)), 1.0)), beta)
@@ -106,7 +68,7 @@ def _activation(t, node, args, kwargs):
     if name == "aten.square":
         return b.binary(Op.MUL, x, x)
     # tril / triu: keep (i, j) with j - i <= k (tril) or >= k (triu), from IOTAs
-    k = int(_arg(args, kwargs, 1, "diagonal", 0))
+    k = int(arg(args, kwargs, 1, "diagonal", 0))
     rows, cols = b.shape(x)[-2:]
     diff = b.binary(Op.SUB, b.reshape(b.iota(cols), (1, cols)), b.reshape(b.iota(rows), (rows, 1)))
     keep = b.compare(Op.LE if name == "aten.tril" else Op.GE, diff, k)
@@ -138,7 +100,7 @@ def _binary(t, node, args, kwargs):
         return t.b.op(o, [t.b.cast(a, "bool"), t.b.cast(b, "bool")])
     if not is_node(a) and not is_node(b):
         return _PY[o](a, b)
-    return t.b.binary(o, a, b, dtype=None if o in (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE) else _out_dtype(node))
+    return t.b.binary(o, a, b, dtype=None if o in (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE) else out_dtype(node))
 
 
 _PY = {Op.ADD: operator.add, Op.SUB: operator.sub, Op.MUL: operator.mul, Op.DIV: operator.truediv}
@@ -179,7 +141,7 @@ def _clamp(t, x, lo, hi):
 
 @op("aten.clamp", "aten.clip")
 def _clamp_op(t, node, args, kwargs):
-    return _clamp(t, args[0], _arg(args, kwargs, 1, "min"), _arg(args, kwargs, 2, "max"))
+    return _clamp(t, args[0], arg(args, kwargs, 1, "min"), arg(args, kwargs, 2, "max"))
 
 
 @op("aten.where")
@@ -197,13 +159,13 @@ def _masked_fill(t, node, args, kwargs):
 
 @op("aten._to_copy", "aten.to", "aten.type_as")
 def _to(t, node, args, kwargs):
-    return t.b.cast(args[0], _out_dtype(node))
+    return t.b.cast(args[0], out_dtype(node))
 
 
 @op("aten.dropout", "aten.alpha_dropout", "aten.feature_dropout")
 def _dropout(t, node, args, kwargs):
-    train = _arg(args, kwargs, 2, "train", False)
-    if train and _arg(args, kwargs, 1, "p", 0.0) > 0:
+    train = arg(args, kwargs, 2, "train", False)
+    if train and arg(args, kwargs, 1, "p", 0.0) > 0:
         raise TranslationError("dropout in training mode (call model.eval() before xg.compile)")
     return args[0]
 
@@ -216,7 +178,7 @@ def _identity(t, node, args, kwargs):
 # --- contractions ---------------------------------------------------------------------------------
 @op("aten.linear")
 def _linear(t, node, args, kwargs):
-    return C.linear(t.b, args[0], args[1], _arg(args, kwargs, 2, "bias"))
+    return C.linear(t.b, args[0], args[1], arg(args, kwargs, 2, "bias"))
 
 
 @op("aten.matmul", "aten.mm", "aten.bmm")
@@ -244,14 +206,14 @@ def _t(t, node, args, kwargs):
 @op("aten.scaled_dot_product_attention")
 def _sdpa(t, node, args, kwargs):
     q, k, v = args[:3]
-    mask = _arg(args, kwargs, 3, "attn_mask")
-    p = _arg(args, kwargs, 4, "dropout_p", 0.0)
+    mask = arg(args, kwargs, 3, "attn_mask")
+    p = arg(args, kwargs, 4, "dropout_p", 0.0)
     if p:
         raise TranslationError("attention dropout (dropout_p > 0)")
     if kwargs.get("enable_gqa"):
         raise TranslationError("grouped-query attention (enable_gqa=True)")
-    return C.attention(t.b, q, k, v, mask, bool(_arg(args, kwargs, 5, "is_causal", False)),
-                       _arg(args, kwargs, 6, "scale"))
+    return C.attention(t.b, q, k, v, mask, bool(arg(args, kwargs, 5, "is_causal", False)),
+                       arg(args, kwargs, 6, "scale"))
 
 
 @op("aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_flash_attention",
@@ -279,8 +241,8 @@ def _sdpa_kernels(t, node, args, kwargs):
 @op("aten.layer_norm")
 def _layer_norm(t, node, args, kwargs):
     x, shape = args[0], args[1]
-    return C.layer_norm(t.b, x, len(shape), _arg(args, kwargs, 2, "weight"), _arg(args, kwargs, 3, "bias"),
-                        float(_arg(args, kwargs, 4, "eps", 1e-5)))
+    return C.layer_norm(t.b, x, len(shape), arg(args, kwargs, 2, "weight"), arg(args, kwargs, 3, "bias"),
+                        float(arg(args, kwargs, 4, "eps", 1e-5)))
 
 
 @op("aten.native_layer_norm")
@@ -292,10 +254,10 @@ def _native_layer_norm(t, node, args, kwargs):
 @op("aten.rms_norm")
 def _rms_norm(t, node, args, kwargs):
     x, shape = args[0], args[1]
-    eps = _arg(args, kwargs, 3, "eps")
+    eps = arg(args, kwargs, 3, "eps")
     if eps is None:
         eps = 1.1920928955078125e-07       # torch's default: the float32 machine epsilon
-    return C.rms_norm(t.b, x, len(shape), _arg(args, kwargs, 2, "weight"), float(eps))
+    return C.rms_norm(t.b, x, len(shape), arg(args, kwargs, 2, "weight"), float(eps))
 
 
 @op("aten.batch_norm")
@@ -318,7 +280,7 @@ def _bn_no_training(t, node, args, kwargs):
 @op("aten.softmax", "aten._softmax", "aten.log_softmax", "aten._log_softmax")
 def _softmax(t, node, args, kwargs):
     log = "log" in str(node.target.overloadpacket)
-    return t.b.cast(C.softmax(t.b, args[0], int(args[1]), log), _out_dtype(node))
+    return t.b.cast(C.softmax(t.b, args[0], int(args[1]), log), out_dtype(node))
 
 
 @op("aten.embedding")
@@ -381,17 +343,17 @@ def _max_dim(t, node, args, kwargs):
         return t.b.reduce(kind, args[0], None, False)
     if len(node.users) and any(u.args[1] == 1 for u in node.users if u.target is operator.getitem):
         raise TranslationError("the indices of max/min over a dim (argmax)")
-    return (t.b.reduce(kind, args[0], [int(args[1])], bool(_arg(args, kwargs, 2, "keepdim", False))), None)
+    return (t.b.reduce(kind, args[0], [int(args[1])], bool(arg(args, kwargs, 2, "keepdim", False))), None)
 
 
 @op("aten.mean", "aten.sum", "aten.amax", "aten.amin")
 def _reduce(t, node, args, kwargs):
     name = str(node.target.overloadpacket)
     kind = {"aten.mean": Op.MEAN, "aten.sum": Op.SUM, "aten.amax": Op.MAX, "aten.amin": Op.MIN}[name]
-    dims = _dims(_arg(args, kwargs, 1, "dim"))
-    keep = bool(_arg(args, kwargs, 2, "keepdim", False))
+    dims = _dims(arg(args, kwargs, 1, "dim"))
+    keep = bool(arg(args, kwargs, 2, "keepdim", False))
     out = t.b.reduce(kind, args[0], dims, keep)
-    return t.b.cast(out, _out_dtype(node))
+    return t.b.cast(out, out_dtype(node))
 
 
 # --- bookkeeping ops that compute nothing ---------------------------------------------------------
@@ -407,5 +369,3 @@ def _size(t, node, args, kwargs):
     val = node.meta.get("val")
     return t.dim(val) if val is not None else None
 
-
-from . import aten_shape_ops  # noqa: E402,F401  (registers the shape, source and conv ops)

@@ -1,4 +1,4 @@
-"""The ATen shape, source, convolution and pooling ops, registered into `aten_ops.TABLE`.
+"""The ATen shape, source, convolution and pooling ops, registered into `aten_table.TABLE`.
 
 Target shapes of views come from the node's `meta["val"]` (export resolved `-1` and symbolic sizes).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..ir.graph import Op
 from ..ir.shapes import FLOATS
 from . import composites as C
-from .aten_ops import _arg, _out_dtype, _pads, _pair, op
+from .aten_table import arg, op, out_dtype, pads, pair
 from .builder import TranslationError, is_node
 
 # --- shapes ---------------------------------------------------------------------------------------
@@ -41,9 +41,9 @@ def _select(t, node, args, kwargs):
 @op("aten.slice")
 def _slice(t, node, args, kwargs):
     x = args[0]
-    dim = int(_arg(args, kwargs, 1, "dim", 0))
-    start, end = _arg(args, kwargs, 2, "start"), _arg(args, kwargs, 3, "end")
-    step = int(_arg(args, kwargs, 4, "step", 1))
+    dim = int(arg(args, kwargs, 1, "dim", 0))
+    start, end = arg(args, kwargs, 2, "start"), arg(args, kwargs, 3, "end")
+    step = int(arg(args, kwargs, 4, "step", 1))
     size = t.b.shape(x)[dim]
     if not all(isinstance(v, (int, type(None))) for v in (start, end)):
         raise TranslationError("slice with symbolic bounds")
@@ -64,7 +64,7 @@ def _narrow(t, node, args, kwargs):
 def _split(t, node, args, kwargs):
     x = args[0]
     name = str(node.target.overloadpacket)
-    dim = int(_arg(args, kwargs, 2 if name != "aten.unbind" else 1, "dim", 0))
+    dim = int(arg(args, kwargs, 2 if name != "aten.unbind" else 1, "dim", 0))
     if name == "aten.unbind":
         return tuple(t.b.select(x, dim, i) for i in range(t.b.shape(x)[dim]))
     outs, start = [], 0
@@ -85,8 +85,8 @@ def _getitem(t, node, args, kwargs):
 
 @op("aten.stack")
 def _stack(t, node, args, kwargs):
-    dim = int(_arg(args, kwargs, 1, "dim", 0))
-    dt = _out_dtype(node)
+    dim = int(arg(args, kwargs, 1, "dim", 0))
+    dt = out_dtype(node)
     xs = [t.b.unsqueeze(t.b.cast(x, dt), dim) for x in args[0]]
     return C.cat(t.b, xs, dim)
 
@@ -106,8 +106,8 @@ def _repeat(t, node, args, kwargs):
 @op("aten.cat", "aten.concat", "aten.concatenate")
 def _cat(t, node, args, kwargs):
     xs = [x for x in args[0] if x is not None]
-    dim = int(_arg(args, kwargs, 1, "dim", 0))
-    dt = _out_dtype(node)
+    dim = int(arg(args, kwargs, 1, "dim", 0))
+    dt = out_dtype(node)
     return C.cat(t.b, [t.b.cast(x, dt) for x in xs], dim)
 
 
@@ -118,7 +118,7 @@ def _arange(t, node, args, kwargs):
     start, end, step = (0, nums[0], 1) if len(nums) == 1 else (nums[0], nums[1], nums[2] if len(nums) > 2 else 1)
     start, step = kwargs.get("start", start), kwargs.get("step", step)
     n = t.shape_of(node)[0]
-    dt = _out_dtype(node)
+    dt = out_dtype(node)
     ramp = t.b.iota(n, "int64" if dt not in FLOATS else dt)
     if start != 0 or step != 1:
         ramp = t.b.binary(Op.ADD, t.b.binary(Op.MUL, ramp, step), start)
@@ -141,19 +141,19 @@ def _full(t, node, args, kwargs):
         value = args[2]
     if is_node(value):
         raise TranslationError("a fill value that is a tensor")
-    return t.b.full(value, _out_dtype(node), t.shape_of(node))
+    return t.b.full(value, out_dtype(node), t.shape_of(node))
 
 
 # --- convolution, pooling -------------------------------------------------------------------------
 @op("aten.conv2d")
 def _conv2d(t, node, args, kwargs):
     x, w = args[0], args[1]
-    bias = _arg(args, kwargs, 2, "bias")
-    stride, padding = _pair(_arg(args, kwargs, 3, "stride", 1)), _arg(args, kwargs, 4, "padding", 0)
-    dilation, groups = _pair(_arg(args, kwargs, 5, "dilation", 1)), int(_arg(args, kwargs, 6, "groups", 1))
+    bias = arg(args, kwargs, 2, "bias")
+    stride, padding = pair(arg(args, kwargs, 3, "stride", 1)), arg(args, kwargs, 4, "padding", 0)
+    dilation, groups = pair(arg(args, kwargs, 5, "dilation", 1)), int(arg(args, kwargs, 6, "groups", 1))
     if isinstance(padding, str):
         raise TranslationError(f"conv2d padding={padding!r} (give the padding as numbers)")
-    return C.conv2d(t.b, x, w, bias, stride, _pads(padding), dilation, groups)
+    return C.conv2d(t.b, x, w, bias, stride, pads(padding), dilation, groups)
 
 
 @op("aten.convolution")
@@ -161,30 +161,30 @@ def _convolution(t, node, args, kwargs):
     x, w, bias, stride, padding, dilation, transposed, _out_pad, groups = args[:9]
     if transposed or len(stride) != 2:
         raise TranslationError("transposed or non-2-D convolution")
-    return C.conv2d(t.b, x, w, bias, _pair(stride), _pads(padding), _pair(dilation), int(groups))
+    return C.conv2d(t.b, x, w, bias, pair(stride), pads(padding), pair(dilation), int(groups))
 
 
 @op("aten.max_pool2d", "aten.max_pool2d_with_indices")
 def _max_pool(t, node, args, kwargs):
-    k = _pair(args[1])
-    stride = _arg(args, kwargs, 2, "stride") or k
-    out = C.pool2d(t.b, args[0], "max", k, _pair(stride), _pads(_arg(args, kwargs, 3, "padding", 0)),
-                   _pair(_arg(args, kwargs, 4, "dilation", 1)), bool(_arg(args, kwargs, 5, "ceil_mode", False)))
+    k = pair(args[1])
+    stride = arg(args, kwargs, 2, "stride") or k
+    out = C.pool2d(t.b, args[0], "max", k, pair(stride), pads(arg(args, kwargs, 3, "padding", 0)),
+                   pair(arg(args, kwargs, 4, "dilation", 1)), bool(arg(args, kwargs, 5, "ceil_mode", False)))
     return (out, None) if "indices" in str(node.target.overloadpacket) else out
 
 
 @op("aten.avg_pool2d")
 def _avg_pool(t, node, args, kwargs):
-    k = _pair(args[1])
-    stride = _arg(args, kwargs, 2, "stride") or k
-    return C.pool2d(t.b, args[0], "avg", k, _pair(stride), _pads(_arg(args, kwargs, 3, "padding", 0)),
-                    ceil_mode=bool(_arg(args, kwargs, 4, "ceil_mode", False)),
-                    count_include_pad=bool(_arg(args, kwargs, 5, "count_include_pad", True)),
-                    divisor=_arg(args, kwargs, 6, "divisor_override"))
+    k = pair(args[1])
+    stride = arg(args, kwargs, 2, "stride") or k
+    return C.pool2d(t.b, args[0], "avg", k, pair(stride), pads(arg(args, kwargs, 3, "padding", 0)),
+                    ceil_mode=bool(arg(args, kwargs, 4, "ceil_mode", False)),
+                    count_include_pad=bool(arg(args, kwargs, 5, "count_include_pad", True)),
+                    divisor=arg(args, kwargs, 6, "divisor_override"))
 
 
 @op("aten.adaptive_avg_pool2d", "aten._adaptive_avg_pool2d")
 def _adaptive_avg(t, node, args, kwargs):
-    return C.adaptive_avg_pool2d(t.b, args[0], _pair(args[1]))
+    return C.adaptive_avg_pool2d(t.b, args[0], pair(args[1]))
 
 

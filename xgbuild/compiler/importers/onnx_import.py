@@ -118,7 +118,8 @@ class OnnxTranslator:
             name = re.sub(r"[^\w.]", "_", inp.name)
             self.values[inp.name] = self.b.input(name, dt, tuple(dims))
             self.inputs.append(name)
-        from .onnx_ops import TABLE
+        from . import onnx_ops, onnx_shape_ops  # noqa: F401 (they register their translations)
+        from .onnx_table import TABLE
         for node in g.node:
             where = f"node `{node.name or node.output[0]}`"
             handler = TABLE.get(node.op_type) if node.domain in ("", "ai.onnx") else None

@@ -9,7 +9,7 @@ symbolic sizes as sympy expressions, so reshapes get concrete or symbolic target
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import sympy
@@ -19,32 +19,8 @@ from ..ops import BINARY, COMPARE, ONNX, UNARY
 from ..ir.shapes import FLOATS
 from . import composites as C
 from .builder import TranslationError, is_node
+from .onnx_table import all_static, ints, op, static
 from .onnx_values import NP_DTYPES, ONNX_DTYPES, Static
-
-TABLE: dict[str, Callable] = {}
-
-
-def op(*names: str):
-    def deco(fn):
-        for n in names:
-            TABLE[n] = fn
-        return fn
-    return deco
-
-
-def _static(v: Any, what: str) -> np.ndarray:
-    if not isinstance(v, Static):
-        raise TranslationError(f"{what} must be a constant (it is computed at run time)")
-    return v.array
-
-
-def _ints(v: Any, what: str) -> list:
-    return [d if isinstance(d, sympy.Basic) and not d.is_Integer else int(d) for d in _static(v, what).reshape(-1)]
-
-
-def _all_static(args) -> bool:
-    return all(a is None or isinstance(a, Static) for a in args)
-
 
 def _operand(t, v: Any, other_rank: int, hint: str):
     """A Python scalar for a one-element static that broadcasts away, else an IR node."""
@@ -78,7 +54,7 @@ def _fold_div(a: Static, b: Static) -> np.ndarray:
 def _binary(t, node, args, attrs):
     o = _BIN[node.op_type]
     args = [a for a in args if a is not None]
-    if _all_static(args) and (o in _STATIC or o is Op.DIV):
+    if all_static(args) and (o in _STATIC or o is Op.DIV):
         acc = args[0]
         for nxt in args[1:]:
             arr = _fold_div(acc, nxt) if o is Op.DIV else _STATIC[o](acc.array, nxt.array)
@@ -144,7 +120,7 @@ def _gelu(t, node, args, attrs):
 @op("Pow")
 def _pow(t, node, args, attrs):
     x = t.tensor(args[0], node.input[0])
-    e = _static(args[1], "the exponent of Pow").reshape(-1)
+    e = static(args[1], "the exponent of Pow").reshape(-1)
     if e.size != 1:
         raise TranslationError("Pow with a non-scalar exponent")
     e = float(e[0])
@@ -158,7 +134,7 @@ def _pow(t, node, args, attrs):
 
 @op("Where")
 def _where(t, node, args, attrs):
-    if _all_static(args):
+    if all_static(args):
         return Static(np.where(args[0].array, args[1].array, args[2].array), args[1].dtype)
     rank = max(len(t.shape(a)) for a in args)
     cond = t.tensor(args[0], node.input[0])
@@ -194,7 +170,7 @@ def _cast(t, node, args, attrs):
 def _identity(t, node, args, attrs):
     if node.op_type == "Dropout":
         training = args[2] if len(args) > 2 else None
-        if training is not None and bool(_static(training, "training_mode").reshape(-1)[0]):
+        if training is not None and bool(static(training, "training_mode").reshape(-1)[0]):
             raise TranslationError("Dropout in training mode")
         if len(node.output) > 1 and node.output[1]:
             raise TranslationError("Dropout's mask output")
@@ -271,7 +247,7 @@ def _reduce(t, node, args, attrs):
     x = t.tensor(args[0], node.input[0])
     axes = attrs.get("axes")
     if len(args) > 1 and args[1] is not None:
-        axes = _ints(args[1], "the axes of " + node.op_type)
+        axes = ints(args[1], "the axes of " + node.op_type)
     keep = bool(attrs.get("keepdims", 1))
     if not axes and attrs.get("noop_with_empty_axes", 0):
         return x
@@ -318,7 +294,3 @@ def _pool(t, node, args, attrs):
                     _pads4(attrs), tuple(attrs.get("dilations", (1, 1))), bool(attrs.get("ceil_mode", 0)),
                     bool(attrs.get("count_include_pad", 0)))
 
-
-from . import onnx_shape_ops  # noqa: E402,F401  (registers the shape and source ops)
-
-__all__ = ["TABLE"]

@@ -1,6 +1,6 @@
 """The ONNX shape and source ops: reshapes, slices, gathers, concatenation, constants.
 
-Registered into `onnx_ops.TABLE`. On static values (sizes, initializers) they fold at import,
+Registered into `onnx_table.TABLE`. On static values (sizes, initializers) they fold at import,
 symbolic dims included as sympy expressions; on graph tensors they emit IR views and copies.
 """
 
@@ -15,7 +15,7 @@ from ..ir.graph import Op
 from . import composites as C
 from .builder import TranslationError
 from .onnx_values import ONNX_DTYPES, Static, ir_dim
-from .onnx_ops import _all_static, _ints, _static, op
+from .onnx_table import all_static, ints, op, static
 
 # --- shapes ---------------------------------------------------------------------------------------
 @op("Shape")
@@ -53,7 +53,7 @@ def _is_minus_one(d) -> bool:
 
 @op("Reshape")
 def _reshape(t, node, args, attrs):
-    shape = _ints(args[1], "the shape of Reshape")
+    shape = ints(args[1], "the shape of Reshape")
     x = args[0]
     if isinstance(x, Static) and not x.symbolic:
         return Static(x.array.reshape([int(d) for d in shape]), x.dtype)
@@ -82,7 +82,7 @@ def _transpose(t, node, args, attrs):
 
 def _axes(t, node, args, attrs) -> list[int]:
     if len(args) > 1 and args[1] is not None:
-        return [int(a) for a in _ints(args[1], f"the axes of {node.op_type}")]
+        return [int(a) for a in ints(args[1], f"the axes of {node.op_type}")]
     return list(attrs.get("axes", []))
 
 
@@ -118,7 +118,7 @@ def _squeeze(t, node, args, attrs):
 def _concat(t, node, args, attrs):
     axis = int(attrs["axis"])
     xs = [a for a in args if a is not None]
-    if _all_static(xs):
+    if all_static(xs):
         symbolic = any(x.symbolic for x in xs)
         arr = np.concatenate([x.array.astype(object) if symbolic else x.array for x in xs], axis=axis)
         return Static(arr, xs[0].dtype)
@@ -131,7 +131,7 @@ def _split(t, node, args, attrs):
     axis = int(attrs.get("axis", 0))
     size = t.shape(x)[axis]
     if len(args) > 1 and args[1] is not None:
-        sizes = [int(s) for s in _ints(args[1], "the sizes of Split")]
+        sizes = [int(s) for s in ints(args[1], "the sizes of Split")]
     elif "split" in attrs:
         sizes = list(attrs["split"])
     else:
@@ -153,10 +153,10 @@ def _split(t, node, args, attrs):
 @op("Slice")
 def _slice(t, node, args, attrs):
     x = args[0]
-    starts, ends = _ints(args[1], "the starts of Slice"), _ints(args[2], "the ends of Slice")
+    starts, ends = ints(args[1], "the starts of Slice"), ints(args[2], "the ends of Slice")
     rank = len(t.shape(x))
-    axes = _ints(args[3], "the axes of Slice") if len(args) > 3 and args[3] is not None else list(range(len(starts)))
-    steps = _ints(args[4], "the steps of Slice") if len(args) > 4 and args[4] is not None else [1] * len(starts)
+    axes = ints(args[3], "the axes of Slice") if len(args) > 3 and args[3] is not None else list(range(len(starts)))
+    steps = ints(args[4], "the steps of Slice") if len(args) > 4 and args[4] is not None else [1] * len(starts)
     big = 2**62
     if isinstance(x, Static):
         index = [slice(None)] * rank
@@ -176,7 +176,7 @@ def _slice(t, node, args, attrs):
 def _gather(t, node, args, attrs):
     data, idx = args[0], args[1]
     axis = int(attrs.get("axis", 0))
-    if _all_static([data, idx]):
+    if all_static([data, idx]):
         return Static(np.take(data.array, idx.array.astype(np.int64), axis=axis), data.dtype)
     if isinstance(idx, Static):
         indices = idx.array.astype(np.int64)
@@ -203,7 +203,7 @@ def _gather(t, node, args, attrs):
 
 @op("Expand")
 def _expand(t, node, args, attrs):
-    x, shape = args[0], _ints(args[1], "the shape of Expand")
+    x, shape = args[0], ints(args[1], "the shape of Expand")
     xs = list(t.shape(x))
     rank = max(len(xs), len(shape))
     xs = [1] * (rank - len(xs)) + xs
@@ -231,7 +231,7 @@ def _constant(t, node, args, attrs):
 @op("ConstantOfShape")
 def _constant_of_shape(t, node, args, attrs):
     from onnx import numpy_helper
-    shape = _ints(args[0], "the shape of ConstantOfShape")
+    shape = ints(args[0], "the shape of ConstantOfShape")
     value = numpy_helper.to_array(attrs["value"]) if "value" in attrs else np.zeros(1, np.float32)
     dt = ONNX_DTYPES.get(attrs["value"].data_type, "float32") if "value" in attrs else "float32"
     if any(isinstance(d, sympy.Basic) for d in shape):
@@ -241,14 +241,14 @@ def _constant_of_shape(t, node, args, attrs):
 
 @op("Range")
 def _range(t, node, args, attrs):
-    start, limit, delta = (_static(a, "an argument of Range").reshape(-1)[0] for a in args)
+    start, limit, delta = (static(a, "an argument of Range").reshape(-1)[0] for a in args)
     return Static(np.arange(start, limit, delta), args[0].dtype)
 
 
 @op("Trilu")
 def _trilu(t, node, args, attrs):
-    x = _static(args[0], "the input of Trilu")
-    k = int(_static(args[1], "k").reshape(-1)[0]) if len(args) > 1 and args[1] is not None else 0
+    x = static(args[0], "the input of Trilu")
+    k = int(static(args[1], "k").reshape(-1)[0]) if len(args) > 1 and args[1] is not None else 0
     arr = np.triu(x, k) if attrs.get("upper", 1) else np.tril(x, k)
     return Static(arr, args[0].dtype)
 

@@ -1,7 +1,7 @@
 """PyTorch in: capture with `torch.export`, translate the ATen graph into XG's Graph IR.
 
 `import_torch(model, example_inputs)` exports the model (non-strict), then walks the ATen graph
-with the op table of `aten_ops.py`. Parameters, buffers and lifted constants become weight INPUTs
+with the op table of `aten_table.py`. Parameters, buffers and lifted constants become weight INPUTs
 named by their state-dict names; the caller's tensors become inputs named as `forward`'s
 arguments. Symbolic sizes (`torch.export.Dim`) become IR symbols named after the `Dim`s.
 An op the table lacks, after one retry on the graph `run_decompositions()` gives, is reported
@@ -21,7 +21,8 @@ from ...errors import XGError
 from ..frontend.codes import MODEL_DTYPE, MODEL_INPUT, MODEL_OUTPUT, MODEL_TRAINING, NOT_CAPTURED
 from ..frontend.diagnostics import plain_error
 from ..ir.graph import Dim, Op
-from .aten_ops import TABLE
+from . import aten_ops, aten_shape_ops  # noqa: F401 (they register their translations)
+from .aten_table import TABLE
 from .builder import IRBuilder, TranslationError, Ref, is_node, xg_dtype
 from .extern_args import dumps, template
 from .imported import ImportedProgram, Unsupported, UnsupportedOps, finish
