@@ -12,7 +12,6 @@ kernel's dim order), reads the strides, picks the first compiled variant whose a
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -677,11 +676,11 @@ class CudaExecutor:
     Capture is opt-in (`XG_CUDA_GRAPHS=1`, or `graphs=True`) until it has run on a GPU in CI."""
     name = "cuda"
 
-    def __init__(self, plans: list[KernelPlan], check: bool = True, graphs: bool | None = None) -> None:
+    def __init__(self, plans: list[KernelPlan], check: bool = True, graphs: bool = False) -> None:
         from .cuda import KernelLauncher
         self.plans = plans
         self.check = check
-        self.graphs = os.environ.get("XG_CUDA_GRAPHS", "0") == "1" if graphs is None else graphs
+        self.graphs = graphs
         self.stable: frozenset[str] = frozenset()
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.launcher = KernelLauncher(self.device.index)
