@@ -17,7 +17,7 @@ from xgbuild.build import engines as _build
 from xgbuild.errors import CompileError, EngineError, ExecutionError, InputError, XGError
 from xgbuild.runtime.engine import Engine, ResultValue, RunResult
 from xgbuild.runtime.model_engine import LazyModelEngine, ModelEngine
-from xgbuild.settings import RunSettings, Settings
+from xgbuild.settings import RunSettings, Settings, child_env
 
 __all__ = ["CompileError", "Engine", "EngineError", "ExecutionError", "InputError", "LazyModelEngine", "ModelEngine",
            "ResultValue",
@@ -79,5 +79,5 @@ def run_engine(engine: Engine, external_values: Mapping[str, Any] | None = None,
         raise XGError(f"nproc must be a positive integer, got {nproc!r}")
     if nproc > 1:
         from xgbuild.runtime.distributed import run_ranks
-        return run_ranks(engine, external_values, nproc, device=device, check=check)
+        return run_ranks(engine, external_values, nproc, child_env(), device=device, check=check)
     return engine.run(external_values, device=device, check=check)

@@ -113,6 +113,12 @@ class RunSettings:
                    comm_blocks=env.get("XG_COMM_BLOCKS", "auto"), triton_interpret=env.get("TRITON_INTERPRET") == "1")
 
 
+def child_env() -> dict[str, str]:
+    """The environment of the processes a command starts (ranks, compile workers): this one's,
+    with the settings above in it as they were read."""
+    return dict(os.environ)
+
+
 def use_triton_interpreter() -> None:
     """Make Triton interpret kernels on CPU tensors. Triton reads TRITON_INTERPRET once, when it is
     imported: call this before anything imports it. The one place XG writes the environment."""

@@ -14,7 +14,6 @@ rank, 2 usage.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ import typer
 from ..errors import XGError
 from ..runtime.engine import Engine
 from ..runtime.tensor_io import TensorIOError, describe, load_tensors, random_inputs, save_tensors
-from ..settings import RunSettings, SettingsError, dist_env
+from ..settings import RunSettings, SettingsError, child_env, dist_env
 from .common import EXIT_USAGE, emit_json, fail, make_app, parse_dims, run
 
 app = make_app("Run an XG engine (.xge) with correctness checks.")
@@ -77,7 +76,7 @@ def main_cmd(
                  *(["--inputs", str(inputs)] if inputs else []), *(["--output", str(output)] if output else []),
                  *[a for d in dim for a in ("--dim", d)], *(["--json"] if json_out else []),
                  *(["--output-per-rank"] if output_per_rank else [])]
-        result = launch(child, nproc, timeout, os.environ)
+        result = launch(child, nproc, timeout, child_env())
         if not result.ok:
             fail(result.message)
         return

@@ -244,11 +244,11 @@ def _to(v: Any, device: str) -> Any:
     return v.to(device) if isinstance(v, torch.Tensor) else v
 
 
-def run_ranks(engine: Engine, external_values: Mapping[str, Any] | None, nproc: int, *, device: str = "cpu",
-              check: bool = True, timeout_s: float = 300.0) -> RunResult:
+def run_ranks(engine: Engine, external_values: Mapping[str, Any] | None, nproc: int, env: Mapping[str, str], *,
+              device: str = "cpu", check: bool = True, timeout_s: float = 300.0) -> RunResult:
     """`xgrun --nproc N` from Python (`xg.run_engine(..., nproc=N)`): the engine and its inputs go
-    to a temporary directory, N ranks of this host run it, and rank 0's gathered outputs come back.
-    A failed rank is an ExecutionError naming it."""
+    to a temporary directory, N ranks of this host run it (in environment `env`), and rank 0's
+    gathered outputs come back. A failed rank is an ExecutionError naming it."""
     from .launch import run_ranks as launch_ranks
     from .tensor_io import load_tensors, save_tensors
 
@@ -261,7 +261,7 @@ def run_ranks(engine: Engine, external_values: Mapping[str, Any] | None, nproc: 
         save_tensors(Path(tmp) / "inputs.safetensors", values)
         done = launch_ranks(str(Path(tmp) / "engine.xge"), str(Path(tmp) / "inputs.safetensors"),
                             str(Path(tmp) / "outputs.safetensors"), nproc, device=device, check=check,
-                            timeout_s=timeout_s)
+                            timeout_s=timeout_s, env=env)
         if not done.ok:
             raise ExecutionError(done.message)
         tensors = load_tensors(Path(tmp) / "outputs.safetensors", role="outputs of the ranks")
