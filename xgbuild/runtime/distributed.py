@@ -174,12 +174,13 @@ AUTO_MIN_BYTES = 8 << 20         # ... each of whose collectives moves at least 
 
 
 def comm_blocks(text: str) -> tuple[int, int]:
-    """XG_COMM_BLOCKS (`text`, from the run settings): (the most blocks of rows, the fewest bytes a block's collective moves) for a
-    matmul whose product is all-reduced or reduce-scattered on a kernel rank (each block's collective
-    starts as soon as its kernels are launched, overlapping the next block). Unset or `auto`: up to
-    4 blocks of at least 8 MiB each (a smaller reduction stays whole: its transfer is short, and
-    more of them would cost more in latency than they hide); N: up to N blocks, whatever their size;
-    1: whole. Every rank must be given the same value."""
+    """XG_COMM_BLOCKS (`text`, from the run settings): (the most blocks of rows, the fewest bytes a
+    block's collective moves) for a matmul whose product is all-reduced or reduce-scattered on a
+    kernel rank (each block's collective starts as soon as its kernels are launched, overlapping
+    the next block). Unset or `auto`: up to 4 blocks of at least 8 MiB each (a smaller reduction
+    stays whole: its transfer is short, and more of them would cost more in latency than they
+    hide); N: up to N blocks, whatever their size; 1: whole. Every rank must be given the same
+    value."""
     text = text.strip() or "auto"
     if text == "auto":
         return AUTO_BLOCKS, AUTO_MIN_BYTES
