@@ -21,8 +21,9 @@ from xgbuild.hw import load_profile
 from xgbuild.runtime.cuda import KernelLauncher
 from xgbuild.runtime.engine import Engine
 from xgbuild.runtime.gpu import KernelExecutor
+from xgbuild.runtime.plans import plans_from_manifest
 from xgbuild.runtime.spmd import local_graph
-from xgbuild.tuner.link import build_kernels, plans_from_manifest
+from xgbuild.tuner.link import build_kernels
 
 pytestmark = pytest.mark.gpu
 
