@@ -4,7 +4,8 @@
     result = xg.run_engine(engine, external_values={"A": a, "B": b})
     print(result.value); print(result.metadata)
 
-The implementation lives in `xgbuild`; this module only re-exports and adapts.
+The implementation lives in `xgbuild` (building in `xgbuild.build`); this module only re-exports,
+and reads the settings from the environment at each call, handing them down.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from xgbuild.compiler.driver import compile_file as _compile_file
-from xgbuild.compiler.frontend import CheckOptions
+from xgbuild.build import engines as _build
 from xgbuild.errors import CompileError, EngineError, ExecutionError, InputError, XGError
 from xgbuild.runtime.engine import Engine, ResultValue, RunResult
 from xgbuild.runtime.model_engine import LazyModelEngine, ModelEngine
+from xgbuild.settings import RunSettings, Settings, child_env
 
 __all__ = ["CompileError", "Engine", "EngineError", "ExecutionError", "InputError", "LazyModelEngine", "ModelEngine",
            "ResultValue",
@@ -33,20 +34,9 @@ def compile_file(path: Path | str, *, target: str | None = None, num_gpu: int | 
     CPU-only engine; `sharding` is a plan file, as `xgc --sharding`; `entry` names the function the
     engine runs (another than `main` takes the engine's inputs as its parameters). The same source
     and winners give the same bytes as `xgc`."""
-    if num_gpu is not None and (not isinstance(num_gpu, int) or num_gpu < 1):
-        raise XGError(f"num_gpu must be a positive integer, got {num_gpu!r}")
-    if not isinstance(entry, str) or not entry.isidentifier():
-        raise XGError(f"entry must name a function, got {entry!r}")
-    plan = None
-    if sharding is not None:
-        from xgbuild.compiler.frontend.shard_plan import load_plan
-        plan = load_plan(sharding)
-    compiled = _compile_file(path, CheckOptions(target=target, num_gpu=num_gpu, entry=entry), plan=plan)
-    table = None
-    if kernels:
-        from xgbuild.tuner.link import kernels_for
-        table = kernels_for(compiled, tune, dict(dims or {}))
-    return Engine.from_compiled(compiled, table)
+    engine = _build.compile_file(path, Settings.from_env(), target=target, num_gpu=num_gpu, tune=tune,
+                                 kernels=kernels, dims=dims, sharding=sharding, entry=entry)
+    return Engine(engine.file, RunSettings.from_env())
 
 
 def compile(model_or_fn: Any, example_inputs: Any = None, target: str = "H100", num_gpu: int = 1, *,
@@ -64,40 +54,19 @@ def compile(model_or_fn: Any, example_inputs: Any = None, target: str = "H100", 
 
     Without `example_inputs` (`engine = xg.compile(model, target="GB200")`), the engine is built
     at its first call from that call's tensors, and again for each new input signature."""
-    if fallback not in (None, "error", "eager"):
-        raise XGError(f"fallback must be 'error' (the default: unsupported ops are a compile error) or 'eager' "
-                      f"(they run in PyTorch), got {fallback!r}")
-    if not isinstance(num_gpu, int) or isinstance(num_gpu, bool) or num_gpu < 1:
-        raise XGError(f"num_gpu must be a positive integer, got {num_gpu!r}")
-    from xgbuild.compiler.importers.torch_export import import_torch
-    from xgbuild.hw import HardwareProfileError, UnknownTargetError, load_profile
-    try:
-        target = load_profile(target).name
-    except (HardwareProfileError, UnknownTargetError) as exc:
-        raise XGError(str(exc)) from None
-    if example_inputs is None:
-        if dynamic_shapes is not None:
-            raise XGError("dynamic_shapes needs example_inputs: pass example_inputs=(x,) with them")
-        from xgbuild.runtime.model_engine import LazyModelEngine
-
-        def build(inputs: tuple) -> ModelEngine:
-            return compile(model_or_fn, inputs, target, num_gpu, tune=tune, kernels=kernels, dims=dims,
-                           fallback=fallback)
-        return LazyModelEngine(build)
-    imported = import_torch(model_or_fn, example_inputs, dynamic_shapes=dynamic_shapes, target=target,
-                            num_gpu=num_gpu, fallback=fallback or "error")
-    from xgbuild.runtime.model_engine import build_model_engine
-    return ModelEngine(build_model_engine(imported, tune=tune, kernels=kernels, dims=dims), out_spec=imported.out_spec)
+    return _build.compile_model(model_or_fn, example_inputs, target, num_gpu, Settings.from_env(),
+                                RunSettings.from_env(), dynamic_shapes=dynamic_shapes, tune=tune, kernels=kernels,
+                                dims=dims, fallback=fallback)
 
 
 def load_model_engine(path: Path | str) -> ModelEngine:
     """Load an engine built by `xg.compile` (or `xgc model.onnx`), called with positional tensors."""
-    return ModelEngine.load(path)
+    return ModelEngine.load(path, RunSettings.from_env())
 
 
 def load_engine(path: Path | str) -> Engine:
     """Load and verify an `.xge` engine file (raises `EngineError`)."""
-    return Engine.load(path)
+    return Engine.load(path, RunSettings.from_env())
 
 
 def run_engine(engine: Engine, external_values: Mapping[str, Any] | None = None, *, device: str = "cpu",
@@ -110,5 +79,5 @@ def run_engine(engine: Engine, external_values: Mapping[str, Any] | None = None,
         raise XGError(f"nproc must be a positive integer, got {nproc!r}")
     if nproc > 1:
         from xgbuild.runtime.distributed import run_ranks
-        return run_ranks(engine, external_values, nproc, device=device, check=check)
+        return run_ranks(engine, external_values, nproc, child_env(), device=device, check=check)
     return engine.run(external_values, device=device, check=check)

@@ -96,6 +96,36 @@ class Settings:
 
 
 @dataclass(frozen=True)
+class RunSettings:
+    """How engines run, from the environment; read by the commands and `xg` and handed to the
+    runtime. The SPMD values stay raw text: the runtime checks them on every rank of a run, so a
+    bad value on one rank stops all of them, naming it."""
+
+    cuda_graphs: bool = False            # XG_CUDA_GRAPHS=1: later runs replay a captured CUDA graph
+    spmd_kernels: str = ""               # XG_SPMD_KERNELS: "" or 1 (kernels), 0 (torch ops), interpret
+    comm_blocks: str = "auto"            # XG_COMM_BLOCKS: auto or N row blocks of a reduced matmul
+    triton_interpret: bool = False       # TRITON_INTERPRET=1: Triton was imported in interpreter mode
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "RunSettings":
+        env = os.environ if env is None else env
+        return cls(cuda_graphs=env.get("XG_CUDA_GRAPHS", "0") == "1", spmd_kernels=env.get("XG_SPMD_KERNELS", ""),
+                   comm_blocks=env.get("XG_COMM_BLOCKS", "auto"), triton_interpret=env.get("TRITON_INTERPRET") == "1")
+
+
+def child_env() -> dict[str, str]:
+    """The environment of the processes a command starts (ranks, compile workers): this one's,
+    with the settings above in it as they were read."""
+    return dict(os.environ)
+
+
+def use_triton_interpreter() -> None:
+    """Make Triton interpret kernels on CPU tensors. Triton reads TRITON_INTERPRET once, when it is
+    imported: call this before anything imports it. The one place XG writes the environment."""
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+@dataclass(frozen=True)
 class DistEnv:
     """One rank's place in a distributed run, as a launcher (`xgrun --nproc`, torchrun, SLURM) sets it."""
 

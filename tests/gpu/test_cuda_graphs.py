@@ -12,10 +12,12 @@ import torch
 from gpu_target import local_target
 
 import xg
+from xgbuild.build.package import engine_of
 from xgbuild.compiler.driver import compile_file
 from xgbuild.hw import load_profile
 from xgbuild.runtime.engine import Engine
 from xgbuild.runtime.tensor_io import random_inputs
+from xgbuild.settings import RunSettings
 from xgbuild.tuner.link import build_kernels
 
 pytestmark = pytest.mark.gpu
@@ -31,6 +33,11 @@ def graphs_on(monkeypatch) -> None:
     monkeypatch.setenv("XG_CUDA_GRAPHS", "1")          # opt-in while capture is new
 
 
+def runnable(engine: Engine) -> Engine:
+    """The engine with the run settings of this test's environment (as xgrun and `xg` read them)."""
+    return Engine(engine.file, RunSettings.from_env())
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double().cpu() - b.double().cpu()).norm() / b.double().cpu().norm().clamp_min(1e-30)).item()
 
@@ -39,8 +46,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_replayed_runs_match_reference_and_never_alias(name: str, monkeypatch) -> None:
     compiled = compile_file(REPO / "examples" / f"{name}.xg")
     dims = {"T": 64, "D": 96, "F": 128, "S": 64, "N": 64, "M": 64, "K": 64, "B": 4}
-    engine = Engine.from_compiled(compiled, build_kernels(compiled.optimized.main, load_profile(local_target()),
-                                                          policy="predict", dims=dims))
+    engine = runnable(engine_of(compiled, build_kernels(compiled.optimized.main, load_profile(local_target()),
+                                                        policy="predict", dims=dims)))
     sig = {s["name"]: (s["dtype"], tuple(dims.get(d, d) if isinstance(d, str) else d for d in s["shape"]))
            for s in engine.signature}
     runs = []
@@ -58,8 +65,8 @@ def test_replayed_runs_match_reference_and_never_alias(name: str, monkeypatch) -
                 assert rel(got.tensors[k], r) < (3e-2 if got.tensors[k].dtype == torch.bfloat16 else 1e-4), k
     # kernel by kernel, the same bits
     monkeypatch.setenv("XG_CUDA_GRAPHS", "0")
-    plain = Engine.from_compiled(compiled, build_kernels(compiled.optimized.main, load_profile(local_target()),
-                                                         policy="predict", dims=dims))
+    plain = runnable(engine_of(compiled, build_kernels(compiled.optimized.main, load_profile(local_target()),
+                                                       policy="predict", dims=dims)))
     inputs, snapshot, _ = runs[-1]
     again = plain.run({k: v.cuda() for k, v in inputs.items()}, device="cuda")
     assert not plain.cuda_executor()._captured

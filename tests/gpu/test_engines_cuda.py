@@ -11,6 +11,7 @@ import pytest
 import torch
 from gpu_target import local_target
 
+from xgbuild.build.package import engine_of
 from xgbuild.cache import Cache
 from xgbuild.compiler.driver import compile_file, compile_source
 from xgbuild.errors import EngineError, ExecutionError
@@ -30,7 +31,7 @@ TOL = {"float32": 1e-4, "float64": 1e-9, "bfloat16": 3e-2, "float16": 5e-3}
 def build(compiled, policy: str = "predict", cache=None, dims=None, measurers=None) -> Engine:
     table = build_kernels(compiled.optimized.main, load_profile(local_target()), policy=policy, cache=cache,
                           dims=dims, measurers=measurers)
-    return Engine.from_compiled(compiled, table)
+    return engine_of(compiled, table)
 
 
 def compare(engine: Engine, dims: dict[str, int], seed: int) -> None:
@@ -86,7 +87,7 @@ def test_check_mode_on_cuda_names_the_origin() -> None:
 def test_engine_for_another_arch_is_refused() -> None:
     compiled = compile_file(REPO / "examples" / "mlp.xg")
     other = "B200" if local_target() != "B200" else "H100"
-    engine = Engine.from_compiled(compiled, build_kernels(compiled.optimized.main, load_profile(other)))
+    engine = engine_of(compiled, build_kernels(compiled.optimized.main, load_profile(other)))
     x = {s["name"]: torch.randn(8, 8).bfloat16().cuda() if len(s["shape"]) == 2 else torch.randn(8).bfloat16().cuda()
          for s in engine.signature}
     with pytest.raises(EngineError, match=r"sm_100.*sm_90|sm_90.*sm_100"):
@@ -115,7 +116,7 @@ def test_measured_build_then_warm_build_from_cache(tmp_path: Path, capsys) -> No
     with capsys.disabled():
         print(f"\n[tuning] mlp: measured build {cold_s:.2f} s, warm build {warm_s:.3f} s "
               f"({warm.stats['compile_cache_hits']} cubins and {warm.stats['cache']} winners from the cache)")
-    engine = Engine.from_compiled(compiled, warm)
+    engine = engine_of(compiled, warm)
     compare(engine, {"T": 256, "D": 256, "F": 512}, seed=4)
     cache.close()
 

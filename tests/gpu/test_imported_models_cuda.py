@@ -58,14 +58,18 @@ def test_xg_compile_on_cuda(name: str) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_onnx_on_cuda(name: str, tmp_path: Path) -> None:
     pytest.importorskip("onnxscript")
+    from xgbuild.build.engines import model_engine
+    from xgbuild.build.target import target_profile
     from xgbuild.compiler.importers.onnx_import import import_onnx
-    from xgbuild.runtime.model_engine import ModelEngine, build_model_engine
+    from xgbuild.runtime.model_engine import ModelEngine
+    from xgbuild.settings import Settings
     model, inputs, dyn = make(name)
     path = tmp_path / f"{name}.onnx"
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         torch.onnx.export(model, inputs, str(path), dynamo=True, dynamic_shapes=dyn)
-    engine = ModelEngine(build_model_engine(import_onnx(path, target=local_target()), tune="predict"))
+    engine = ModelEngine(model_engine(import_onnx(path, target=local_target()), target_profile(local_target()),
+                                      Settings.from_env(), policy="predict"))
     check(engine, name, model, batch=2, seed=13)
 
 

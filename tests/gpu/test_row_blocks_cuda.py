@@ -13,6 +13,7 @@ import pytest
 import torch
 from gpu_target import local_target
 
+from xgbuild.build.package import engine_of
 from xgbuild.compiler.driver import compile_source
 from xgbuild.compiler.frontend import CheckOptions
 from xgbuild.compiler.ir.graph import Op, tree_ids
@@ -20,8 +21,9 @@ from xgbuild.hw import load_profile
 from xgbuild.runtime.cuda import KernelLauncher
 from xgbuild.runtime.engine import Engine
 from xgbuild.runtime.gpu import KernelExecutor
+from xgbuild.runtime.plans import plans_from_manifest
 from xgbuild.runtime.spmd import local_graph
-from xgbuild.tuner.link import build_kernels, plans_from_manifest
+from xgbuild.tuner.link import build_kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -61,7 +63,7 @@ def test_row_blocks_match_the_whole_launch(tmp_path: Path, dtype: str, m: int) -
         pytest.skip("needs an NVIDIA GPU")
     target = local_target()
     compiled = compile_source(SOURCE.format(dt=dtype, m=m), "blocks.xg", CheckOptions(num_gpu=2, target=target))
-    Engine.from_compiled(compiled, build_kernels(compiled.optimized.main, load_profile(target), policy="predict")) \
+    engine_of(compiled, build_kernels(compiled.optimized.main, load_profile(target), policy="predict")) \
         .save(tmp_path / "blocks.xge")
     engine = Engine.load(tmp_path / "blocks.xge")
     torch_dtype = getattr(torch, dtype)

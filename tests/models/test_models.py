@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import xg
+from xgbuild.build.package import engine_of
 from xgbuild.compiler.driver import compile_source
-from xgbuild.runtime.engine import Engine
 
 REPO = Path(__file__).resolve().parents[2]
 PARAMS = ["EMB", "G1", "WQ", "WK", "WV", "WO", "G2", "W1", "W2", "GF", "HEAD"]
@@ -120,7 +120,7 @@ def test_training_learns_and_is_bit_reproducible() -> None:
 def test_dropout_is_seeded_and_keeps_the_right_fraction() -> None:
     src = ("import std.nn\nextern Tensor[float32, 64, 64] X\n"
            "def main() {\n    return dropout(X, 0.75, 11), dropout(X, 0.75, 11), dropout(X, 0.75, 12)\n}\n")
-    engine = Engine.from_compiled(compile_source(src, str(REPO / "models" / "dropout_probe.xg")))
+    engine = engine_of(compile_source(src, str(REPO / "models" / "dropout_probe.xg")))
     x = torch.rand(64, 64) + 0.5
     a, b, c = engine.run({"X": x}).value
     assert torch.equal(a, b) and not torch.equal(a, c)

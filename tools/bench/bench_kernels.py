@@ -24,11 +24,11 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from xgbuild.build.package import engine_of  # noqa: E402
 from xgbuild.cache import Cache  # noqa: E402
 from xgbuild.compiler.driver import compile_source  # noqa: E402
 from xgbuild.compiler.passes.specialize import bind_symbols, specialize  # noqa: E402
 from xgbuild.hw import load_profile  # noqa: E402
-from xgbuild.runtime.engine import Engine  # noqa: E402
 from xgbuild.settings import Settings  # noqa: E402
 from xgbuild.tuner.cuda_measure import local_measurers  # noqa: E402
 from xgbuild.tuner.link import build_kernels  # noqa: E402
@@ -151,7 +151,7 @@ def main() -> int:
         table = build_kernels(compiled.optimized.main, profile, policy=args.policy, cache=cache, dims=dims,
                               measurers=measurers, budget_s=args.budget, workers=16)
         build_s = time.perf_counter() - t0
-        engine = Engine.from_compiled(compiled, table)
+        engine = engine_of(compiled, table, profile)
         graph = compiled.optimized.main
         sg = specialize(graph, bind_symbols(graph, {k: tuple(v.shape) for k, v in inputs.items()}))
         ex = engine.cuda_executor(check=False)

@@ -96,10 +96,11 @@ def pipeline_source(b: int, d: int) -> str:
 # ------------------------------------------------------------------------------------- building
 
 def build(workdir: Path, workload: str, ngpu: int, args) -> Path:
+    from xgbuild.build.package import engine_of
     from xgbuild.compiler.driver import compile_source
     from xgbuild.compiler.frontend import CheckOptions
     from xgbuild.compiler.frontend.shard_plan import load_plan
-    from xgbuild.runtime.engine import Engine
+    from xgbuild.settings import Settings
 
     options = CheckOptions(num_gpu=ngpu, target=args.target)
     if workload in ("pipeline", "pipeline-dp"):
@@ -115,7 +116,7 @@ def build(workdir: Path, workload: str, ngpu: int, args) -> Path:
                                   plan=load_plan(plan_path) if ngpu > 1 else None)
         out = workdir / f"{workload}-{ngpu}.xge"
         # Pipeline ranks run torch's ops: so does the one-GPU baseline, for a fair efficiency.
-        Engine.from_compiled(compiled, None).save(out)
+        engine_of(compiled, None).save(out)
         return out
     if workload.startswith("matmul"):
         dtype = "bfloat16" if args.device == "cuda" else "float32"
@@ -141,9 +142,11 @@ def build(workdir: Path, workload: str, ngpu: int, args) -> Path:
     # --tune predict): slow, a check of the script's kernel path.
     interpreted = os.environ.get("XG_SPMD_KERNELS") == "interpret"
     if args.kernels and (args.device == "cuda" or interpreted):
-        from xgbuild.tuner.link import kernels_for
-        table = kernels_for(compiled, args.tune)
-    Engine.from_compiled(compiled, table).save(out)
+        from xgbuild.build.kernels import kernels_for
+        from xgbuild.build.target import target_profile
+        settings = Settings.from_env()
+        table = kernels_for(compiled, target_profile(compiled.target, settings), args.tune, settings)
+    engine_of(compiled, table).save(out)
     return out
 
 
@@ -154,16 +157,16 @@ def worker(args) -> None:
 
     from xgbuild.compiler.ir.graph import Op
     from xgbuild.compiler.ir.layout import split_inputs
-    from xgbuild.runtime.distributed import _kernel_path, comm_blocks, init_group, leave_group
+    from xgbuild.runtime.distributed import comm_blocks, init_group, kernel_path, leave_group
     from xgbuild.runtime.engine import Engine
     from xgbuild.runtime.spmd import SpmdExecutor, local_graph
     from xgbuild.runtime.tensor_io import random_inputs
-    from xgbuild.settings import dist_env
+    from xgbuild.settings import RunSettings, dist_env
 
     env = dist_env()
     group = init_group(env, args.device, 600.0)
     dev = group.device
-    engine = Engine.load(args.engine)
+    engine = Engine.load(args.engine, RunSettings.from_env())
     sig = {s["name"]: (s["dtype"], tuple(s["shape"])) for s in engine.signature}
     values = {k: v.to(dev) for k, v in random_inputs(sig, 0).items()}
     for k in values:
@@ -181,7 +184,7 @@ def worker(args) -> None:
         if group.world > 1:
             dist.barrier()
 
-    plans, launch_fn, mode = _kernel_path(engine, "cuda" if dev != "cpu" else "cpu", False)
+    plans, launch_fn, mode = kernel_path(engine, "cuda" if dev != "cpu" else "cpu", False)
 
     names = []
     executors = []
@@ -209,7 +212,7 @@ def worker(args) -> None:
     from xgbuild.compiler.ir.stages import has_stages, stage_gpus, stage_of, stage_summary
     staged = has_stages(graph)
     replicas = len(stage_gpus(graph)[0]) if staged else 1
-    blocks = comm_blocks()          # XG_COMM_BLOCKS, from --comm-blocks (main)
+    blocks = comm_blocks(engine.settings.comm_blocks)          # XG_COMM_BLOCKS, from --comm-blocks (main)
     normal = steps(True, blocks)
     split_count = executors[0].stats.get("split_collectives", 0)
     if args.profile and staged:
@@ -401,7 +404,7 @@ def main() -> None:
     from xgbuild.runtime.distributed import comm_blocks
     os.environ["XG_COMM_BLOCKS"] = args.comm_blocks     # the ranks (and xgrun's policy) read it
     try:
-        comm_blocks()
+        comm_blocks(args.comm_blocks)
     except EngineError as exc:
         p.error(str(exc))
     if args.worker:

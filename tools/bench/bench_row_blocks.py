@@ -76,13 +76,15 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_row_blocks: needs an NVIDIA GPU")
+    from xgbuild.build.engines import link_engine
     from xgbuild.compiler.driver import compile_source
     from xgbuild.compiler.frontend import CheckOptions
     from xgbuild.runtime.cuda import KernelLauncher, device_arch
     from xgbuild.runtime.engine import Engine
     from xgbuild.runtime.gpu import KernelExecutor
     from xgbuild.runtime.spmd import local_graph
-    from xgbuild.tuner.link import kernels_for, plans_from_manifest
+    from xgbuild.runtime.plans import plans_from_manifest
+    from xgbuild.settings import Settings
 
     name = torch.cuda.get_device_name(0)
     target = next((t for t in ("H200", "H100", "B200", "A100", "L40S") if t in name), None)
@@ -105,7 +107,7 @@ def main() -> None:
             compiled = compile_source(SOURCE.format(n=n, tail=tail), f"{case}.xg",
                                       CheckOptions(num_gpu=world, target=target))
             path = Path(f"/tmp/xg-bench-blocks-{case}-{world}.xge")
-            Engine.from_compiled(compiled, kernels_for(compiled, args.tune)).save(path)
+            link_engine(compiled, Settings.from_env(), policy=args.tune).engine.save(path)
             engine = Engine.load(path)
             archs = {v["arch"] for k in engine.manifest["kernels"] for v in k["variants"]}
             if device_arch(torch.cuda.current_device()) not in archs:

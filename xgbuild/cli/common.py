@@ -75,6 +75,17 @@ def parse_dims(specs: list[str]) -> dict[str, int]:
     return out
 
 
+def policy_or_exit(tune: str, last: str = "{}, {}"):
+    """`--tune`'s value as a `Policy`; another is a usage error listing the policies (the last one
+    joined by `last`: xgc says "..., predict or strict", xgbuild "..., predict, strict")."""
+    from ..tuner.policy import Policy
+    try:
+        return Policy(tune)
+    except ValueError:
+        *first, final = list(Policy)
+        fail(f"--tune takes {last.format(', '.join(first), final)}, got {tune!r}", EXIT_USAGE)
+
+
 def exit_code_for(diagnostics) -> int:
     """The exit code of a check or compile that produced `diagnostics`."""
     codes = {d.code for d in diagnostics if d.severity.value == "error"}
@@ -88,18 +99,10 @@ def compile_or_exit(file, options, *, warnings: bool = True, sharding=None):
     """Compile a source file for a command that builds from it; diagnostics go to stderr and a
     failure exits with `exit_code_for` (1 for a wrong program, 2 for an unreadable file).
     `sharding`: a plan file's path (as xgc --sharding); its NUM_GPU applies unless options set one."""
-    import dataclasses
-
-    from ..compiler.driver import compile_file
+    from ..build.compile import compile_program
     from ..errors import CompileError
     try:
-        plan = None
-        if sharding is not None:
-            from ..compiler.frontend.shard_plan import load_plan
-            plan = load_plan(sharding)
-            if plan.num_gpu is not None and options.num_gpu is None:
-                options = dataclasses.replace(options, num_gpu=plan.num_gpu)
-        compiled = compile_file(file, options, plan=plan)
+        compiled = compile_program(file, options, sharding)
     except CompileError as exc:
         sys.stderr.write(str(exc) + "\n")
         raise typer.Exit(exit_code_for(exc.diagnostics) or EXIT_PROGRAM)

@@ -6,7 +6,8 @@
     xgc FILE.xg --target GB200 --out e.xge --kernels-from r0.json ...       link (see xgc)
 
 The last three are what a build system runs as separate cached actions (rules_xg does); see
-xgbuild/tuner/jobfile.py for the files. Exit codes as every XG command: 0 ok, 1 failed, 2 usage.
+xgbuild/tuner/jobfile.py for the files and xgbuild/build/shards.py for the steps. Exit codes as
+every XG command: 0 ok, 1 failed, 2 usage.
 """
 
 from __future__ import annotations
@@ -19,16 +20,8 @@ import typer
 
 from ..compiler.frontend import CheckOptions
 from ..errors import XGError
-from .common import EXIT_USAGE, compile_or_exit, emit_json, fail, parse_dims
-
-POLICIES = ("measure", "cache", "predict", "strict")
-
-
-def _policy(tune: str) -> str:
-    if tune not in POLICIES:
-        fail(f"--tune takes {', '.join(POLICIES)}, got {tune!r}", EXIT_USAGE)
-    return tune
-
+from ..settings import Settings
+from .common import EXIT_USAGE, compile_or_exit, emit_json, fail, parse_dims, policy_or_exit
 
 def _options(target: str | None, num_gpu: int | None, entry: str) -> CheckOptions:
     if not entry.isidentifier():
@@ -49,12 +42,14 @@ def tune(
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Tune every kernel of FILE for the target (winners go to the XG cache); link nothing."""
-    policy, dims = _policy(policy), parse_dims(dim)
+    policy, dims = policy_or_exit(policy), parse_dims(dim)
     compiled = compile_or_exit(file, _options(target, num_gpu, entry), sharding=sharding)
-    from ..tuner.steps import tune_program
+    from ..build.kernels import tune_program
+    from ..build.target import target_profile
     try:
-        pairs = tune_program(compiled, policy, dims, workers=jobs, budget_s=budget,
-                             progress=not json_out and sys.stderr.isatty())
+        settings = Settings.from_env()
+        pairs = tune_program(compiled, target_profile(compiled.target, settings), policy, settings, dims,
+                             workers=jobs, budget_s=budget, progress=not json_out and sys.stderr.isatty())
     except XGError as exc:
         fail(str(exc))
     rows = [{"job": job.ident, "kind": job.spec.kind, **w.to_json()} for job, w in pairs]
@@ -83,7 +78,7 @@ def jobs(
     if len(set(out)) != len(out):
         fail("each --out names a different shard file", EXIT_USAGE)
     compiled = compile_or_exit(file, _options(target, num_gpu, entry), warnings=not quiet, sharding=sharding)
-    from ..tuner.steps import write_shards
+    from ..build.shards import write_shards
     try:
         n = write_shards(compiled, dims, len(out), list(out))
     except XGError as exc:
@@ -103,10 +98,11 @@ def tune_shard(
     quiet: bool = typer.Option(False, "--quiet", help="no summary line"),
 ) -> None:
     """Tune and compile the jobs of one shard file into a result file for `xgc --kernels-from`."""
-    policy = _policy(policy)
-    from ..tuner.steps import tune_shard as run_shard
+    policy = policy_or_exit(policy)
+    from ..build.shards import tune_shard as run_shard
     try:
-        stats = run_shard(shard, out, policy, workers=jobs, budget_s=budget, progress=sys.stderr.isatty())
+        stats = run_shard(shard, out, policy, Settings.from_env(), workers=jobs, budget_s=budget,
+                          progress=sys.stderr.isatty())
     except XGError as exc:
         fail(str(exc))
     except OSError as exc:

@@ -24,7 +24,7 @@ import typer
 from ..compiler.frontend import CheckOptions, check_file
 from ..compiler.passes import PASS_NAMES
 from ..errors import CompileError, XGError
-from .common import EXIT_PROGRAM, EXIT_USAGE, emit_json, exit_code_for, fail, make_app, run
+from .common import EXIT_PROGRAM, EXIT_USAGE, emit_json, exit_code_for, fail, make_app, policy_or_exit, run
 
 app = make_app("Compile an XG program (.xg) into an engine bundle (.xge), or check it.")
 
@@ -70,14 +70,13 @@ def compile(
         fail("nothing to do: pass --check, --out FILE.xge, --emit STAGE or --dump-after PASS", EXIT_USAGE)
     if out is not None and out.suffix != ".xge":
         fail(f"--out names an engine file ending in .xge, got {str(out)!r}", EXIT_USAGE)
-    if tune not in ("measure", "cache", "predict", "strict"):
-        fail(f"--tune takes measure, cache, predict or strict, got {tune!r}", EXIT_USAGE)
+    policy = policy_or_exit(tune, "{} or {}")
     if file.suffix.lower() == ".onnx":
         if kernels_from or sharding is not None or entry != "main":
             fail("--kernels-from, --sharding and --entry apply to .xg sources, not ONNX models", EXIT_USAGE)
         from .xgc_onnx import compile_onnx
         compile_onnx(file, check=check, out=out, emit=emit.value if emit else None, dump_after=dump_after,
-                     json_out=json_out, target=target, num_gpu=num_gpu, tune=tune, kernels=kernels, dims=dim,
+                     json_out=json_out, target=target, num_gpu=num_gpu, tune=policy, kernels=kernels, dims=dim,
                      jobs=jobs, quiet=quiet)
         return
     if not entry.isidentifier():
@@ -85,13 +84,11 @@ def compile(
     options = CheckOptions(target=target, num_gpu=num_gpu, lib=lib, entry=entry)
     plan = None
     if sharding is not None:
-        from ..compiler.frontend.shard_plan import load_plan
+        from ..build.compile import sharding_plan
         try:
-            plan = load_plan(sharding)
+            plan, options = sharding_plan(sharding, options)
         except CompileError as exc:
             _report(exc, json_out)
-        if plan.num_gpu is not None and num_gpu is None:
-            options = CheckOptions(target=target, num_gpu=plan.num_gpu, lib=lib, entry=entry)
     if check or (lib and not out):
         result = check_file(file, options)
         if plan is not None and result.ok and result.program is not None:
@@ -134,26 +131,19 @@ def compile(
     elif emit is Emit.dot:
         sys.stdout.write(to_dot(compiled.optimized.main))
     if out is not None:
-        from ..runtime.engine import Engine
+        from ..build.engines import link_engine
+        from ..settings import Settings
         from .common import parse_dims
         dims = parse_dims(dim)
-        stats = None
+        if kernels_from and not kernels:
+            fail("--kernels-from links GPU kernels; it cannot be combined with --no-kernels", EXIT_USAGE)
         try:
-            table = None
-            if kernels_from and not kernels:
-                fail("--kernels-from links GPU kernels; it cannot be combined with --no-kernels", EXIT_USAGE)
-            if kernels_from:
-                from ..tuner.steps import link_results
-                table = link_results(compiled, dims, list(kernels_from))
-                stats = table.stats
-            elif kernels:
-                from ..tuner.link import kernels_for
-                table = kernels_for(compiled, tune, dims, jobs, progress=not quiet and not json_out)
-                stats = table.stats
-            engine = Engine.from_compiled(compiled, table)
-            digest = engine.save(out)
+            built = link_engine(compiled, Settings.from_env(), policy=policy, dims=dims, kernels=kernels,
+                                kernels_from=list(kernels_from), workers=jobs, progress=not quiet and not json_out)
+            digest = built.engine.save(out)
         except XGError as exc:
             fail(str(exc))
+        stats = built.stats
         if json_out:
             emit_json({"ok": True, "engine": str(out), "digest": digest, "kernels": stats,
                        "diagnostics": [d.to_json() for d in warnings]})
@@ -180,7 +170,9 @@ def _ir_opt_text(compiled) -> str:
     (`@S(0)`), or in a pipeline the GPU that computes it (`@gpu1`; `@each`: every GPU that uses it)."""
     from ..compiler.ir.layout import infer_layouts
     from ..compiler.ir.serialize import to_text
+    from ..build.target import target_profile
     from ..compiler.passes.shard import plan_lines, plan_of
+    from ..settings import Settings
     graph = compiled.optimized.main
     if compiled.num_gpu == 1 or "shard" not in compiled.passes:
         return to_text(graph)
@@ -190,7 +182,7 @@ def _ir_opt_text(compiled) -> str:
         gpus = stage_gpus(graph)
         notes = {i: ("each" if k is None else f"gpu{gpus[k][0]}" if len(gpus[k]) == 1 else f"stage{k}")
                  for i, k in infer_stages(graph).items()}
-    plan = plan_of(graph, compiled.num_gpu, compiled.target)
+    plan = plan_of(graph, compiled.num_gpu, target_profile(compiled.target, Settings.from_env()))
     return "".join(f"# {line}\n" for line in plan_lines(plan)) + to_text(graph, notes)
 
 

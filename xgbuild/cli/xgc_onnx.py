@@ -13,22 +13,26 @@ from pathlib import Path
 import typer
 
 from ..errors import CompileError, XGError
+from ..settings import Settings
+from ..tuner.policy import Policy
 from .common import EXIT_PROGRAM, EXIT_USAGE, emit_json, fail, parse_dims
 
 
 def compile_onnx(file: Path, *, check: bool, out: Path | None, emit: str | None, dump_after: str | None,
-                 json_out: bool, target: str | None, num_gpu: int | None, tune: str, kernels: bool,
+                 json_out: bool, target: str | None, num_gpu: int | None, tune: Policy, kernels: bool,
                  dims: list[str], jobs: int | None, quiet: bool) -> None:
     if dump_after is not None or emit == "ast":
         fail("an ONNX model has no XG source: use --emit ir, ir-opt, ir-json or dot", EXIT_USAGE)
+    from ..build.engines import model_target
     from ..compiler.driver import DEFAULT_TARGET
     from ..compiler.importers.onnx_import import OnnxImportError, import_onnx
     from ..compiler.ir.serialize import to_dot, to_json, to_text
-    from ..hw import HardwareProfileError, UnknownTargetError, load_profile
+    settings = Settings.from_env()
     try:
-        target_name = load_profile(target or DEFAULT_TARGET).name
-    except (HardwareProfileError, UnknownTargetError) as exc:
+        profile = model_target(target or DEFAULT_TARGET, settings)
+    except XGError as exc:
         fail(str(exc), EXIT_USAGE)
+    target_name = profile.name
     sizes = parse_dims(dims)
     try:
         imported = import_onnx(file, target=target_name, num_gpu=num_gpu or 1, dims=sizes)
@@ -52,10 +56,10 @@ def compile_onnx(file: Path, *, check: bool, out: Path | None, emit: str | None,
         sys.stdout.write(to_dot(graph))
     if out is None:
         return
-    from ..runtime.model_engine import build_model_engine
+    from ..build.engines import model_engine
     try:
-        engine = build_model_engine(imported, tune=tune, kernels=kernels, dims=sizes,
-                                    progress=not quiet and not json_out, jobs=jobs)
+        engine = model_engine(imported, profile, settings, policy=tune, kernels=kernels, dims=sizes,
+                              progress=not quiet and not json_out, workers=jobs)
         digest = engine.save(out)
     except XGError as exc:
         fail(str(exc))

@@ -14,7 +14,6 @@ rank, 2 usage.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -23,9 +22,9 @@ from typing import List, Optional
 import typer
 
 from ..errors import XGError
-from ..settings import SettingsError, dist_env
 from ..runtime.engine import Engine
 from ..runtime.tensor_io import TensorIOError, describe, load_tensors, random_inputs, save_tensors
+from ..settings import RunSettings, SettingsError, child_env, dist_env
 from .common import EXIT_USAGE, emit_json, fail, make_app, parse_dims, run
 
 app = make_app("Run an XG engine (.xge) with correctness checks.")
@@ -77,7 +76,7 @@ def main_cmd(
                  *(["--inputs", str(inputs)] if inputs else []), *(["--output", str(output)] if output else []),
                  *[a for d in dim for a in ("--dim", d)], *(["--json"] if json_out else []),
                  *(["--output-per-rank"] if output_per_rank else [])]
-        result = launch(child, nproc, timeout, os.environ)
+        result = launch(child, nproc, timeout, child_env())
         if not result.ok:
             fail(result.message)
         return
@@ -86,7 +85,7 @@ def main_cmd(
         return
     t_load = time.perf_counter()
     try:
-        eng = Engine.load(engine)
+        eng = Engine.load(engine, RunSettings.from_env())
         load_ms = (time.perf_counter() - t_load) * 1e3
         values = _inputs_for(eng, inputs, seed, dim)
         if device == "cuda":
@@ -128,21 +127,16 @@ def _report(engine, eng, device: str, check: bool, load_ms: float, result, outpu
 
 def _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, timeout, per_rank) -> None:
     """One rank of a distributed run: its shards in, whole outputs to rank 0 (which reports)."""
-    from ..runtime.distributed import check_world, init_group, leave_group, run_spmd
+    from ..runtime.distributed import check_world, init_group, leave_group, rank_slices, run_spmd
     t_load = time.perf_counter()
     try:
-        eng = Engine.load(engine)
+        eng = Engine.load(engine, RunSettings.from_env())
         load_ms = (time.perf_counter() - t_load) * 1e3
         check_world(eng, denv.world_size)        # before joining: a wrong count would wait for peers
         whole = None
         if inputs is not None:      # each rank reads only its slices of the split inputs
-            from ..compiler.ir.layout import split_inputs
             from ..runtime.tensor_io import load_tensor_shards
-            from ..compiler.ir.stages import has_stages, rank_share, stage_inputs
-            staged = denv.world_size > 1 and has_stages(eng.graph)
-            only = stage_inputs(eng.graph, denv.rank) if staged else None
-            split, piece, pieces = (rank_share(eng.graph, denv.rank) if staged
-                                    else (split_inputs(eng.graph), denv.rank, denv.world_size))
+            split, piece, pieces, only = rank_slices(eng.graph, denv.rank, denv.world_size)
             values, whole = load_tensor_shards(inputs, split, piece, pieces, only=only)
         else:
             values = _inputs_for(eng, None, seed, dim)

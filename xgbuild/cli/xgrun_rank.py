@@ -7,10 +7,8 @@ from RANK / WORLD_SIZE like under torchrun.
 
 from __future__ import annotations
 
-import os
-
 from ..runtime.launch import start_heartbeat
-from ..settings import SettingsError, dist_env
+from ..settings import RunSettings, SettingsError, dist_env, use_triton_interpreter
 
 
 def main() -> None:
@@ -20,8 +18,8 @@ def main() -> None:
         env = None          # xgrun reports the bad variable itself
     if env is not None and env.heartbeat_fd is not None:
         start_heartbeat(env.heartbeat_fd)
-    if os.environ.get("XG_SPMD_KERNELS") == "interpret":
-        os.environ["TRITON_INTERPRET"] = "1"     # read when Triton is imported: before anything imports it
+    if RunSettings.from_env().spmd_kernels == "interpret":
+        use_triton_interpreter()     # read when Triton is imported: before anything imports it
     from .xgrun import main as xgrun_main
     xgrun_main()
 

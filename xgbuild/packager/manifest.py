@@ -14,7 +14,7 @@ import triton
 
 from .. import __version__
 from ..compiler.ir.graph import Graph
-from ..hw import load_profile
+from ..hw import GpuProfile
 
 FORMAT_VERSION = 1
 
@@ -40,14 +40,14 @@ def _output_sig(graph: Graph, tree: dict) -> dict:
     return {"result": _output_sig(graph, tree["result"]["value"])}
 
 
-def build_manifest(*, graph: Graph, program_blob: bytes, target: str, num_gpu: int, sources: dict[str, bytes],
+def build_manifest(*, graph: Graph, program_blob: bytes, profile: GpuProfile, num_gpu: int, sources: dict[str, bytes],
                    passes: list[str], shards: list[dict], kernels: list[dict] | None = None,
                    launches: list[dict] | None = None, plan: dict | None = None, weights: dict | None = None,
                    ranges: dict[str, list[int]] | None = None) -> dict:
     """`plan`: the SPMD plan of a many-GPU engine; `weights` (imported models): {"path", "sha256",
     "tensors": [{name, dtype, shape}]}, the INPUTs the engine binds itself, left out of the entry
-    signature; `ranges`: [lo, hi) of integer inputs used as indices (checked before a run)."""
-    profile = load_profile(target)
+    signature; `ranges`: [lo, hi) of integer inputs used as indices (checked before a run);
+    `profile`: the target's, recorded whole so a deploy host needs no hw/ directory."""
     bound = {t["name"] for t in weights["tensors"]} if weights else set()
     ranges = ranges or {}
     inputs = [{"name": name, **_tensor_sig(graph, nid), **({"range": list(ranges[name])} if name in ranges else {})}

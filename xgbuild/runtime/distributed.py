@@ -9,7 +9,6 @@ started by cli/xgrun_rank.py, before torch loads.)
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from datetime import timedelta
@@ -62,11 +61,11 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
     device = "cuda" if group.device.startswith("cuda") else "cpu"
     external_values = dict(external_values or {})
     unread: frozenset[str] = frozenset()
-    staged = group.world > 1 and has_stages(engine.graph)
+    split, piece, pieces, reads = rank_slices(engine.graph, group.rank, group.world)
+    staged = reads is not None
     if staged:
         # A pipeline rank holds only the inputs its stage reads: the rest stand in as meta tensors.
-        mine = stage_inputs(engine.graph, group.rank)
-        unread = frozenset(external_values) - mine
+        unread = frozenset(external_values) - reads
         external_values = {k: (torch.empty(v.shape, dtype=v.dtype, device="meta")
                                if k in unread and isinstance(v, torch.Tensor) else v)
                            for k, v in external_values.items()}
@@ -74,10 +73,6 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
         external_values = {k: (v if k in unread else _to(v, group.device)) for k, v in external_values.items()}
     inputs = engine.prepare_inputs(external_values, device, placeholders=unread)
     whole_shapes = dict(whole_shapes or {})
-    # The inputs a rank holds a slice of: the plan's splits (SPMD), or its replica's share of the
-    # batch (a pipeline with stages of several GPUs).
-    split, piece, pieces = (rank_share(engine.graph, group.rank) if staged
-                            else (split_inputs(engine.graph), group.rank, group.world))
     if set(whole_shapes) - set(split):
         raise ExecutionError(f"inputs {sorted(set(whole_shapes) - set(split))} were loaded as slices, but the "
                              "plan uses them whole")
@@ -98,8 +93,8 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
     # A pipeline's ranks run torch's ops for now (the engine's kernels are tuned for one process).
     problem = None      # a bad setting on this rank: said on every rank (below), none waits for it
     try:
-        plans, launch, mode = (None, None, "") if staged else _kernel_path(engine, device, float64)
-        blocks, min_bytes = comm_blocks() if plans is not None else (1, 0)
+        plans, launch, mode = (None, None, "") if staged else kernel_path(engine, device, float64)
+        blocks, min_bytes = comm_blocks(engine.settings.comm_blocks) if plans is not None else (1, 0)
     except XGError as exc:      # a bad setting, or no GPU driver for the kernels' launcher
         if group.world == 1:
             raise
@@ -134,18 +129,29 @@ def run_spmd(engine: Engine, external_values: Mapping[str, Any] | None, group: G
     return RunResult(_build(graph.output, whole), metadata, _flat(graph.output, whole)), mine
 
 
-def _kernel_path(engine: Engine, device: str, float64: bool) -> tuple[list | None, Any, str]:
+def rank_slices(graph: Any, rank: int, world: int) -> tuple[dict[str, int], int, int, frozenset[str] | None]:
+    """What rank `rank` of `world` holds of the inputs: (split dim of each input it holds a slice
+    of, its piece, the number of pieces, the inputs it reads at all or None for every one). The
+    plan's splits in SPMD; in a pipeline, its stage's inputs and its replica's share of the batch."""
+    if world > 1 and has_stages(graph):
+        split, piece, pieces = rank_share(graph, rank)
+        return split, piece, pieces, frozenset(stage_inputs(graph, rank))
+    return split_inputs(graph), rank, world, None
+
+
+def kernel_path(engine: Engine, device: str, float64: bool) -> tuple[list | None, Any, str]:
     """The engine's kernels for this rank, (plans, launch, mode), or (None, None, "") for torch's
-    ops: the float64 reference, engines without kernels, or XG_SPMD_KERNELS=0."""
-    choice = os.environ.get("XG_SPMD_KERNELS", "")
+    ops: the float64 reference, engines without kernels, or XG_SPMD_KERNELS=0 (the engine's
+    run settings)."""
+    choice = engine.settings.spmd_kernels
     if choice not in ("", "0", "1", "interpret"):
         raise EngineError(f"XG_SPMD_KERNELS is {choice!r}; use 0 (torch ops), 1 (the engine's kernels on "
                           "GPUs, the default) or interpret (the kernels under Triton's interpreter on CPUs)")
     if float64 or choice == "0" or not engine.manifest.get("kernels"):
         return None, None, ""
     if device == "cuda":
-        from ..tuner.link import plans_from_manifest
         from .cuda import KernelLauncher, device_arch
+        from .plans import plans_from_manifest
         arch = device_arch(torch.cuda.current_device())
         archs = {v["arch"] for k in engine.manifest["kernels"] for v in k["variants"]}
         if arch not in archs:
@@ -154,7 +160,7 @@ def _kernel_path(engine: Engine, device: str, float64: bool) -> tuple[list | Non
         return (plans_from_manifest(engine.manifest, engine.file.entries),
                 lambda c, grid, args: launcher.launch(c.handle, grid, args), "cuda")
     if choice == "interpret":
-        if os.environ.get("TRITON_INTERPRET") != "1":
+        if not engine.settings.triton_interpret:
             raise EngineError("XG_SPMD_KERNELS=interpret needs TRITON_INTERPRET=1 in the ranks' environment "
                               "before they start (Triton reads it when it is imported); xgrun --nproc sets it")
         from . import interpret
@@ -167,14 +173,15 @@ AUTO_BLOCKS = 4                  # XG_COMM_BLOCKS unset: up to 4 blocks ...
 AUTO_MIN_BYTES = 8 << 20         # ... each of whose collectives moves at least 8 MiB
 
 
-def comm_blocks() -> tuple[int, int]:
-    """XG_COMM_BLOCKS: (the most blocks of rows, the fewest bytes a block's collective moves) for a
-    matmul whose product is all-reduced or reduce-scattered on a kernel rank (each block's collective
-    starts as soon as its kernels are launched, overlapping the next block). Unset or `auto`: up to
-    4 blocks of at least 8 MiB each (a smaller reduction stays whole: its transfer is short, and
-    more of them would cost more in latency than they hide); N: up to N blocks, whatever their size;
-    1: whole. Every rank must be given the same value."""
-    text = os.environ.get("XG_COMM_BLOCKS", "auto").strip() or "auto"
+def comm_blocks(text: str) -> tuple[int, int]:
+    """XG_COMM_BLOCKS (`text`, from the run settings): (the most blocks of rows, the fewest bytes a
+    block's collective moves) for a matmul whose product is all-reduced or reduce-scattered on a
+    kernel rank (each block's collective starts as soon as its kernels are launched, overlapping
+    the next block). Unset or `auto`: up to 4 blocks of at least 8 MiB each (a smaller reduction
+    stays whole: its transfer is short, and more of them would cost more in latency than they
+    hide); N: up to N blocks, whatever their size; 1: whole. Every rank must be given the same
+    value."""
+    text = text.strip() or "auto"
     if text == "auto":
         return AUTO_BLOCKS, AUTO_MIN_BYTES
     if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 64:
@@ -238,11 +245,11 @@ def _to(v: Any, device: str) -> Any:
     return v.to(device) if isinstance(v, torch.Tensor) else v
 
 
-def run_ranks(engine: Engine, external_values: Mapping[str, Any] | None, nproc: int, *, device: str = "cpu",
-              check: bool = True, timeout_s: float = 300.0) -> RunResult:
+def run_ranks(engine: Engine, external_values: Mapping[str, Any] | None, nproc: int, env: Mapping[str, str], *,
+              device: str = "cpu", check: bool = True, timeout_s: float = 300.0) -> RunResult:
     """`xgrun --nproc N` from Python (`xg.run_engine(..., nproc=N)`): the engine and its inputs go
-    to a temporary directory, N ranks of this host run it, and rank 0's gathered outputs come back.
-    A failed rank is an ExecutionError naming it."""
+    to a temporary directory, N ranks of this host run it (in environment `env`), and rank 0's
+    gathered outputs come back. A failed rank is an ExecutionError naming it."""
     from .launch import run_ranks as launch_ranks
     from .tensor_io import load_tensors, save_tensors
 
@@ -255,7 +262,7 @@ def run_ranks(engine: Engine, external_values: Mapping[str, Any] | None, nproc: 
         save_tensors(Path(tmp) / "inputs.safetensors", values)
         done = launch_ranks(str(Path(tmp) / "engine.xge"), str(Path(tmp) / "inputs.safetensors"),
                             str(Path(tmp) / "outputs.safetensors"), nproc, device=device, check=check,
-                            timeout_s=timeout_s)
+                            timeout_s=timeout_s, env=env)
         if not done.ok:
             raise ExecutionError(done.message)
         tensors = load_tensors(Path(tmp) / "outputs.safetensors", role="outputs of the ranks")

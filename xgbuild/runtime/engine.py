@@ -1,6 +1,7 @@
-"""The engine a program compiles to, in memory: build, save, load, check inputs, run.
+"""The engine a program compiles to, in memory: load, save, check inputs, run.
 
-An `Engine` wraps a verified `EngineFile`. `run` checks the inputs against the signature (names,
+An `Engine` wraps a verified `EngineFile` (the build writes them: xgbuild/build/package.py) and
+the `RunSettings` it runs with. `run` checks the inputs against the signature (names,
 dtypes, ranks, fixed dims, one size per symbol, device), specialises the IR to their shapes once
 per (shapes, dtypes) and caches it, then runs the executor for the device.
 """
@@ -15,17 +16,13 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from ..compiler.driver import Compiled
-from ..compiler.ir.lower import ERROR_CODES
-from ..compiler.ir.serialize import dumps
 from ..compiler.ir.graph import Graph
-from ..compiler.passes.shard import footprint, plan_of
+from ..compiler.ir.lower import ERROR_CODES
 from ..compiler.passes.specialize import SpecializationError, bind_symbols, specialize
 from ..errors import EngineError, ExecutionError, InputError
-from ..packager.engine_file import EngineFile, make_engine_file, read_engine, save_engine_file
-from ..packager.manifest import build_manifest
-from ..packager.weights import PATH as WEIGHTS_PATH
-from ..packager.weights import load_weights, weights_blob
+from ..packager.engine_file import EngineFile, read_engine, save_engine_file
+from ..packager.weights import load_weights
+from ..settings import RunSettings
 from .cpu import CpuExecutor
 from ..dtypes import XG_NAMES
 
@@ -49,50 +46,15 @@ class RunResult:
 @dataclass
 class Engine:
     file: EngineFile
+    settings: RunSettings = field(default_factory=RunSettings)   # read at the top (CLI, xg), handed in
     _specialised: dict = field(default_factory=dict, repr=False)
     _cuda: dict = field(default_factory=dict, repr=False)        # arch -> CudaExecutor
     _weights: dict = field(default_factory=dict, repr=False)     # device -> {name: tensor}
 
-    # --- making and storing ---------------------------------------------------------------------
+    # --- storing ---------------------------------------------------------------------------------
     @classmethod
-    def from_compiled(cls, compiled: Compiled, kernels: Any = None) -> "Engine":
-        """An engine of `compiled`; `kernels` (a tuner `KernelTable`) adds GPU kernels for the target."""
-        shards = [{"function": s.function, "name": s.name, "dim": s.dim, "region": s.region}
-                  for s in compiled.typed.shards]
-        # A --sharding plan file travels with the engine's sources.
-        extra = {compiled.plan.name: compiled.plan.text} if compiled.plan is not None else {}
-        return cls.from_graph(compiled.optimized.main, name=compiled.name, source=compiled.source,
-                              target=compiled.target, num_gpu=compiled.num_gpu, passes=compiled.passes,
-                              shards=shards, kernels=kernels, extra_sources=extra)
-
-    @classmethod
-    def from_graph(cls, graph: Graph, *, name: str, source: str, target: str, num_gpu: int, passes: Any,
-                   shards: list[dict] | None = None, kernels: Any = None,
-                   weights: Mapping[str, torch.Tensor] | None = None,
-                   ranges: Mapping[str, tuple[int, int]] | None = None,
-                   extra_sources: Mapping[str, bytes] | None = None) -> "Engine":
-        """An engine of an optimised graph. `weights` bind some of its INPUTs inside the engine (an
-        imported model's parameters); `ranges` bound integer inputs used as indices."""
-        sources = {name: source.encode(), **dict(extra_sources or {})}
-        blob = dumps(graph)
-        plan = None
-        if num_gpu > 1:
-            plan = {**plan_of(graph, num_gpu, target), "footprint": footprint(graph, num_gpu)}
-        files = dict(kernels.files) if kernels else {}
-        weights_entry = None
-        if weights:
-            wblob, weights_entry = weights_blob(dict(weights))
-            files[WEIGHTS_PATH] = wblob
-        manifest = build_manifest(graph=graph, program_blob=blob, target=target, num_gpu=num_gpu,
-                                  sources=sources, passes=list(passes), shards=list(shards or []), plan=plan,
-                                  kernels=kernels.kernels if kernels else None,
-                                  launches=kernels.launches if kernels else None, weights=weights_entry,
-                                  ranges={k: list(v) for k, v in (ranges or {}).items()})
-        return cls(make_engine_file(manifest, graph, blob, sources, files or None))
-
-    @classmethod
-    def load(cls, path: Path | str) -> "Engine":
-        return cls(read_engine(Path(path)))
+    def load(cls, path: Path | str, settings: RunSettings | None = None) -> "Engine":
+        return cls(read_engine(Path(path)), settings or RunSettings())
 
     def save(self, path: Path | str) -> str:
         return save_engine_file(self.file, Path(path))
@@ -231,8 +193,9 @@ class Engine:
                               f"{', '.join(f'sm_{a}' for a in archs)} (target {self.manifest['target']}), but this "
                               f"GPU is sm_{arch}: rebuild with xgc --target=<this GPU> or run with --device cpu")
         if arch not in self._cuda:
-            from ..tuner.link import plans_from_manifest
-            self._cuda[arch] = CudaExecutor(plans_from_manifest(self.manifest, self.file.entries))
+            from .plans import plans_from_manifest
+            self._cuda[arch] = CudaExecutor(plans_from_manifest(self.manifest, self.file.entries),
+                                            graphs=self.settings.cuda_graphs)
             self._cuda[arch].stable = frozenset(self.weights("cuda"))   # cached on the device: read in place
         ex = self._cuda[arch]
         ex.check = check

@@ -11,7 +11,6 @@ interleaves a matmul's row blocks with their collectives.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -347,11 +346,11 @@ class CudaExecutor:
     Capture is opt-in (`XG_CUDA_GRAPHS=1`, or `graphs=True`) until it has run on a GPU in CI."""
     name = "cuda"
 
-    def __init__(self, plans: list[KernelPlan], check: bool = True, graphs: bool | None = None) -> None:
+    def __init__(self, plans: list[KernelPlan], check: bool = True, graphs: bool = False) -> None:
         from .cuda import KernelLauncher
         self.plans = plans
         self.check = check
-        self.graphs = os.environ.get("XG_CUDA_GRAPHS", "0") == "1" if graphs is None else graphs
+        self.graphs = graphs
         self.stable: frozenset[str] = frozenset()
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.launcher = KernelLauncher(self.device.index)

@@ -1,35 +1,20 @@
 """Engines of imported models, called like the model: `engine(x)` takes and returns torch tensors.
 
-`build_model_engine` links kernels for an `ImportedProgram` (PyTorch or ONNX) exactly as `xgc`
-does for `.xg` programs (same tuner, cache and packaging) and binds the weights inside the
-engine. `ModelEngine` wraps the `Engine`: positional inputs are checked against the captured
-signature (count, dtype, shape, device), with errors naming the input, expected vs got.
+The build (xgbuild/build/engines.py) makes them from an `ImportedProgram` (PyTorch or ONNX), with
+the weights inside. `ModelEngine` wraps the `Engine`: positional inputs are checked against the
+captured signature (count, dtype, shape, device), with errors naming the input, expected vs got.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from ..errors import InputError, XGError
+from ..settings import RunSettings
 from .engine import Engine
-
-
-def build_model_engine(imported: Any, *, tune: str = "cache", kernels: bool = True,
-                       dims: Mapping[str, int] | None = None, progress: bool = False,
-                       jobs: int | None = None) -> Engine:
-    """The engine of an imported program: kernels for its target (unless `kernels=False`), tuned at
-    `dims` (default: the sizes seen at capture) under `tune`, and its weights inside."""
-    table = None
-    if kernels:
-        from ..tuner.link import kernels_for
-        sizes = {**imported.example_dims, **dict(dims or {})}
-        table = kernels_for(imported, tune, sizes, workers=jobs, progress=progress)
-    return Engine.from_graph(imported.optimized.main, name=imported.name, source=imported.source,
-                             target=imported.target, num_gpu=imported.num_gpu, passes=imported.passes,
-                             kernels=table, weights=imported.weights, ranges=imported.ranges)
 
 
 def _sig_text(spec: dict) -> str:
@@ -47,8 +32,8 @@ class ModelEngine:
         self.out_spec = out_spec
 
     @classmethod
-    def load(cls, path: Path | str) -> "ModelEngine":
-        return cls(Engine.load(path))
+    def load(cls, path: Path | str, settings: RunSettings | None = None) -> "ModelEngine":
+        return cls(Engine.load(path, settings))
 
     def save(self, path: Path | str) -> str:
         """Write the `.xge` (weights inside); `xgrun` runs it. Returns the bundle digest."""

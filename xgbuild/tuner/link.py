@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..compiler.codegen.schedule import ScheduleError
-from ..compiler.codegen.spec import Binding, KernelSpec
-from ..compiler.codegen.launch_abi import Compiled, ExternStep, KernelPlan, Variant
+from ..compiler.codegen.spec import Binding
+from ..compiler.codegen.launch_abi import Variant
 from ..compiler.codegen.templates import emit
 from ..compiler.frontend.codes import KERNEL_COMPILE, NO_GPU_CODE, NO_TUNED_KERNEL
 from ..compiler.frontend.diagnostics import plain_error
 from ..compiler.ir.graph import Graph
 from ..hw import GpuProfile
-from ..runtime.cuda import KernelBinary
 from .jobs import Job, plan, tuning_env
+from .policy import Policy
 from .progress import TuneProgress
 from .space import default_config
 from .tuner import Compiler, Measurer, Tuner, TuneError, Winner
@@ -47,7 +47,7 @@ def plan_jobs(graph: Graph, dims: dict[str, int] | None, world: int = 1) -> tupl
         raise plain_error(NO_GPU_CODE, what="this program", detail=exc) from None
 
 
-def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: str = "cache", cache: Any = None,
+def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.CACHE, cache: Any = None,
               measurers: list[Measurer] | None = None, compiler: Compiler | None = None,
               progress: bool = False, budget_s: float | None = None) -> dict[str, Winner]:
     """A winner per job (by ident). Jobs fan out over the measurers, one worker per local GPU."""
@@ -69,7 +69,7 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: str = "cache", ca
                     w = tuner.tune(job)
                 except TuneError as exc:
                     with lock:
-                        if policy == "strict":
+                        if policy == Policy.STRICT:
                             missing.append(f"{job.ident} (key {tuner.key(job).digest[:16]})")
                         else:
                             errors.append(exc)
@@ -150,58 +150,31 @@ def assemble(jobs: list[Job], launches: list[tuple[str, Binding]], entries: dict
     return KernelTable(kernels, table_launches, {p: b for p, b in files.items() if p in named}, dict(stats or {}))
 
 
-def build_kernels(graph: Graph, profile: GpuProfile, *, policy: str = "cache", dims: dict[str, int] | None = None,
-                  cache: Any = None, measurers: list[Measurer] | None = None, workers: int | None = None,
-                  progress: bool = False, budget_s: float | None = None, world: int = 1) -> KernelTable:
+def new_compiler(profile: GpuProfile, cache: Any, workers: int | None) -> Compiler:
+    """The kernel compiler for the target's arch: `workers` processes (default: CPUs, at most 8)."""
+    return Compiler(profile.sm, cache, workers or min(8, os.cpu_count() or 1))
+
+
+def build_kernels(graph: Graph, profile: GpuProfile, *, policy: Policy = Policy.CACHE,
+                  dims: dict[str, int] | None = None, cache: Any = None, measurers: list[Measurer] | None = None,
+                  workers: int | None = None, progress: bool = False, budget_s: float | None = None,
+                  world: int = 1, compiler: Compiler | None = None) -> KernelTable:
+    """Plan, tune, compile and assemble a graph's kernel table. `compiler`: one the caller owns
+    (and closes); otherwise one is made for this call."""
     t0 = time.perf_counter()
     jobs, launches = plan_jobs(graph, dims, world)
-    compiler = Compiler(profile.sm, cache, workers or min(8, os.cpu_count() or 1))
+    own = compiler is None
+    compiler = compiler or new_compiler(profile, cache, workers)
     try:
         winners = tune_jobs(jobs, profile, policy=policy, cache=cache, measurers=measurers, compiler=compiler,
                             progress=progress, budget_s=budget_s)
         entries, files = compile_winners(jobs, winners, compiler)
     finally:
-        compiler.close()
+        if own:
+            compiler.close()
     sources = [w.source for w in winners.values()]
     stats = {"jobs": len(jobs), "launches": len(launches), "seconds": time.perf_counter() - t0,
              "compiled": compiler.compiled, "compile_cache_hits": compiler.hits,
              "measured": sources.count("measured"), "cache": sources.count("cache"),
              "predicted": sources.count("predicted")}
     return assemble(jobs, launches, entries, files, stats)
-
-
-def plans_from_manifest(manifest: dict, entries: dict[str, bytes] | None,
-                        variant: Any = None) -> list[KernelPlan | ExternStep]:
-    """The executor's plans from an engine's kernel table (files already verified by the archive).
-    `variant(spec, entry)` makes each variant's `Compiled` (default: its cubin, for the CUDA driver)."""
-    def cubin(spec: KernelSpec, v: dict) -> Compiled:
-        return Compiled(Variant.from_json(v["variant"]), dict(v["config"]), [tuple(p) for p in v["params"]],
-                        list(v["div16"]), KernelBinary.from_metadata(v, entries[v["cubin"]]))
-    make = variant or cubin
-    by_id: dict[str, tuple[KernelSpec, list[Compiled]]] = {}
-    for k in manifest.get("kernels", []):
-        spec = KernelSpec.from_canonical(k["spec"])
-        by_id[k["id"]] = (spec, [make(spec, v) for v in k["variants"]])
-    plans: list[KernelPlan | ExternStep] = []
-    for launch in manifest.get("launches", []):
-        if "extern" in launch:
-            plans.append(ExternStep(int(launch["extern"])))
-            continue
-        spec, variants = by_id[launch["kernel"]]
-        plans.append(KernelPlan(spec, Binding.from_json(launch["binding"]), variants))
-    return plans
-
-
-def kernels_for(compiled: Any, policy: str = "cache", dims: dict[str, int] | None = None,
-                workers: int | None = None, progress: bool = False) -> KernelTable:
-    """The kernel table for a compiled program's target, tuned under `policy` through the XG cache
-    (the settings' local store and remote tier): what `xgc --out` and `xg.compile_file` link."""
-    import sys
-
-    from ..hw import load_profile
-    from .steps import gpu_lease, tuning_context
-    profile = load_profile(compiled.target)
-    with tuning_context(profile, policy) as (cache, measurers), gpu_lease(measurers):
-        return build_kernels(compiled.optimized.main, profile, policy=policy, dims=dims, cache=cache,
-                             world=getattr(compiled, "num_gpu", 1),
-                             measurers=measurers, workers=workers, progress=progress and sys.stderr.isatty())

@@ -39,10 +39,10 @@ from ..runtime.cuda import KernelBinary
 from ..dtypes import FLOAT_DTYPES, TORCH_DTYPES
 from ..runtime.values import Values
 from .jobs import Job
+from .policy import Policy
 from .predict import rank
 from .space import candidates, default_config
 
-POLICIES = ("measure", "cache", "predict", "strict")
 SPACE_VERSION = 2
 TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "float16": 5e-3, "bfloat16": 2e-2}
 MEASURE_POLICY = {"objective": "median-ms", "warmup": 5, "reps": 50, "l2-flush": True}
@@ -292,11 +292,13 @@ class _Float32Error:
 
 
 class Tuner:
-    def __init__(self, profile: GpuProfile, *, policy: str = "cache", cache: Any = None,
+    def __init__(self, profile: GpuProfile, *, policy: Policy | str = Policy.CACHE, cache: Any = None,
                  measurer: Measurer | None = None, budget_s: float | None = None,
                  compiler: Compiler | None = None) -> None:
-        if policy not in POLICIES:
-            raise TuneError(f"unknown tuning policy {policy!r}; use one of {', '.join(POLICIES)}")
+        try:
+            policy = Policy(policy)
+        except ValueError:
+            raise TuneError(f"unknown tuning policy {policy!r}; use one of {', '.join(Policy)}") from None
         self.profile = profile
         self.policy = policy
         self.cache = cache

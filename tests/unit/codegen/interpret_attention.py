@@ -11,25 +11,26 @@ from __future__ import annotations
 import json
 import sys
 
+from xgbuild.build.interpreted import check_graph
 from xgbuild.runtime import interpret
 
 
 def main() -> None:
     interpret.enable()
+    from xgbuild.build.package import engine_of
     from xgbuild.compiler.codegen.schedule import schedule
     from xgbuild.compiler.driver import compile_file
-    from xgbuild.runtime.engine import Engine
     from xgbuild.runtime.tensor_io import random_inputs
 
     path, tune, runs = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
     compiled = compile_file(path)
     graph = compiled.optimized.main
-    engine = Engine.from_compiled(compiled)
+    engine = engine_of(compiled)
     reports = []
     for seed, dims in enumerate(runs):
         sig = {s["name"]: (s["dtype"], tuple(dims[d] if isinstance(d, str) else d for d in s["shape"]))
                for s in engine.signature}
-        reports.append({"dims": dims, "outputs": interpret.check_graph(graph, random_inputs(sig, seed), tune)})
+        reports.append({"dims": dims, "outputs": check_graph(graph, random_inputs(sig, seed), tune)})
     print(json.dumps({"kinds": [k.kind for k in schedule(graph).kernels], "runs": reports}))
 
 

@@ -1,5 +1,5 @@
 """Runs `gather` graphs' GPU kernels under Triton's interpreter (CPU) and prints, as JSON, each
-output's relative error against the float64 CPU reference (`interpret.check_graph`). A script, not
+output's relative error against the float64 CPU reference (`build.interpreted.check_graph`). A script, not
 a test: TRITON_INTERPRET must be set before Triton is imported, so the test runs it in a fresh
 process.
 
@@ -14,6 +14,7 @@ import sys
 
 import torch
 
+from xgbuild.build.interpreted import check_graph
 from xgbuild.compiler.ir.graph import Graph, GraphBuilder, Node, Op, attrs_of
 from xgbuild.compiler.ir.shapes import infer
 from xgbuild.compiler.ir.verify import verify
@@ -165,7 +166,7 @@ def main() -> None:
     # Tuned at one size, run at two others (the second input set replayed).
     runs = [inputs(sig, {"B": 3, "T": 7}, rows, 1), inputs(sig, {"B": 3, "T": 7}, rows, 2),
             inputs(sig, {"B": 2, "T": 33}, rows, 3)]
-    print(json.dumps(interpret.check_graph(graph, runs, {"B": 2, "T": 16})))
+    print(json.dumps(check_graph(graph, runs, {"B": 2, "T": 16})))
 
 
 if __name__ == "__main__":

@@ -100,7 +100,7 @@ def _run(tmp_path: Path, name: str, dims: dict[str, int]) -> list[dict]:
             src = tmp_path / f"{name}.xg"
             src.write_text(text)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "xgbuild.runtime.interpret", str(src),
+    proc = subprocess.run([sys.executable, "-m", "xgbuild.build.interpreted", str(src),
                            *(f"{k}={v}" for k, v in dims.items())], capture_output=True, text=True, env=env,
                           timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

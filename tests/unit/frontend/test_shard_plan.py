@@ -60,9 +60,9 @@ def test_values_and_num_gpu(tmp_path: Path) -> None:
 
 
 def test_the_plan_is_kept_in_the_engine(tmp_path: Path) -> None:
-    from xgbuild.runtime.engine import Engine
+    from xgbuild.build.package import engine_of
     c, _ = compiled(tmp_path, '[values]\nX = 0\n')
-    m = Engine.from_compiled(c).manifest
+    m = engine_of(c).manifest
     assert any(s["path"] == "sources/plan.toml" for s in m["sources"]) and m["sharding_plan"]["num_gpu"] == 2
 
 

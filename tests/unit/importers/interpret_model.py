@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
+from xgbuild.build.interpreted import check_graph
 from xgbuild.runtime import interpret
 
 
@@ -28,7 +29,7 @@ def main() -> None:
     values = dict(zip(imported.inputs, fresh))
     values.update(imported.weights)
     dims = {s: 2 for s in imported.optimized.main.symbols() if s.isidentifier()}
-    report = interpret.check_graph(imported.optimized.main, values, dims)
+    report = check_graph(imported.optimized.main, values, dims)
     print(json.dumps(report))
 
 

@@ -109,13 +109,14 @@ def test_kernels_and_eager_ops_interleave_under_interpreter(tmp_path: Path) -> N
     script = tmp_path / "run.py"
     script.write_text(MODEL + textwrap.dedent("""
         import json, sys
+        from xgbuild.build.interpreted import check_graph
         from xgbuild.runtime import interpret
         interpret.enable()
         from xgbuild.compiler.importers.torch_export import import_torch
         torch.manual_seed(0)
         imported = import_torch(Ranker().eval(), (torch.randn(4, 16),), fallback="eager")
         values = {imported.inputs[0]: torch.randn(4, 16), **imported.weights}
-        print(json.dumps(interpret.check_graph(imported.optimized.main, values, {})))
+        print(json.dumps(check_graph(imported.optimized.main, values, {})))
     """))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=str(ROOT))
     assert proc.returncode == 0, proc.stderr[-3000:]

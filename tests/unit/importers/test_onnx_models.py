@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from xgbuild.build.engines import model_engine
+from xgbuild.build.target import target_profile
 from xgbuild.compiler.importers.onnx_import import import_onnx
-from xgbuild.runtime.model_engine import ModelEngine, build_model_engine
+from xgbuild.runtime.model_engine import ModelEngine
+from xgbuild.settings import Settings
 from zoo import NAMES, TOL, as_tuple, fresh_inputs, make, reference, rel_err
 
 onnx = pytest.importorskip("onnx")
@@ -26,7 +29,8 @@ def export(model, inputs, path, dynamic_shapes=None) -> None:
 
 
 def engine_of(path, **kw) -> ModelEngine:
-    return ModelEngine(build_model_engine(import_onnx(path, verify_each=True, **kw), kernels=False))
+    imported = import_onnx(path, verify_each=True, **kw)
+    return ModelEngine(model_engine(imported, target_profile(imported.target), Settings(), kernels=False))
 
 
 @pytest.fixture(scope="module")

@@ -93,8 +93,11 @@ def test_onnx_import(tmp_path: Path, name: str) -> None:
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
+    from xgbuild.build.engines import model_engine
+    from xgbuild.build.target import target_profile
     from xgbuild.compiler.importers.onnx_import import import_onnx
-    from xgbuild.runtime.model_engine import ModelEngine, build_model_engine
+    from xgbuild.runtime.model_engine import ModelEngine
+    from xgbuild.settings import Settings
 
     op = ops.ONNX[name]
     logical = op_def(op).operands is ops.Operands.ANY
@@ -103,7 +106,8 @@ def test_onnx_import(tmp_path: Path, name: str) -> None:
                               [helper.make_tensor_value_info("x", kind, [4, 5])],
                               [helper.make_tensor_value_info("y", kind, [4, 5])])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
-    engine = ModelEngine(build_model_engine(import_onnx(tmp_path / "m.onnx", verify_each=True), kernels=False))
+    imported = import_onnx(tmp_path / "m.onnx", verify_each=True)
+    engine = ModelEngine(model_engine(imported, target_profile(imported.target), Settings(), kernels=False))
     x = torch.randn(4, 5)
     x = x > 0 if logical else x * x + 0.25
     got, ref = engine(x), aten_fn(op_def(op).aten[0])(x if logical else x.double())

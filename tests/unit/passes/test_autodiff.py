@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
+from xgbuild.build.package import engine_of
 from xgbuild.compiler.driver import compile_source
 from xgbuild.errors import CompileError
-from xgbuild.runtime.engine import Engine
 
 # (name, XG expression of x [and y], torch function, domain of x) — shapes: x [4, 5], y [4, 5]
 CASES = [
@@ -84,7 +84,7 @@ def test_gradient_matches_autograd_and_central_differences(name, expr, fn, domai
     out_shape = tuple(fn(*[probe[k] for k in ("X", "Y", "Bv")][:nargs]).shape) if nargs == 3 else \
         tuple(fn(probe["X"], probe["Y"]).shape)
     inputs = _inputs(rng, domain, out_shape)
-    engine = Engine.from_compiled(compile_source(_program(expr, out_shape), f"{name}.xg"))
+    engine = engine_of(compile_source(_program(expr, out_shape), f"{name}.xg"))
     value, (gx, gy, gb) = engine.run(inputs).value
 
     x, y, b = (inputs[k].clone().requires_grad_() for k in ("X", "Y", "Bv"))
@@ -104,7 +104,7 @@ def test_gradient_matches_autograd_and_central_differences(name, expr, fn, domai
     # float32 round trip: a step of 1e-6 is below float32's resolution there.)
     if name == "cast":
         return
-    fwd = Engine.from_compiled(compile_source(_program(expr, out_shape).replace("value_and_grad(f, wrt=(x, y, b))", "f"),
+    fwd = engine_of(compile_source(_program(expr, out_shape).replace("value_and_grad(f, wrt=(x, y, b))", "f"),
                                               f"{name}_fwd.xg"))
     eps = 1e-6
     for idx in [(0, 0), (1, 3), (3, 4)]:
@@ -145,7 +145,7 @@ def main() {
     return grad(f, wrt=(x, s))(X, S)
 }
 """
-    engine = Engine.from_compiled(compile_source(src))
+    engine = engine_of(compile_source(src))
     xs = torch.randn(6, dtype=torch.float64)
     for s in (0.7, -0.4):
         gx, gs = engine.run({"X": xs, "S": torch.tensor(s, dtype=torch.float64)}).value
@@ -169,6 +169,6 @@ def test_gradient_through_a_comparison_is_a_compile_error() -> None:
 def test_where_on_a_comparison_is_differentiable() -> None:
     src = ("def f(Tensor[float64, 4] x) -> float64 {\n    return sum(where(x > 0.0, x * 3.0, x * x))\n}\n"
            "def main() {\n    return grad(f, wrt=x)(X)\n}\n")
-    engine = Engine.from_compiled(compile_source(src))
+    engine = engine_of(compile_source(src))
     x = torch.tensor([1.0, -2.0, 0.5, -0.25], dtype=torch.float64)
     torch.testing.assert_close(engine.run({"X": x}).value, torch.where(x > 0, 3.0, 2 * x))

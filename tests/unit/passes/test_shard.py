@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from xgbuild.build.package import engine_of
 from xgbuild.compiler.driver import compile_source
 from xgbuild.compiler.frontend import CheckOptions
 from xgbuild.compiler.ir.graph import Op
@@ -13,7 +14,6 @@ from xgbuild.compiler.ir.layout import infer_layouts
 from xgbuild.compiler.ir.verify import verify
 from xgbuild.compiler.passes.shard import footprint, plan_of
 from xgbuild.errors import CompileError
-from xgbuild.runtime.engine import Engine
 
 HEAD = "NUM_GPU = {n}\nextern Tensor[float32, 8, 16] A\nextern Tensor[float32, 16, 8] B\n"
 
@@ -129,7 +129,7 @@ def test_single_process_run_of_a_sharded_engine_matches_float64() -> None:
             "    with shard(C, dim=0):\n        D = relu(C)\n    return (D, mean(D))\n")
     c = compile_source(HEAD.format(n=4) + "def main() {\n" + body + "}\n", "t.xg")
     a, b = torch.randn(8, 16), torch.randn(16, 8)
-    d, m = Engine.from_compiled(c).run({"A": a, "B": b}).value
+    d, m = engine_of(c).run({"A": a, "B": b}).value
     ref = torch.relu(a.double() @ b.double())
     assert ((d.double() - ref).norm() / ref.norm()) < 1e-6
     assert abs(m - ref.mean().item()) < 1e-5 * max(1.0, abs(ref.mean().item()))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from xgbuild.build.package import engine_of
 from xgbuild.compiler.driver import compile_file, compile_source
 from xgbuild.compiler.frontend import CheckOptions
 from xgbuild.compiler.frontend.shard_plan import load_plan
@@ -108,7 +109,7 @@ PROGRAMS = {
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_programs_under_sharding_equal_one_process(name: str, n: int) -> None:
     c = compile_source(f"NUM_GPU = {n}\n" + PROGRAMS[name], f"{name}.xg", verify_each=True)
-    engine = Engine.from_compiled(c)
+    engine = engine_of(c)
     gen = torch.Generator().manual_seed(n)
     inputs = {spec["name"]: torch.randn(tuple(spec["shape"]), generator=gen) for spec in engine.signature}
     check(engine, inputs, n)
@@ -119,7 +120,7 @@ def test_programs_under_sharding_equal_one_process(name: str, n: int) -> None:
 def test_training_step_under_each_plan(plan: str, n: int) -> None:
     c = compile_file(REPO / "models" / "train.xg", CheckOptions(num_gpu=n),
                      plan=load_plan(REPO / "models" / "plans" / f"{plan}.toml"))
-    engine = Engine.from_compiled(c)
+    engine = engine_of(c)
     gen = torch.Generator().manual_seed(7)
     inputs = {}
     for spec in engine.signature:

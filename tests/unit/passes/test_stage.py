@@ -18,6 +18,7 @@ from xgbuild.compiler.ir.stages import infer_stages, stage_gpus, stage_plan, sta
 from xgbuild.compiler.passes.shard import footprint, plan_lines, plan_of
 from xgbuild.compiler.passes.stage import stage_footprint
 from xgbuild.errors import CompileError
+from xgbuild.hw import load_profile
 from xgbuild.runtime import spmd
 from xgbuild.runtime.cpu import CpuExecutor
 from xgbuild.runtime.spmd import Group, SpmdExecutor
@@ -211,7 +212,7 @@ def test_each_gpu_holds_only_its_stage() -> None:
     one = footprint(compile_file(REPO_ROOT / "models" / "train.xg").optimized.main, 1)
     assert len(fp["per_stage"]) == 2 and fp["total"] == max(s["total"] for s in fp["per_stage"])
     assert all(s["activations"] < one["activations"] for s in fp["per_stage"])
-    text = "\n".join(plan_lines(plan_of(c.optimized.main, 2, "H100")))
+    text = "\n".join(plan_lines(plan_of(c.optimized.main, 2, load_profile("H100"))))
     assert text.startswith("pipeline plan over 2 GPUs") and "send GPU 1 -> GPU 0" in text
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from xgbuild.build.package import engine_of
 from xgbuild.compiler.driver import compile_source
 from xgbuild.errors import InputError
-from xgbuild.runtime.engine import Engine
 from xgbuild.runtime.spmd import Group, SpmdExecutor, local_graph
 from xgbuild.runtime.tensor_io import TensorIOError, load_tensor_shards, save_tensors
 from xgbuild.settings import SettingsError, dist_env
@@ -48,7 +48,7 @@ def test_each_rank_loads_its_slice(tmp_path, suffix: str) -> None:
 
 
 def test_local_shapes_divide_split_dims_and_refuse_indivisible_sizes() -> None:
-    engine = Engine.from_compiled(compile_source(ROWS, "rows.xg"))
+    engine = engine_of(compile_source(ROWS, "rows.xg"))
     graph, _, _ = engine.specialised({"A": torch.empty(8, 6), "B": torch.empty(6, 4)})
     local, layouts = local_graph(graph, 2)
     out = local.node(local.output["tuple"][0]["t"])
@@ -59,7 +59,7 @@ def test_local_shapes_divide_split_dims_and_refuse_indivisible_sizes() -> None:
 
 
 def test_a_world_of_one_runs_the_plan_as_one_process() -> None:
-    engine = Engine.from_compiled(compile_source(ROWS, "rows.xg"))
+    engine = engine_of(compile_source(ROWS, "rows.xg"))
     a, b = torch.randn(8, 6), torch.randn(6, 4)
     graph, _, _ = engine.specialised({"A": a, "B": b})
     out = SpmdExecutor(Group(0, 1), float64=True).run(graph, {"A": a, "B": b}, {})

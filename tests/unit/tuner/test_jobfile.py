@@ -15,15 +15,17 @@ from pathlib import Path
 
 import pytest
 
+from xgbuild.build.package import engine_of
+from xgbuild.build.shards import link_results, tune_shard, write_shards
 from xgbuild.compiler.driver import compile_file
 from xgbuild.compiler.frontend import CheckOptions
 from xgbuild.errors import CompileError
 from xgbuild.hw import load_profile
-from xgbuild.runtime.engine import Engine
+from xgbuild.settings import Settings
 from xgbuild.tuner.jobfile import (JobFileError, canonical_bytes, job_from_json, job_to_json, portable,
                                    read_results, shard_docs, shard_of)
 from xgbuild.tuner.link import build_kernels, plan_jobs
-from xgbuild.tuner.steps import link_results, tune_shard, write_shards
+from xgbuild.tuner.policy import Policy
 from xgbuild.tuner.tuner import Tuner
 
 REPO = Path(__file__).resolve().parents[3]
@@ -101,9 +103,9 @@ def _steps(compiled, tmp: Path, shards: int, dims=None) -> tuple[list[Path], obj
     results = []
     for i, shard in enumerate(shard_paths):
         out = tmp / f"result-{i}.json"
-        tune_shard(shard, out, "predict", workers=1)
+        tune_shard(shard, out, Policy.PREDICT, Settings(), workers=1)
         results.append(out)
-    return results, link_results(compiled, dims or {}, results)
+    return results, link_results(compiled, load_profile(compiled.target), dims or {}, results)
 
 
 def test_the_steps_give_the_one_process_kernel_table_and_engine_bytes(mlp, tmp_path):
@@ -112,10 +114,10 @@ def test_the_steps_give_the_one_process_kernel_table_and_engine_bytes(mlp, tmp_p
     assert table.kernels == whole.kernels
     assert table.launches == whole.launches
     assert table.files == whole.files
-    assert Engine.from_compiled(mlp, table).digest == Engine.from_compiled(mlp, whole).digest
+    assert engine_of(mlp, table).digest == engine_of(mlp, whole).digest
     # Results are canonical: tuning the same shard again gives the same bytes.
     again = tmp_path / "again.json"
-    tune_shard(tmp_path / "shard-1.json", again, "predict", workers=1)
+    tune_shard(tmp_path / "shard-1.json", again, Policy.PREDICT, Settings(), workers=1)
     assert again.read_bytes() == results[1].read_bytes()
 
 
@@ -123,11 +125,11 @@ def test_link_refuses_results_of_another_target_or_program(mlp, tmp_path):
     results, _ = _steps(mlp, tmp_path, 2)
     other = compile_file(REPO / "examples" / "mlp.xg", CheckOptions(target="GB200"))
     with pytest.raises(JobFileError, match=r"made for H100 \(sm_90\), not GB200 \(sm_100\)"):
-        link_results(other, {}, results)
+        link_results(other, load_profile("GB200"), {}, results)
     with pytest.raises(CompileError, match="no tuned kernel for 1 of 2 jobs"):
-        link_results(mlp, {}, [r for r in results if json.loads(r.read_text())["kernels"]][:1])
+        link_results(mlp, load_profile("H100"), {}, [r for r in results if json.loads(r.read_text())["kernels"]][:1])
     with pytest.raises(CompileError, match="no tuned kernel"):
-        link_results(mlp, {"T": 64}, results)     # other dims: other tuning shapes, other jobs
+        link_results(mlp, load_profile("H100"), {"T": 64}, results)     # other dims: other tuning shapes, other jobs
 
 
 def test_damaged_result_files_are_refused(mlp, tmp_path):
@@ -159,8 +161,9 @@ def test_an_empty_shard_is_answered_without_importing_torch(tmp_path):
     shard = tmp_path / "empty.json"
     shard.write_bytes(canonical_bytes({"format": "xg-tune-shard/1", "target": "H100", "shard": 0, "shards": 4,
                                        "jobs": []}))
-    code = ("import sys; from pathlib import Path; from xgbuild.tuner.steps import tune_shard; "
-            f"tune_shard(Path({str(shard)!r}), Path({str(tmp_path / 'r.json')!r}), 'cache'); "
+    code = ("import sys; from pathlib import Path; from xgbuild.build.shards import tune_shard; "
+            "from xgbuild.settings import Settings; "
+            f"tune_shard(Path({str(shard)!r}), Path({str(tmp_path / 'r.json')!r}), 'cache', Settings()); "
             "print('torch' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert res.returncode == 0, res.stderr

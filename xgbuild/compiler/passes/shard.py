@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...hw import load_profile
+from ...hw import GpuProfile, load_profile
 from ..frontend.codes import SHARD_MEMORY
 from ..ir.graph import Graph, Node, Op, Program, tree_ids, tree_map
 from ..ir.layout import R, S, collective_bytes, infer_layouts, local_shape, nbytes, split_inputs
@@ -34,7 +34,7 @@ def shard(program: Program) -> Program:
     n = program.num_gpu
     graph = _drop_shards(program.main) if n == 1 else best_plan(program.main, n)
     if program.target:
-        check_footprint(graph, n, program.target)
+        check_footprint(graph, n, load_profile(program.target))
     return replace(program, main=graph)
 
 
@@ -107,10 +107,9 @@ def footprint(graph: Graph, n: int) -> dict:
     return {"inputs": inputs, "activations": peak, "total": inputs + peak}
 
 
-def check_footprint(graph: Graph, n: int, target: str) -> dict:
+def check_footprint(graph: Graph, n: int, profile: GpuProfile) -> dict:
     fp = footprint(graph, n)
     stage = fp.get("stage")
-    profile = load_profile(target)
     if fp["total"] > profile.hbm_bytes:
         big = max(graph.inputs, key=lambda kv: nbytes(graph.node(kv[1])) or 0, default=None)
         hint = (f"the largest input is `{big[0]}` ({_gb(nbytes(graph.node(big[1])) or 0)}); shard it "
@@ -131,9 +130,9 @@ def _gb(b: int) -> str:
     return f"{b / 1e9:.1f} GB" if b >= 1e8 else f"{b / 1e6:.1f} MB"
 
 
-def plan_of(graph: Graph, n: int, target: str | None = None) -> dict:
+def plan_of(graph: Graph, n: int, profile: GpuProfile | None = None) -> dict:
     """The plan as data (manifest, inspect, --emit ir-opt): layouts and collectives with bytes;
-    with a target, the time those bytes take at its interconnect's one-way bandwidth."""
+    with the target's profile, the time those bytes take at its interconnect's one-way bandwidth."""
     layouts = infer_layouts(graph, n)
     names = {i: name for name, i in graph.inputs}
     collectives = []
@@ -145,13 +144,13 @@ def plan_of(graph: Graph, n: int, target: str | None = None) -> dict:
                                 "line": node.src[0] if node.src else None})
     known = [c["bytes"] for c in collectives if c["bytes"] is not None]
     link = {}
-    if target:
-        ic = load_profile(target).interconnect
+    if profile is not None:
+        ic = profile.interconnect
         # The datasheet figure counts both directions; a ring step sends one way.
         link = {"interconnect": ic.kind, "predicted_comm_ms": sum(known) / (ic.bandwidth_bytes_per_s / 2) * 1e3}
     stages = {"pipeline": stage_summary(graph)} if n > 1 and has_stages(graph) else {}
-    if stages and target:
-        ic = load_profile(target).interconnect
+    if stages and profile is not None:
+        ic = profile.interconnect
         pp = stages["pipeline"]
         # A ring all-reduce sends about 2 (D-1)/D of the value per GPU, a ring all-gather (D-1)/D.
         d = pp["replicas"]

@@ -1,0 +1,110 @@
+"""The whole sequences, compile -> tune -> link -> package, that every front end runs: an `.xg`
+program's engine (`xgc --out`, `xg.compile_file`) and an imported model's (`xgc MODEL.onnx`,
+`xg.compile`). The front ends read the settings and the options; everything after is here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..compiler.frontend import CheckOptions
+from ..errors import XGError
+from ..hw import GpuProfile, HardwareProfileError, UnknownTargetError
+from ..runtime.engine import Engine
+from ..settings import RunSettings, Settings
+from ..tuner.policy import Policy
+from .target import target_profile
+
+
+@dataclass(frozen=True)
+class Built:
+    """An engine and what linking its kernels did (None: no kernels, a CPU-only engine)."""
+    engine: Engine
+    stats: dict | None
+
+
+def link_engine(compiled: Any, settings: Settings, *, policy: Policy | str = Policy.CACHE,
+                dims: Mapping[str, int] | None = None, kernels: bool = True, kernels_from: list[Path] | None = None,
+                workers: int | None = None, progress: bool = False) -> Built:
+    """The engine of a compiled `.xg` program: kernels tuned and compiled for its target (or linked
+    from `xgbuild tune-shard` results, `kernels_from`), then packaged."""
+    from .package import engine_of
+    profile = target_profile(compiled.target, settings)
+    dims = dict(dims or {})
+    table = None
+    if kernels_from:
+        from .shards import link_results
+        table = link_results(compiled, profile, dims, list(kernels_from))
+    elif kernels:
+        from .kernels import kernels_for
+        table = kernels_for(compiled, profile, policy, settings, dims, workers, progress)
+    return Built(engine_of(compiled, table, profile), table.stats if table is not None else None)
+
+
+def compile_file(path: Path | str, settings: Settings, *, target: str | None = None, num_gpu: int | None = None,
+                 tune: Policy | str = Policy.CACHE, kernels: bool = True, dims: Mapping[str, int] | None = None,
+                 sharding: Path | str | None = None, entry: str = "main") -> Engine:
+    """`xg.compile_file`: an `.xg` file's engine, as `xgc --out` builds it (the arguments checked
+    first, each refusal an XGError naming it)."""
+    from .compile import compile_program
+    if num_gpu is not None and (not isinstance(num_gpu, int) or num_gpu < 1):
+        raise XGError(f"num_gpu must be a positive integer, got {num_gpu!r}")
+    if not isinstance(entry, str) or not entry.isidentifier():
+        raise XGError(f"entry must name a function, got {entry!r}")
+    compiled = compile_program(path, CheckOptions(target=target, num_gpu=num_gpu, entry=entry), sharding)
+    # `tune` goes to the tuner as given: it names a bad policy (and only when kernels are built).
+    return link_engine(compiled, settings, policy=tune, dims=dims, kernels=kernels).engine
+
+
+def model_target(target: str, settings: Settings) -> GpuProfile:
+    """An imported model's target profile; an unknown name or a bad hw directory is an XGError."""
+    try:
+        return target_profile(target, settings)
+    except (HardwareProfileError, UnknownTargetError) as exc:
+        raise XGError(str(exc)) from None
+
+
+def model_engine(imported: Any, profile: GpuProfile, settings: Settings, *, policy: Policy | str = Policy.CACHE,
+                 kernels: bool = True, dims: Mapping[str, int] | None = None, progress: bool = False,
+                 workers: int | None = None) -> Engine:
+    """The engine of an imported program (PyTorch or ONNX): kernels for its target (unless
+    `kernels=False`), tuned at `dims` (default: the sizes seen at capture) under `policy`, and its
+    weights inside."""
+    from .package import engine_of_graph
+    table = None
+    if kernels:
+        from .kernels import kernels_for
+        sizes = {**imported.example_dims, **dict(dims or {})}
+        table = kernels_for(imported, profile, policy, settings, sizes, workers, progress)
+    return engine_of_graph(imported.optimized.main, name=imported.name, source=imported.source, profile=profile,
+                           num_gpu=imported.num_gpu, passes=imported.passes, kernels=table,
+                           weights=imported.weights, ranges=imported.ranges)
+
+
+def compile_model(model_or_fn: Any, example_inputs: Any, target: str, num_gpu: int, settings: Settings,
+                  run_settings: RunSettings, *, dynamic_shapes: Any = None, tune: Policy | str = Policy.CACHE,
+                  kernels: bool = True, dims: Mapping[str, int] | None = None, fallback: str | None = None) -> Any:
+    """`xg.compile`: a PyTorch model's `ModelEngine` (captured at `example_inputs`), or without
+    them a `LazyModelEngine` that builds one per input signature at its calls. The target's
+    profile is loaded once, here, for every engine built."""
+    from ..runtime.model_engine import LazyModelEngine, ModelEngine
+    if fallback not in (None, "error", "eager"):
+        raise XGError(f"fallback must be 'error' (the default: unsupported ops are a compile error) or 'eager' "
+                      f"(they run in PyTorch), got {fallback!r}")
+    if not isinstance(num_gpu, int) or isinstance(num_gpu, bool) or num_gpu < 1:
+        raise XGError(f"num_gpu must be a positive integer, got {num_gpu!r}")
+    profile = model_target(target, settings)
+
+    def build(inputs: Any, shapes: Any = None) -> ModelEngine:
+        from ..compiler.importers.torch_export import import_torch
+        imported = import_torch(model_or_fn, inputs, dynamic_shapes=shapes, target=profile.name, num_gpu=num_gpu,
+                                fallback=fallback or "error")
+        engine = model_engine(imported, profile, settings, policy=tune, kernels=kernels, dims=dims)
+        return ModelEngine(Engine(engine.file, run_settings), out_spec=imported.out_spec)
+    if example_inputs is None:
+        if dynamic_shapes is not None:
+            raise XGError("dynamic_shapes needs example_inputs: pass example_inputs=(x,) with them")
+        return LazyModelEngine(build)
+    return build(example_inputs, dynamic_shapes)
