@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir.graph import Graph, Op, tree_ids
-from .spec import KINDS
 
 
 class ScheduleError(ValueError):
@@ -19,7 +18,7 @@ class ScheduleError(ValueError):
 
 @dataclass
 class Kernel:
-    kind: str                          # one of spec.KINDS, or "extern" (no kernel: torch)
+    kind: str                          # a kernel kind (templates.KINDS), or "extern" (no kernel: torch)
     anchor: int | None                 # the MATMUL or reduction node
     nodes: list[int] = field(default_factory=list)      # computed in the kernel, topological
     shape: tuple = ()                  # the iteration domain: output shape (rowwise: the anchor's input)
@@ -36,7 +35,7 @@ class Kernel:
     def extern(self) -> bool:
         """A PyTorch operator the engine calls eagerly ("extern"): the one kind with no kernel,
         so no spec and no template."""
-        return self.kind not in KINDS
+        return self.kind == "extern"
 
 
 @dataclass

@@ -27,8 +27,6 @@ from dataclasses import dataclass
 
 
 FLOAT = {"float16", "bfloat16", "float32", "float64"}
-# The kernel kinds; each has its template in `templates/` (a unit test checks).
-KINDS = ("elementwise", "rowwise", "matmul", "attention")
 
 
 @dataclass(frozen=True)
@@ -42,7 +40,7 @@ class LocalNode:
 
 @dataclass(frozen=True)
 class KernelSpec:
-    kind: str                                   # one of KINDS
+    kind: str                                   # a kernel kind: a key of templates.TEMPLATES
     rank: int                                   # domain rank (matmul, attention: batch dims + 2)
     operands: tuple[tuple[str, str], ...]       # (dtype, level) per memory read
     nodes: tuple[LocalNode, ...]

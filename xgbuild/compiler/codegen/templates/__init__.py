@@ -1,4 +1,4 @@
-"""The kernel-template registry: one `KernelTemplate` per kernel kind (`spec.KINDS`).
+"""The kernel-template registry: one `KernelTemplate` per kernel kind; `KINDS` are their names.
 
 Codegen, the tuner and the runtime look a kind's code, launch ABI, search space and cost model up
 here rather than switching on the kind. Adding a kernel kind is its template module plus one line
@@ -10,16 +10,17 @@ from __future__ import annotations
 from ..emitter import Emitted, Emitter
 from ..kernel import Kernel, Schedule
 from ..launch_abi import Variant
-from ..spec import KINDS, Binding, KernelSpec
+from ..spec import Binding, KernelSpec
 from . import attention, elementwise, matmul, rowwise
 from .base import KernelTemplate, Problem
 
-TEMPLATES: dict[str, KernelTemplate] = {
-    "elementwise": elementwise.TEMPLATE,
-    "rowwise": rowwise.TEMPLATE,
-    "matmul": matmul.TEMPLATE,
-    "attention": attention.TEMPLATE,
-}
+TEMPLATES: dict[str, KernelTemplate] = {t.kind: t for t in (
+    elementwise.TEMPLATE,
+    rowwise.TEMPLATE,
+    matmul.TEMPLATE,
+    attention.TEMPLATE,
+)}
+KINDS = tuple(TEMPLATES)
 
 
 def template(kind: str) -> KernelTemplate:

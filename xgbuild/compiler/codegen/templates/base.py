@@ -1,6 +1,6 @@
 """The kernel-template interface, and the values its tuning half works on (`Problem`, `Config`).
 
-A `KernelTemplate` is everything XG knows about one kernel kind (`spec.KINDS`), in one object:
+A `KernelTemplate` is everything XG knows about one kernel kind (its `kind`), in one object:
 - fusion: which nodes may join a kernel of the kind (`joins`, `takes_reduction`,
   `prologue_of_reduction`: the scheduler asks);
 - code: the spec of a scheduled kernel, and its Triton source under a config and a variant
@@ -28,7 +28,7 @@ from xgbuild.hw import GpuProfile
 from ..emitter import Emitted, Emitter
 from ..kernel import Kernel, Schedule
 from ..launch_abi import Frame, Launch, Variant
-from ..spec import KINDS, Binding, KernelSpec
+from ..spec import Binding, KernelSpec
 
 Config = dict[str, int]  # keys sorted; always includes num_warps and num_stages
 
@@ -38,7 +38,7 @@ class Problem:
     """One kernel's work: its kind, operand dtype and sizes, its useful FLOPs and fewest bytes.
     Which sizes a kind needs is its template's `sizes` (checked by `templates.for_problem`)."""
 
-    kind: str            # one of spec.KINDS
+    kind: str            # a kernel kind (templates.KINDS)
     dtype: str           # XG dtype of the operands / widest input: "bfloat16", "int32", ...
     flops: float         # useful floating-point operations
     bytes: float         # fewest bytes: every input read once, every output written once
@@ -55,6 +55,7 @@ class Problem:
     elem_bytes: int = 4  # bytes per element of the operands (matmul A/B) or of the widest input
 
     def __post_init__(self) -> None:
+        from . import KINDS     # the registry, complete once this module is imported
         if self.kind not in KINDS:
             raise ValueError(f"unknown kernel kind {self.kind!r}; "
                              f"expected one of {', '.join(KINDS)}")
