@@ -7,19 +7,12 @@ convolution and pooling ops) register into `TABLE`; torch_export.py imports both
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
-from .builder import TranslationError, Ref, is_node, xg_dtype
+from .builder import Table, TranslationError, Ref, is_node, xg_dtype
 
-TABLE: dict[str, Callable] = {}
-
-
-def op(*names: str):
-    def deco(fn):
-        for n in names:
-            TABLE[n] = fn
-        return fn
-    return deco
+TABLE = Table()
+op = TABLE.op
 
 
 def arg(args: list, kwargs: dict, i: int, name: str, default: Any = None) -> Any:

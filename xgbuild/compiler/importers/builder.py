@@ -8,7 +8,7 @@ neural-network building blocks made of these ops live in `composites.py`.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..ir.graph import COMPARE, Dim, Graph, GraphBuilder, Node, Op, Shape, attrs_of
 from ..ir.shapes import FLOATS, ShapeError, infer
@@ -19,6 +19,17 @@ _RANK = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat1
 class TranslationError(ValueError):
     """An op (or a use of one) that the importer cannot express in the IR: the reason, reported
     with the op and where the model uses it."""
+
+
+class Table(dict):
+    """An importer's translations by op name; `@table.op(*names)` registers one under each name."""
+
+    def op(self, *names: str) -> Callable:
+        def register(fn: Callable) -> Callable:
+            for name in names:
+                self[name] = fn
+            return fn
+        return register
 
 
 class Ref(int):

@@ -6,23 +6,16 @@ onnx_ops.py and onnx_shape_ops.py register into `TABLE`; onnx_import.py imports 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import sympy
 
-from .builder import TranslationError
+from .builder import Table, TranslationError
 from .onnx_values import Static
 
-TABLE: dict[str, Callable] = {}
-
-
-def op(*names: str):
-    def deco(fn):
-        for n in names:
-            TABLE[n] = fn
-        return fn
-    return deco
+TABLE = Table()
+op = TABLE.op
 
 
 def static(v: Any, what: str) -> np.ndarray:
