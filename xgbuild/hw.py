@@ -1,7 +1,8 @@
 """GPU hardware profiles: the typed, validated view of the `hw/*.toml` data files.
 
-Owns: reading one TOML file per GPU from the hw directory (`Settings.hw_dir` unless a directory
-is passed), checking every field's type and range, resolving a target name or alias
+Owns: reading one TOML file per GPU from the hw directory (the one passed, `Settings.hw_dir` as
+the entry points hand it down, or else the built-in profiles in the repo's `hw/`; never the
+environment), checking every field's type and range, resolving a target name or alias
 case-insensitively, and the canonical dict of a profile that cache keys and engine manifests
 embed. It knows nothing about kernels or cost models: the tuner and the planner read the numbers.
 
@@ -24,7 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from xgbuild.settings import Settings
+from xgbuild.settings import BUILTIN_HW_DIR
 
 
 class HardwareProfileError(ValueError):
@@ -259,7 +260,7 @@ def _key(name: str) -> str:
 
 
 def _resolve_dir(hw_dir: Path | None) -> Path:
-    hw_dir = Path(hw_dir) if hw_dir is not None else Settings.from_env().hw_dir
+    hw_dir = Path(hw_dir) if hw_dir is not None else BUILTIN_HW_DIR
     if not hw_dir.is_dir():
         raise HardwareProfileError(f"{hw_dir}: hardware profile directory not found")
     return hw_dir.resolve()
@@ -297,12 +298,13 @@ def _profiles(hw_dir: Path | None) -> tuple[Mapping[str, GpuProfile], Mapping[st
 
 
 def known_targets(hw_dir: Path | None = None) -> list[str]:
-    """Canonical names of every profile in `hw_dir` (default: `Settings.from_env().hw_dir`), sorted."""
+    """Canonical names of every profile in `hw_dir` (default: the built-in profiles), sorted."""
     return sorted(_profiles(hw_dir)[0])
 
 
 def load_profile(name: str, hw_dir: Path | None = None) -> GpuProfile:
-    """The profile whose name or alias is `name`, ignoring case, spaces, '-' and '_'."""
+    """The profile in `hw_dir` (default: the built-in profiles) whose name or alias is `name`,
+    ignoring case, spaces, '-' and '_'."""
     profiles, lookup = _profiles(hw_dir)
     canonical = lookup.get(_key(name))
     if canonical is not None:

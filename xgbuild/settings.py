@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Mapping
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+BUILTIN_HW_DIR = REPO_ROOT / "hw"     # the GPU profiles XG ships; XG_HW_DIR names another directory
 
 
 def _default_cache_dir(env: Mapping[str, str]) -> Path:
@@ -69,7 +70,7 @@ class Settings:
     remote_header: str | None = None         # XG_REMOTE_CACHE_HEADER: "Name: value" sent with every request
     remote_timeout_s: float = 10.0           # XG_REMOTE_TIMEOUT: seconds per remote request
     remote_upload: bool = True               # XG_NO_REMOTE_UPLOAD=1 makes this host a reader only
-    hw_dir: Path = REPO_ROOT / "hw"          # XG_HW_DIR: where the GPU profiles live
+    hw_dir: Path = BUILTIN_HW_DIR            # XG_HW_DIR: where the GPU profiles live
 
     def __post_init__(self) -> None:
         if self.remote_header is not None:
@@ -91,7 +92,7 @@ class Settings:
             remote_header=env.get("XG_REMOTE_CACHE_HEADER") or None,
             remote_timeout_s=_float(env, "XG_REMOTE_TIMEOUT", 10.0),
             remote_upload=not _flag(env.get("XG_NO_REMOTE_UPLOAD")),
-            hw_dir=Path(env["XG_HW_DIR"]) if env.get("XG_HW_DIR") else REPO_ROOT / "hw",
+            hw_dir=Path(env["XG_HW_DIR"]) if env.get("XG_HW_DIR") else BUILTIN_HW_DIR,
         )
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import EXAMPLE_NAMES, EXAMPLES, REPO_ROOT, assert_clean_failure, cli, src_text, write_program
+from conftest import (EXAMPLE_NAMES, EXAMPLES, REPO_ROOT, TWO_GB, assert_clean_failure, cli, small_gpu_hw_dir, src_text,
+                      write_program)
 
 import xg
 from xgbuild.compiler.driver import compile_file
@@ -146,3 +147,17 @@ def test_sharding_plan_option(tmp_path) -> None:
     assert res.code == 1 and json.loads(res.out)["diagnostics"][0]["code"] == "XG0505"
     res = cli("xgc", REPO_ROOT / "models" / "train.xg", "--check", "--sharding", bad)
     assert res.code == 1 and res.err.startswith("error[XG0505]") and "`mlp`" in res.err
+
+
+def test_xg_hw_dir_reaches_the_checker_and_the_memory_check(tmp_path, monkeypatch) -> None:
+    path = write_program(tmp_path, TWO_GB)
+    assert cli("xgc", path, "--emit", "ir-opt").code == 0
+    monkeypatch.setenv("XG_HW_DIR", str(small_gpu_hw_dir(tmp_path)))
+    res = cli("xgc", path, "--emit", "ir-opt")
+    assert res.code == 1 and "error[XG0504]" in res.err and "1.0 GB" in res.err, res.both
+    custom = tmp_path / "only-h100"
+    custom.mkdir()
+    (custom / "h100.toml").write_text((REPO_ROOT / "hw" / "h100.toml").read_text())
+    monkeypatch.setenv("XG_HW_DIR", str(custom))
+    res = cli("xgc", write_program(tmp_path, TWO_GB.replace("H100", "A100"), "a100.xg"), "--check")
+    assert res.code == 1 and "A100" in res.err and "known targets: H100" in res.err, res.both

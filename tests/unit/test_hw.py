@@ -30,10 +30,13 @@ def test_known_targets_are_the_canonical_names_sorted():
     assert hw.known_targets(HW_DIR) == EXPECTED
 
 
-def test_default_dir_comes_from_settings(monkeypatch):
+def test_default_dir_is_the_built_in_one_and_settings_default_to_it(monkeypatch, tmp_path):
     assert Settings.from_env({}).hw_dir == HW_DIR
-    monkeypatch.delenv("XG_HW_DIR", raising=False)
+    assert Settings.from_env({"XG_HW_DIR": str(tmp_path)}).hw_dir == tmp_path
+    # The loader never reads the environment: the entry points pass Settings.hw_dir down.
+    monkeypatch.setenv("XG_HW_DIR", str(tmp_path / "nowhere"))
     assert hw.known_targets() == EXPECTED
+    assert hw.load_profile("H100") is hw.load_profile("H100", HW_DIR)
 
 
 @pytest.mark.parametrize("name", EXPECTED)

@@ -53,7 +53,8 @@ def compile_file(path: Path | str, settings: Settings, *, target: str | None = N
         raise XGError(f"num_gpu must be a positive integer, got {num_gpu!r}")
     if not isinstance(entry, str) or not entry.isidentifier():
         raise XGError(f"entry must name a function, got {entry!r}")
-    compiled = compile_program(path, CheckOptions(target=target, num_gpu=num_gpu, entry=entry), sharding)
+    options = CheckOptions(target=target, num_gpu=num_gpu, entry=entry, hw_dir=settings.hw_dir)
+    compiled = compile_program(path, options, sharding)
     # `tune` goes to the tuner as given: it names a bad policy (and only when kernels are built).
     return link_engine(compiled, settings, policy=tune, dims=dims, kernels=kernels).engine
 
@@ -100,7 +101,7 @@ def compile_model(model_or_fn: Any, example_inputs: Any, target: str, num_gpu: i
     def build(inputs: Any, shapes: Any = None) -> ModelEngine:
         from ..compiler.importers.torch_export import import_torch
         imported = import_torch(model_or_fn, inputs, dynamic_shapes=shapes, target=profile.name, num_gpu=num_gpu,
-                                fallback=fallback or "error")
+                                fallback=fallback or "error", profile=profile)
         engine = model_engine(imported, profile, settings, policy=tune, kernels=kernels, dims=dims)
         return ModelEngine(Engine(engine.file, run_settings), out_spec=imported.out_spec)
     if example_inputs is None:

@@ -9,5 +9,5 @@ from ..settings import Settings
 
 
 def target_profile(name: str, settings: Settings | None = None) -> GpuProfile:
-    """The profile of `name` (any of its aliases) in `settings.hw_dir` (default: the repo's hw/)."""
+    """The profile of `name` (any of its aliases) in `settings.hw_dir` (no settings: the built-in profiles)."""
     return load_profile(name, settings.hw_dir if settings is not None else None)

@@ -64,6 +64,16 @@ def run(app: typer.Typer | Callable[[], object], prog_name: str) -> NoReturn:
     sys.exit(EXIT_OK)
 
 
+def settings_or_exit():
+    """The settings from the environment, read once by a command and handed down; a bad value
+    (XG_REMOTE_TIMEOUT=abc) is a usage error naming the variable."""
+    from ..settings import Settings, SettingsError
+    try:
+        return Settings.from_env()
+    except SettingsError as exc:
+        fail(str(exc), EXIT_USAGE)
+
+
 def parse_dims(specs: list[str]) -> dict[str, int]:
     """`--dim NAME=SIZE` options as a dict; a malformed one is a usage error."""
     out = {}

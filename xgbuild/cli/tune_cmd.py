@@ -20,13 +20,12 @@ import typer
 
 from ..compiler.frontend import CheckOptions
 from ..errors import XGError
-from ..settings import Settings
-from .common import EXIT_USAGE, compile_or_exit, emit_json, fail, parse_dims, policy_or_exit
+from .common import EXIT_USAGE, compile_or_exit, emit_json, fail, parse_dims, policy_or_exit, settings_or_exit
 
-def _options(target: str | None, num_gpu: int | None, entry: str) -> CheckOptions:
+def _options(target: str | None, num_gpu: int | None, entry: str, settings) -> CheckOptions:
     if not entry.isidentifier():
         fail(f"--entry names a function, got {entry!r}", EXIT_USAGE)
-    return CheckOptions(target=target, num_gpu=num_gpu, entry=entry)
+    return CheckOptions(target=target, num_gpu=num_gpu, entry=entry, hw_dir=settings.hw_dir)
 
 
 def tune(
@@ -43,11 +42,11 @@ def tune(
 ) -> None:
     """Tune every kernel of FILE for the target (winners go to the XG cache); link nothing."""
     policy, dims = policy_or_exit(policy), parse_dims(dim)
-    compiled = compile_or_exit(file, _options(target, num_gpu, entry), sharding=sharding)
+    settings = settings_or_exit()
+    compiled = compile_or_exit(file, _options(target, num_gpu, entry, settings), sharding=sharding)
     from ..build.kernels import tune_program
     from ..build.target import target_profile
     try:
-        settings = Settings.from_env()
         pairs = tune_program(compiled, target_profile(compiled.target, settings), policy, settings, dims,
                              workers=jobs, budget_s=budget, progress=not json_out and sys.stderr.isatty())
     except XGError as exc:
@@ -77,7 +76,8 @@ def jobs(
     dims = parse_dims(dim)
     if len(set(out)) != len(out):
         fail("each --out names a different shard file", EXIT_USAGE)
-    compiled = compile_or_exit(file, _options(target, num_gpu, entry), warnings=not quiet, sharding=sharding)
+    compiled = compile_or_exit(file, _options(target, num_gpu, entry, settings_or_exit()), warnings=not quiet,
+                               sharding=sharding)
     from ..build.shards import write_shards
     try:
         n = write_shards(compiled, dims, len(out), list(out))
@@ -101,7 +101,7 @@ def tune_shard(
     policy = policy_or_exit(policy)
     from ..build.shards import tune_shard as run_shard
     try:
-        stats = run_shard(shard, out, policy, Settings.from_env(), workers=jobs, budget_s=budget,
+        stats = run_shard(shard, out, policy, settings_or_exit(), workers=jobs, budget_s=budget,
                           progress=sys.stderr.isatty())
     except XGError as exc:
         fail(str(exc))

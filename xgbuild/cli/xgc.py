@@ -24,7 +24,8 @@ import typer
 from ..compiler.frontend import CheckOptions, check_file
 from ..compiler.passes import PASS_NAMES
 from ..errors import CompileError, XGError
-from .common import EXIT_PROGRAM, EXIT_USAGE, emit_json, exit_code_for, fail, make_app, policy_or_exit, run
+from .common import (EXIT_PROGRAM, EXIT_USAGE, emit_json, exit_code_for, fail, make_app, policy_or_exit, run,
+                     settings_or_exit)
 
 app = make_app("Compile an XG program (.xg) into an engine bundle (.xge), or check it.")
 
@@ -71,17 +72,18 @@ def compile(
     if out is not None and out.suffix != ".xge":
         fail(f"--out names an engine file ending in .xge, got {str(out)!r}", EXIT_USAGE)
     policy = policy_or_exit(tune, "{} or {}")
+    settings = settings_or_exit()        # read once here; the hw directory and the cache go down from it
     if file.suffix.lower() == ".onnx":
         if kernels_from or sharding is not None or entry != "main":
             fail("--kernels-from, --sharding and --entry apply to .xg sources, not ONNX models", EXIT_USAGE)
         from .xgc_onnx import compile_onnx
         compile_onnx(file, check=check, out=out, emit=emit.value if emit else None, dump_after=dump_after,
                      json_out=json_out, target=target, num_gpu=num_gpu, tune=policy, kernels=kernels, dims=dim,
-                     jobs=jobs, quiet=quiet)
+                     jobs=jobs, quiet=quiet, settings=settings)
         return
     if not entry.isidentifier():
         fail(f"--entry names a function, got {entry!r}", EXIT_USAGE)
-    options = CheckOptions(target=target, num_gpu=num_gpu, lib=lib, entry=entry)
+    options = CheckOptions(target=target, num_gpu=num_gpu, lib=lib, entry=entry, hw_dir=settings.hw_dir)
     plan = None
     if sharding is not None:
         from ..build.compile import sharding_plan
@@ -119,26 +121,26 @@ def compile(
         sys.stderr.write(compiled.check.render() + "\n")
     if dump_after is not None:
         # After the last pass the dump is `--emit ir-opt` (with the sharding plan, if any).
-        sys.stdout.write(_ir_opt_text(compiled) if dump_after == PASS_NAMES[-1] else to_text(compiled.optimized.main))
+        sys.stdout.write(_ir_opt_text(compiled, settings) if dump_after == PASS_NAMES[-1]
+                         else to_text(compiled.optimized.main))
     elif emit is Emit.ast:
         sys.stdout.write(dump_ast(compiled.typed.module, compiled.typed.types))
     elif emit is Emit.ir:
         sys.stdout.write(program_text(compiled.lowered))
     elif emit is Emit.ir_opt:
-        sys.stdout.write(_ir_opt_text(compiled))
+        sys.stdout.write(_ir_opt_text(compiled, settings))
     elif emit is Emit.ir_json:
         sys.stdout.write(json.dumps(to_json(compiled.optimized.main), sort_keys=True, indent=1, allow_nan=False) + "\n")
     elif emit is Emit.dot:
         sys.stdout.write(to_dot(compiled.optimized.main))
     if out is not None:
         from ..build.engines import link_engine
-        from ..settings import Settings
         from .common import parse_dims
         dims = parse_dims(dim)
         if kernels_from and not kernels:
             fail("--kernels-from links GPU kernels; it cannot be combined with --no-kernels", EXIT_USAGE)
         try:
-            built = link_engine(compiled, Settings.from_env(), policy=policy, dims=dims, kernels=kernels,
+            built = link_engine(compiled, settings, policy=policy, dims=dims, kernels=kernels,
                                 kernels_from=list(kernels_from), workers=jobs, progress=not quiet and not json_out)
             digest = built.engine.save(out)
         except XGError as exc:
@@ -165,14 +167,13 @@ def _report(exc: CompileError, json_out: bool) -> NoReturn:
     raise typer.Exit(EXIT_PROGRAM)
 
 
-def _ir_opt_text(compiled) -> str:
+def _ir_opt_text(compiled, settings) -> str:
     """The optimised IR; with NUM_GPU > 1, the plan (as comments) before it and each value's layout
     (`@S(0)`), or in a pipeline the GPU that computes it (`@gpu1`; `@each`: every GPU that uses it)."""
     from ..compiler.ir.layout import infer_layouts
     from ..compiler.ir.serialize import to_text
     from ..build.target import target_profile
     from ..compiler.passes.shard import plan_lines, plan_of
-    from ..settings import Settings
     graph = compiled.optimized.main
     if compiled.num_gpu == 1 or "shard" not in compiled.passes:
         return to_text(graph)
@@ -182,7 +183,7 @@ def _ir_opt_text(compiled) -> str:
         gpus = stage_gpus(graph)
         notes = {i: ("each" if k is None else f"gpu{gpus[k][0]}" if len(gpus[k]) == 1 else f"stage{k}")
                  for i, k in infer_stages(graph).items()}
-    plan = plan_of(graph, compiled.num_gpu, target_profile(compiled.target, Settings.from_env()))
+    plan = plan_of(graph, compiled.num_gpu, target_profile(compiled.target, settings))
     return "".join(f"# {line}\n" for line in plan_lines(plan)) + to_text(graph, notes)
 
 

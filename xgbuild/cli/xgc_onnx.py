@@ -20,14 +20,13 @@ from .common import EXIT_PROGRAM, EXIT_USAGE, emit_json, fail, parse_dims
 
 def compile_onnx(file: Path, *, check: bool, out: Path | None, emit: str | None, dump_after: str | None,
                  json_out: bool, target: str | None, num_gpu: int | None, tune: Policy, kernels: bool,
-                 dims: list[str], jobs: int | None, quiet: bool) -> None:
+                 dims: list[str], jobs: int | None, quiet: bool, settings: Settings) -> None:
     if dump_after is not None or emit == "ast":
         fail("an ONNX model has no XG source: use --emit ir, ir-opt, ir-json or dot", EXIT_USAGE)
     from ..build.engines import model_target
     from ..compiler.driver import DEFAULT_TARGET
     from ..compiler.importers.onnx_import import OnnxImportError, import_onnx
     from ..compiler.ir.serialize import to_dot, to_json, to_text
-    settings = Settings.from_env()
     try:
         profile = model_target(target or DEFAULT_TARGET, settings)
     except XGError as exc:
@@ -35,7 +34,7 @@ def compile_onnx(file: Path, *, check: bool, out: Path | None, emit: str | None,
     target_name = profile.name
     sizes = parse_dims(dims)
     try:
-        imported = import_onnx(file, target=target_name, num_gpu=num_gpu or 1, dims=sizes)
+        imported = import_onnx(file, target=target_name, num_gpu=num_gpu or 1, dims=sizes, profile=profile)
     except OnnxImportError as exc:
         _report(exc, json_out, EXIT_USAGE if exc.unreadable else EXIT_PROGRAM)
     except CompileError as exc:

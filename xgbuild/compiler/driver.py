@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import CompileError
+from ..hw import load_profile
 from .frontend import CheckOptions, CheckResult, TypedProgram, check_file, check_source
 from .frontend.codes import CODES, NOT_DIFFERENTIABLE, NOT_LOWERED
 from .frontend.diagnostics import error_at
@@ -38,15 +39,19 @@ class Compiled:
 
 
 def _finish(result: CheckResult, name: str, stop_after: str | None, verify_each: bool,
-            plan: ShardingPlan | None, entry: str) -> Compiled:
+            plan: ShardingPlan | None, options: CheckOptions) -> Compiled:
     if not result.ok or result.program is None:
         raise CompileError(result.render(), result.diagnostics)
     typed = result.program
     if plan is not None:
         check_plan(plan, typed, typed.num_gpu)
     source, file, earlier = result.source, Path(name).name, result.diagnostics
+    # The profile the checker loaded from `options.hw_dir`, or without a TARGET_GPU the default
+    # target's from the same directory: the passes read it from the Program, never load it.
+    profile = typed.profile if typed.profile is not None else load_profile(DEFAULT_TARGET, options.hw_dir)
     try:
-        lowered = replace(lower(typed, plan, entry), target=typed.target or DEFAULT_TARGET)
+        lowered = replace(lower(typed, plan, options.entry), target=typed.target or DEFAULT_TARGET,
+                          profile=profile)
     except LoweringError as exc:
         raise error_at(NOT_LOWERED, NOT_LOWERED.fmt(detail=str(exc)), source, file, exc.src, earlier) from None
     try:
@@ -63,14 +68,14 @@ def compile_source(text: str, name: str = "program.xg", options: CheckOptions = 
                    stop_after: str | None = None, verify_each: bool = False,
                    plan: ShardingPlan | None = None) -> Compiled:
     return _finish(check_source(text, name, _with_plan(options, plan)), name, stop_after, verify_each, plan,
-                   options.entry)
+                   options)
 
 
 def compile_file(path: Path | str, options: CheckOptions = CheckOptions(), *,
                  stop_after: str | None = None, verify_each: bool = False,
                  plan: ShardingPlan | None = None) -> Compiled:
     return _finish(check_file(path, _with_plan(options, plan)), str(path), stop_after, verify_each, plan,
-                   options.entry)
+                   options)
 
 
 def _with_plan(options: CheckOptions, plan: ShardingPlan | None) -> CheckOptions:

@@ -21,6 +21,8 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
+from ..settings import child_env
+
 _HEADER = struct.Struct("<Q")
 _STOP = object()
 
@@ -48,7 +50,7 @@ def _receive(stream: BinaryIO) -> Any:
 
 class _Worker:
     def __init__(self) -> None:
-        env = dict(os.environ)
+        env = child_env()
         root = str(Path(__file__).resolve().parents[2])          # the directory holding `xgbuild`
         env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         self.proc = subprocess.Popen([sys.executable, "-m", "xgbuild.tuner.workers"], stdin=subprocess.PIPE,

@@ -132,3 +132,11 @@ def test_patch_convolution_is_one_matmul() -> None:
     y = torch.randn(5, 3, 16, 18)
     with torch.no_grad():
         assert rel_err(engine(y), conv.double()(y.double())) < TOL
+
+
+def test_the_callers_profile_rides_on_the_imported_program() -> None:
+    from xgbuild.hw import load_profile
+    profile = load_profile("GB200")
+    imported = import_torch(lambda x: torch.relu(x) * 2.0, (torch.randn(4, 8),), target=profile.name, profile=profile)
+    assert imported.lowered.profile is profile and imported.optimized.profile is profile
+    assert import_torch(torch.relu, (torch.randn(4, 8),)).optimized.profile is None

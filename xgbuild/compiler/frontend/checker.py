@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from . import ast as A
 from ..ops import sign as R
@@ -24,6 +25,9 @@ from .scope import FuncSig, Scope, Var
 from .source import SourceFile, Span
 from .types import (DTYPES, ERROR, DimVar, DTypeVar, ErrorType, ExternVar, FloatLiteral, GradFn, IntLiteral,
                     ResultType, Subst, TensorType, TupleType, Type)
+
+if TYPE_CHECKING:
+    from ...hw import GpuProfile
 
 MAX_NUM_GPU = 1 << 20
 
@@ -51,6 +55,9 @@ class TypedProgram:
     shards: list[ShardSpec]
     main_ret: Type | None
     module_constants: dict = field(default_factory=dict)   # module (None: this file) -> constants
+    # The target's profile as the checker loaded it (from `CheckOptions.hw_dir`); None without a
+    # target. Handed on to the IR `Program` so the passes never load it again.
+    profile: "GpuProfile | None" = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,7 @@ class CheckOptions:
     target: str | None = None       # --target, overriding TARGET_GPU
     num_gpu: int | None = None      # --num-gpu, overriding NUM_GPU
     lib: bool = False               # a library file: no `main` required
-    hw_dir: object = None           # where GPU profiles live (None: the settings default)
+    hw_dir: object = None           # where GPU profiles live (None: built-in; commands pass Settings.hw_dir)
     entry: str = "main"             # --entry: the function the engine runs
 
 
@@ -449,6 +456,7 @@ class ProgramChecker:
         self.shards: list[ShardSpec] = []
         self.counter = [0]
         self.target: str | None = None
+        self.profile: GpuProfile | None = None
         self.num_gpu = 1
         self.main_ret: Type | None = None
 
@@ -523,7 +531,8 @@ class ProgramChecker:
         return TypedProgram(self.diags.source, module, self.funcs, self.types, self.instantiations, externals,
                             {k: v for k, (v, _) in self.constants.items()}, self.target, self.num_gpu,
                             self.shards, self.main_ret,
-                            {m: {k: v for k, (v, _) in table.items()} for m, table in self.module_constants.items()})
+                            {m: {k: v for k, (v, _) in table.items()} for m, table in self.module_constants.items()},
+                            self.profile)
 
     # --- file-level declarations ----------------------------------------------------------------
     def constant(self, decl: A.ConstDecl) -> None:
@@ -558,7 +567,8 @@ class ProgramChecker:
             name = self.options.target
         if name is not None:
             try:
-                self.target = load_profile(name, self.options.hw_dir).name
+                self.profile = load_profile(name, self.options.hw_dir)
+                self.target = self.profile.name
             except UnknownTargetError:
                 known = known_targets(self.options.hw_dir)
                 close = difflib.get_close_matches(name.upper(), known, n=1)

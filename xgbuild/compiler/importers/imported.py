@@ -9,11 +9,12 @@ in call order. `UnsupportedOps` is the one error that lists every op an importer
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from ...errors import CompileError
+from ...hw import GpuProfile
 from ..frontend.codes import UNSUPPORTED_OPS
 from ..frontend.diagnostics import plain_error
 from ..ir.graph import Graph, Program, renumber, tree_ids
@@ -38,13 +39,14 @@ class ImportedProgram:
 
 def finish(graph: Graph, *, name: str, source: str, weights: dict[str, torch.Tensor], inputs: list[str],
            ranges: dict[str, tuple[int, int]], example_dims: dict[str, int], target: str, num_gpu: int,
-           verify_each: bool = False, out_spec: object = None) -> ImportedProgram:
-    """Run the pass pipeline on an imported graph (the same passes as `.xg` programs)."""
-    lowered = Program(graph)
+           verify_each: bool = False, out_spec: object = None, profile: GpuProfile | None = None) -> ImportedProgram:
+    """Run the pass pipeline on an imported graph (the same passes as `.xg` programs). `profile`:
+    the target's, as the caller loaded it from the settings' hw directory, carried by the Program."""
+    lowered = Program(graph, profile=profile)
     # The engine keeps the source under this name: archive entry names are [A-Za-z0-9._-] only.
     name = re.sub(r"[^A-Za-z0-9._-]", "_", name) or "model"
     optimized = run_pipeline(lowered, verify_each=verify_each)
-    optimized = Program(_drop_unused_weights(optimized.main, set(weights)))
+    optimized = replace(optimized, main=_drop_unused_weights(optimized.main, set(weights)))
     kept = {n for n, _ in optimized.main.inputs}
     return ImportedProgram(name, source, lowered, optimized, {k: v for k, v in weights.items() if k in kept},
                            tuple(inputs), {k: v for k, v in ranges.items() if k in kept}, example_dims,

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ...errors import CompileError
+from ...hw import GpuProfile
 from ..frontend.codes import BAD_ONNX, MODEL_DTYPE, MODEL_INPUT, MODEL_OUTPUT, Code
 from ..frontend.diagnostics import plain_error
 from ..ir.graph import Dim
@@ -182,7 +183,8 @@ def load_onnx(path: Path | str):
 
 
 def import_onnx(path: Path | str, *, target: str = "H100", num_gpu: int = 1, dims: dict[str, int] | None = None,
-                verify_each: bool = False) -> ImportedProgram:
+                verify_each: bool = False, profile: GpuProfile | None = None) -> ImportedProgram:
+    """The ONNX model as an ImportedProgram; `profile`: the target's, as the caller loaded it."""
     model = load_onnx(path)
     name = Path(path).name
     t = OnnxTranslator(model, name)
@@ -193,4 +195,5 @@ def import_onnx(path: Path | str, *, target: str = "H100", num_gpu: int = 1, dim
     from onnx import helper
     source = helper.printable_graph(model.graph)
     return finish(graph, name=f"{name}.txt", source=source, weights=t.weights, inputs=t.inputs, ranges=t.ranges,
-                  example_dims=dict(dims or {}), target=target, num_gpu=num_gpu, verify_each=verify_each)
+                  example_dims=dict(dims or {}), target=target, num_gpu=num_gpu, verify_each=verify_each,
+                  profile=profile)

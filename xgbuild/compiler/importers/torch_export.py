@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import torch
 
 from ...errors import XGError
+from ...hw import GpuProfile
 from ..frontend.codes import MODEL_DTYPE, MODEL_INPUT, MODEL_OUTPUT, MODEL_TRAINING, NOT_CAPTURED
 from ..frontend.diagnostics import plain_error
 from ..ir.graph import Dim, Op
@@ -282,10 +283,11 @@ def _capture(model: torch.nn.Module, args: tuple, dynamic_shapes: Any) -> torch.
 
 def import_torch(model_or_fn: Any, example_inputs: Sequence[Any], *, dynamic_shapes: Any = None,
                  target: str = "H100", num_gpu: int = 1, verify_each: bool = False,
-                 fallback: str = "error") -> ImportedProgram:
+                 fallback: str = "error", profile: GpuProfile | None = None) -> ImportedProgram:
     """The model as an ImportedProgram. An op with no translation (after one retry on the
     decomposed graph) is an `UnsupportedOps` error, or with `fallback="eager"` an EXTERN node the
-    engine calls through PyTorch, with one warning listing every such op."""
+    engine calls through PyTorch, with one warning listing every such op. `profile`: the target's
+    profile as the caller loaded it (from the settings' hw directory), kept on the IR Program."""
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     if not isinstance(example_inputs, (tuple, list)) or not example_inputs:
@@ -334,7 +336,7 @@ def import_torch(model_or_fn: Any, example_inputs: Sequence[Any], *, dynamic_sha
     graph = t.b.build(output)
     return finish(graph, name=f"{name}.aten.py", source=str(ep.graph_module.code), weights=t.weights, inputs=t.inputs,
                   ranges=t.ranges, example_dims=t.example_dims, target=target, num_gpu=num_gpu,
-                  verify_each=verify_each, out_spec=ep.call_spec.out_spec)
+                  verify_each=verify_each, out_spec=ep.call_spec.out_spec, profile=profile)
 
 
 __all__ = ["import_torch"]

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from ..ops import BINARY, COLLECTIVE, COMPARE, REDUCE, UNARY, Dim, Op, Shape, attrs_of  # noqa: F401 (the IR's vocabulary)
+
+if TYPE_CHECKING:
+    from ...hw import GpuProfile
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,11 @@ class Program:
     main: Graph
     functions: dict[str, Graph] = field(default_factory=dict)
     num_gpu: int = 1                    # ranks the sharding pass plans for
-    target: str | None = None           # the GPU profile (for the per-GPU memory check)
+    target: str | None = None           # the GPU profile's name (for the per-GPU memory check)
+    # The loaded profile of `target`, set by whoever builds the Program with one in hand (the
+    # driver, the importers), so a custom hw directory reaches the passes. Not part of the
+    # program's identity: never compared, printed or serialised.
+    profile: "GpuProfile | None" = field(default=None, compare=False, repr=False)
 
     def replace_main(self, main: Graph) -> "Program":
         return replace(self, main=main)

@@ -78,7 +78,7 @@ def lower(tp: TypedProgram, plan: ShardingPlan | None = None, entry: str = "main
         main = FunctionLowering(tp, "main", functions, plan).run()
     else:
         main = _entry_graph(tp, entry, functions[entry])
-    return Program(main, functions, num_gpu=tp.num_gpu, target=tp.target)
+    return Program(main, functions, num_gpu=tp.num_gpu, target=tp.target, profile=tp.profile)
 
 
 def _entry_graph(tp: TypedProgram, entry: str, fn: Graph) -> Graph:

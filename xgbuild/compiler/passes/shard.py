@@ -34,8 +34,14 @@ def shard(program: Program) -> Program:
     n = program.num_gpu
     graph = _drop_shards(program.main) if n == 1 else best_plan(program.main, n)
     if program.target:
-        check_footprint(graph, n, load_profile(program.target))
+        check_footprint(graph, n, _profile(program))
     return replace(program, main=graph)
+
+
+def _profile(program: Program) -> GpuProfile:
+    """The profile the Program carries (loaded by the driver or importer from the settings' hw
+    directory); a Program built by hand without one gets the built-in profile of its target."""
+    return program.profile if program.profile is not None else load_profile(program.target)
 
 
 def _drop_shards(g: Graph) -> Graph:
