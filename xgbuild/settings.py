@@ -92,8 +92,17 @@ class Settings:
             remote_header=env.get("XG_REMOTE_CACHE_HEADER") or None,
             remote_timeout_s=_float(env, "XG_REMOTE_TIMEOUT", 10.0),
             remote_upload=not _flag(env.get("XG_NO_REMOTE_UPLOAD")),
-            hw_dir=Path(env["XG_HW_DIR"]) if env.get("XG_HW_DIR") else BUILTIN_HW_DIR,
+            hw_dir=_hw_dir(env),
         )
+
+
+def _hw_dir(env: Mapping[str, str]) -> Path:
+    if not env.get("XG_HW_DIR"):
+        return BUILTIN_HW_DIR
+    path = Path(env["XG_HW_DIR"])
+    if not path.is_dir():   # caught here, not as a missing profile deep inside the checker
+        raise SettingsError(f"XG_HW_DIR={env['XG_HW_DIR']!r} is not a directory of GPU profiles")
+    return path
 
 
 @dataclass(frozen=True)

@@ -161,3 +161,9 @@ def test_xg_hw_dir_reaches_the_checker_and_the_memory_check(tmp_path, monkeypatc
     monkeypatch.setenv("XG_HW_DIR", str(custom))
     res = cli("xgc", write_program(tmp_path, TWO_GB.replace("H100", "A100"), "a100.xg"), "--check")
     assert res.code == 1 and "A100" in res.err and "known targets: H100" in res.err, res.both
+
+
+def test_xg_hw_dir_that_is_no_directory_is_a_usage_error(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XG_HW_DIR", str(tmp_path / "missing"))
+    res = cli("xgc", write_program(tmp_path, TWO_GB), "--check")
+    assert_clean_failure(res, "XG_HW_DIR=", "is not a directory of GPU profiles", code=2)

@@ -1,5 +1,6 @@
 """Compile, the build's first step: an `.xg` source and its `--sharding` plan file to the
-optimised program (the compiler driver does the work). Light: no torch, no Triton.
+optimised program (the compiler driver does the work), and its text as `xgc --emit ir-opt` shows
+it. Light: no torch, no Triton.
 """
 
 from __future__ import annotations
@@ -28,3 +29,25 @@ def compile_program(path: Path | str, options: CheckOptions, sharding: Path | st
     from ..compiler.driver import compile_file
     plan, options = sharding_plan(sharding, options)
     return compile_file(path, options, plan=plan)
+
+
+def ir_opt_text(compiled: Any, settings: Any) -> str:
+    """The optimised IR (`xgc --emit ir-opt`); with NUM_GPU > 1, the plan (as comments) before it
+    and each value's layout (`@S(0)`), or in a pipeline the GPU that computes it (`@gpu1`;
+    `@each`: every GPU that uses it)."""
+    from ..compiler.ir.layout import infer_layouts
+    from ..compiler.ir.serialize import to_text
+    from ..compiler.ir.stages import has_stages, infer_stages, stage_gpus
+    from ..compiler.passes.shard import plan_lines, plan_of
+    from .target import target_profile
+    graph = compiled.optimized.main
+    if compiled.num_gpu == 1 or "shard" not in compiled.passes:
+        return to_text(graph)
+    notes = {i: str(lay) for i, lay in infer_layouts(graph, compiled.num_gpu).items()}
+    if has_stages(graph):        # a pipeline: the GPU (stage) each node runs on (free: each GPU that uses it)
+        gpus = stage_gpus(graph)
+        notes = {i: ("each" if k is None else f"gpu{gpus[k][0]}" if len(gpus[k]) == 1 else f"stage{k}")
+                 for i, k in infer_stages(graph).items()}
+    profile = compiled.optimized.profile or target_profile(compiled.target, settings)
+    plan = plan_of(graph, compiled.num_gpu, profile)
+    return "".join(f"# {line}\n" for line in plan_lines(plan)) + to_text(graph, notes)

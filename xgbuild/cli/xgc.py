@@ -105,6 +105,7 @@ def compile(
             sys.stderr.write(result.render() + "\n")
         raise typer.Exit(exit_code_for(result.diagnostics))
     # Imported here, not at the top: `--check` stays free of the engine and torch imports.
+    from ..build.compile import ir_opt_text
     from ..compiler.driver import compile_file
     from ..compiler.frontend.ast_dump import dump as dump_ast
     from ..compiler.ir.serialize import program_text, to_dot, to_json, to_text
@@ -121,14 +122,14 @@ def compile(
         sys.stderr.write(compiled.check.render() + "\n")
     if dump_after is not None:
         # After the last pass the dump is `--emit ir-opt` (with the sharding plan, if any).
-        sys.stdout.write(_ir_opt_text(compiled, settings) if dump_after == PASS_NAMES[-1]
+        sys.stdout.write(ir_opt_text(compiled, settings) if dump_after == PASS_NAMES[-1]
                          else to_text(compiled.optimized.main))
     elif emit is Emit.ast:
         sys.stdout.write(dump_ast(compiled.typed.module, compiled.typed.types))
     elif emit is Emit.ir:
         sys.stdout.write(program_text(compiled.lowered))
     elif emit is Emit.ir_opt:
-        sys.stdout.write(_ir_opt_text(compiled, settings))
+        sys.stdout.write(ir_opt_text(compiled, settings))
     elif emit is Emit.ir_json:
         sys.stdout.write(json.dumps(to_json(compiled.optimized.main), sort_keys=True, indent=1, allow_nan=False) + "\n")
     elif emit is Emit.dot:
@@ -165,26 +166,6 @@ def _report(exc: CompileError, json_out: bool) -> NoReturn:
     else:
         sys.stderr.write(str(exc) + "\n")
     raise typer.Exit(EXIT_PROGRAM)
-
-
-def _ir_opt_text(compiled, settings) -> str:
-    """The optimised IR; with NUM_GPU > 1, the plan (as comments) before it and each value's layout
-    (`@S(0)`), or in a pipeline the GPU that computes it (`@gpu1`; `@each`: every GPU that uses it)."""
-    from ..compiler.ir.layout import infer_layouts
-    from ..compiler.ir.serialize import to_text
-    from ..build.target import target_profile
-    from ..compiler.passes.shard import plan_lines, plan_of
-    graph = compiled.optimized.main
-    if compiled.num_gpu == 1 or "shard" not in compiled.passes:
-        return to_text(graph)
-    notes = {i: str(lay) for i, lay in infer_layouts(graph, compiled.num_gpu).items()}
-    from ..compiler.ir.stages import has_stages, infer_stages, stage_gpus
-    if has_stages(graph):        # a pipeline: the GPU (stage) each node runs on (free: each GPU that uses it)
-        gpus = stage_gpus(graph)
-        notes = {i: ("each" if k is None else f"gpu{gpus[k][0]}" if len(gpus[k]) == 1 else f"stage{k}")
-                 for i, k in infer_stages(graph).items()}
-    plan = plan_of(graph, compiled.num_gpu, target_profile(compiled.target, settings))
-    return "".join(f"# {line}\n" for line in plan_lines(plan)) + to_text(graph, notes)
 
 
 def main() -> None:
