@@ -142,7 +142,6 @@ class OpDef:
     # importers: ops that map to this one one-to-one
     aten: tuple[str, ...] = ()
     onnx: tuple[str, ...] = ()
-    doc: str = ""
 
     def triton_code(self, ctx: TritonCtx) -> str:
         if self.triton is None:
