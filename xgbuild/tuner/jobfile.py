@@ -68,9 +68,12 @@ def job_from_json(d: dict) -> "Job":
     from ..compiler.codegen.spec import Binding, KernelSpec
     from ..compiler.ir.serialize import from_json as graph_from_json
     from .jobs import Job
+    from ..compiler.codegen.templates import template
     from ..compiler.codegen.templates.base import Problem
     try:
-        job = Job(KernelSpec.from_canonical(d["spec"]), Problem(**d["problem"]),
+        problem = Problem(**d["problem"])
+        template(problem.kind)          # an unknown kernel kind is a malformed job, found at load
+        job = Job(KernelSpec.from_canonical(d["spec"]), problem,
                   tuple(_layout_from(lay) for lay in d["layouts"]),
                   {str(k): int(v) for k, v in d["sizes"].items()}, graph_from_json(d["graph"]),
                   [(Binding.from_json(b), [int(n) for n in nodes]) for b, nodes in d["sites"]],

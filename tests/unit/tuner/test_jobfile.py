@@ -95,6 +95,10 @@ def test_a_job_whose_contents_do_not_match_its_identity_is_refused(mlp):
         job_from_json(doc)
     with pytest.raises(JobFileError, match="malformed job"):
         job_from_json({"ident": "x", "spec": {}})
+    doc = job_to_json(jobs[0])
+    doc["problem"]["kind"] = "conv"
+    with pytest.raises(JobFileError, match="malformed job: ValueError: unknown kernel kind 'conv'"):
+        job_from_json(doc)
 
 
 def _steps(compiled, tmp: Path, shards: int, dims=None) -> tuple[list[Path], object]:

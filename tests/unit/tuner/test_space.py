@@ -211,7 +211,7 @@ def test_wrong_keys_and_bad_problems_raise():
     with pytest.raises(ValueError, match="needs exactly the keys"):
         prune(elementwise(100), [{"BLOCK_M": 64, "num_warps": 4, "num_stages": 1}], profile("H100"))
     with pytest.raises(ValueError, match="unknown kernel kind"):
-        Problem("conv", "float32", 1.0, 1.0)
+        for_problem(Problem("conv", "float32", 1.0, 1.0))
     with pytest.raises(ValueError, match="needs m >= 1"):
         for_problem(Problem("matmul", "bfloat16", 1.0, 1.0, n=4, k=4, elem_bytes=2))
     with pytest.raises(ValueError, match="elem_bytes"):
