@@ -140,3 +140,20 @@ def test_the_callers_profile_rides_on_the_imported_program() -> None:
     imported = import_torch(lambda x: torch.relu(x) * 2.0, (torch.randn(4, 8),), target=profile.name, profile=profile)
     assert imported.lowered.profile is profile and imported.optimized.profile is profile
     assert import_torch(torch.relu, (torch.randn(4, 8),)).optimized.profile is None
+
+
+class _Positions(torch.nn.Module):
+    """Row and column positions from `arange` of the input's own (dynamic) sizes."""
+
+    def forward(self, x):
+        rows = torch.arange(x.shape[0]).unsqueeze(1).to(x.dtype)
+        return x + rows + torch.arange(1, 2 * x.shape[1] + 1, 2).to(x.dtype)
+
+
+def test_arange_of_a_dynamic_size() -> None:
+    """`arange(x.shape[0])` under a dynamic batch follows the batch (it was an IndexError)."""
+    model = _Positions()
+    engine = xg.compile(model, (r(4, 3),), kernels=False, dynamic_shapes=({0: torch.export.Dim("batch")},))
+    for batch in (2, 7):
+        x = r(batch, 3)
+        assert rel_err(engine(x), model(x.double())) < TOL

@@ -114,9 +114,14 @@ def _cat(t, node, args, kwargs):
 # --- sources --------------------------------------------------------------------------------------
 @op("aten.arange")
 def _arange(t, node, args, kwargs):
-    nums = [a for a in args if not isinstance(a, str)]
-    start, end, step = (0, nums[0], 1) if len(nums) == 1 else (nums[0], nums[1], nums[2] if len(nums) > 2 else 1)
+    # (end), (start, end) or (start, end, step); the length comes from the node's own shape, so an
+    # end that is a symbolic size (`arange(x.shape[0])` under a dynamic batch) needs nothing more.
+    start = args[0] if len(args) >= 2 else 0
+    step = args[2] if len(args) >= 3 else 1
     start, step = kwargs.get("start", start), kwargs.get("step", step)
+    for name, v in (("start", start), ("step", step)):
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise TranslationError(f"arange with a {name} that is not a constant number ({v!r})")
     n = t.shape_of(node)[0]
     dt = out_dtype(node)
     ramp = t.b.iota(n, "int64" if dt not in FLOATS else dt)
