@@ -136,3 +136,23 @@ def test_uncapturable_model() -> None:
             return x
     with pytest.raises(xg.CompileError, match="torch.export could not capture the model"):
         xg.compile(DataDependent(), (torch.randn(3),), kernels=False)
+
+
+def test_a_translation_bug_is_reported_like_an_unsupported_op(monkeypatch) -> None:
+    """A translation that fails by XG's own bug becomes a TranslationError naming the bug (so the
+    unsupported-op report or `fallback="eager"` takes it), never a traceback out of xg.compile."""
+    from xgbuild.compiler.importers.aten_table import TABLE
+    from xgbuild.compiler.importers.builder import TranslationError
+    from xgbuild.compiler.importers.torch_export import _translate
+
+    def broken(t, node, args, kwargs):
+        return [][0]
+
+    with pytest.raises(TranslationError, match=r"internal error in XG's translation \(IndexError: list index"):
+        _translate(broken, None, None, (), {})
+    monkeypatch.setitem(TABLE, "aten.relu", broken)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    with pytest.warns(UserWarning, match=r"aten.relu.default at 1 \(ReLU\)"):
+        engine = xg.compile(model, (torch.randn(2, 4),), kernels=False, fallback="eager")
+    x = torch.randn(2, 4)
+    assert torch.allclose(engine(x), model(x), rtol=1e-5, atol=1e-6)

@@ -29,6 +29,19 @@ from .extern_args import dumps, template
 from .imported import ImportedProgram, Unsupported, UnsupportedOps, finish
 
 
+
+def _translate(handler, t, node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
+    """One op's translation. A translation that fails by XG's own bug (an IndexError, a TypeError ...)
+    is reported like an op XG cannot translate, naming the bug, so the model's unsupported-op error
+    (or `fallback="eager"`) deals with it and no traceback reaches the user."""
+    try:
+        return handler(t, node, list(args), dict(kwargs))
+    except TranslationError:
+        raise
+    except (ArithmeticError, AttributeError, IndexError, KeyError, TypeError, ValueError) as bug:
+        raise TranslationError(f"internal error in XG's translation ({type(bug).__name__}: {bug}); "
+                               f"please report it") from None
+
 class _Module(torch.nn.Module):
     """A plain function as a module, so that functions export like models."""
 
@@ -192,7 +205,7 @@ class _Translator:
                 self.values[node.name] = None
                 continue
             try:
-                self.values[node.name] = handler(self, node, list(args), dict(kwargs))
+                self.values[node.name] = _translate(handler, self, node, args, kwargs)
             except TranslationError as exc:
                 if self.eager:
                     try:                        # a form of the op the table cannot express: PyTorch runs it
