@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 
@@ -29,3 +31,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def update_snapshots(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-snapshots"))
+
+
+@pytest.fixture
+def small_h100_hw_dir(tmp_path: Path) -> Path:
+    """A copy of the built-in GPU profiles (for XG_HW_DIR or CheckOptions.hw_dir) whose H100 has
+    1 GB of HBM, so a program needing 2 GB on one GPU fails the per-GPU memory check."""
+    from xgbuild.settings import BUILTIN_HW_DIR
+    out = tmp_path / "small-hw"
+    out.mkdir()
+    for src in BUILTIN_HW_DIR.glob("*.toml"):
+        text = src.read_text()
+        if src.name == "h100.toml":
+            assert "hbm_bytes = 80_000_000_000" in text
+            text = text.replace("hbm_bytes = 80_000_000_000", "hbm_bytes = 1_000_000_000")
+        (out / src.name).write_text(text)
+    return out

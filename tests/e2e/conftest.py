@@ -146,20 +146,7 @@ def write_program(directory: Path, text: str, name: str = "prog.xg") -> Path:
     return path
 
 
-def small_gpu_hw_dir(directory: Path) -> Path:
-    """A copy of the built-in GPU profiles, for XG_HW_DIR, whose H100 has 1 GB of HBM."""
-    out = directory / "hw"
-    out.mkdir()
-    for src in (REPO_ROOT / "hw").glob("*.toml"):
-        text = src.read_text()
-        if src.name == "h100.toml":
-            assert "hbm_bytes = 80_000_000_000" in text
-            text = text.replace("hbm_bytes = 80_000_000_000", "hbm_bytes = 1_000_000_000")
-        (out / src.name).write_text(text)
-    return out
-
-
-# Needs 2 GB on one GPU: fits the built-in H100, not small_gpu_hw_dir's.
+# Needs 2 GB on one GPU: fits the built-in H100, not the `small_h100_hw_dir` fixture's.
 TWO_GB = "TARGET_GPU = H100\nextern Tensor[float32, 16000, 16000] W\ndef main() {\n    return W * 2.0\n}\n"
 
 

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import EXAMPLES, REPO_ROOT, TWO_GB, Rand, compile_text, small_gpu_hw_dir, src_text, write_program
+from conftest import EXAMPLES, REPO_ROOT, TWO_GB, Rand, compile_text, src_text, write_program
 
 import xg
 
@@ -238,8 +238,8 @@ def test_metadata_timings_cover_every_node(rand: Rand, example_engines) -> None:
     assert {"matmul", "softmax", "cast", "transpose"} <= {o["op"] for o in ops}
 
 
-def test_compile_file_reads_xg_hw_dir_for_the_memory_check(tmp_path, monkeypatch) -> None:
+def test_compile_file_reads_xg_hw_dir_for_the_memory_check(tmp_path, monkeypatch, small_h100_hw_dir) -> None:
     path = write_program(tmp_path, TWO_GB)
-    monkeypatch.setenv("XG_HW_DIR", str(small_gpu_hw_dir(tmp_path)))
+    monkeypatch.setenv("XG_HW_DIR", str(small_h100_hw_dir))
     with pytest.raises(xg.CompileError, match="XG0504"):
         xg.compile_file(path, kernels=False)

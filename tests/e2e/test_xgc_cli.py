@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import (EXAMPLE_NAMES, EXAMPLES, REPO_ROOT, TWO_GB, assert_clean_failure, cli, small_gpu_hw_dir, src_text,
+from conftest import (EXAMPLE_NAMES, EXAMPLES, REPO_ROOT, TWO_GB, assert_clean_failure, cli, src_text,
                       write_program)
 
 import xg
@@ -149,10 +149,10 @@ def test_sharding_plan_option(tmp_path) -> None:
     assert res.code == 1 and res.err.startswith("error[XG0505]") and "`mlp`" in res.err
 
 
-def test_xg_hw_dir_reaches_the_checker_and_the_memory_check(tmp_path, monkeypatch) -> None:
+def test_xg_hw_dir_reaches_the_checker_and_the_memory_check(tmp_path, monkeypatch, small_h100_hw_dir) -> None:
     path = write_program(tmp_path, TWO_GB)
     assert cli("xgc", path, "--emit", "ir-opt").code == 0
-    monkeypatch.setenv("XG_HW_DIR", str(small_gpu_hw_dir(tmp_path)))
+    monkeypatch.setenv("XG_HW_DIR", str(small_h100_hw_dir))
     res = cli("xgc", path, "--emit", "ir-opt")
     assert res.code == 1 and "error[XG0504]" in res.err and "1.0 GB" in res.err, res.both
     custom = tmp_path / "only-h100"

@@ -19,7 +19,6 @@ from xgbuild.compiler.ir.planner import ShardingError
 from xgbuild.compiler.passes.shard import footprint, plan_of, shard
 from xgbuild.errors import CompileError
 from xgbuild.hw import load_profile
-from xgbuild.settings import BUILTIN_HW_DIR
 
 HEAD = "NUM_GPU = {n}\nextern Tensor[float32, 8, 16] A\nextern Tensor[float32, 16, 8] B\n"
 
@@ -175,37 +174,24 @@ def test_num_gpu_override_replans() -> None:
 SMALL = "TARGET_GPU = H100\nNUM_GPU = 1\nextern Tensor[float32, 16000, 16000] W\ndef main() {\n    return W * 2.0\n}\n"
 
 
-def small_h100_dir(tmp_path: Path) -> Path:
-    """A copy of the built-in profiles whose H100 has 1 GB of HBM (SMALL needs about 2 GB)."""
-    out = tmp_path / "hw"
-    out.mkdir()
-    for src in BUILTIN_HW_DIR.glob("*.toml"):
-        text = src.read_text()
-        if src.name == "h100.toml":
-            assert "hbm_bytes = 80_000_000_000" in text
-            text = text.replace("hbm_bytes = 80_000_000_000", "hbm_bytes = 1_000_000_000")
-        (out / src.name).write_text(text)
-    return out
-
-
-def test_the_memory_check_uses_the_custom_hw_dirs_profile(tmp_path) -> None:
+def test_the_memory_check_uses_the_custom_hw_dirs_profile(small_h100_hw_dir) -> None:
     compile_source(SMALL, "small.xg")                    # 2 GB: fits the built-in H100's 80 GB
-    custom = small_h100_dir(tmp_path)
+    custom = small_h100_hw_dir
     with pytest.raises(CompileError) as err:
         compile_source(SMALL, "small.xg", CheckOptions(hw_dir=custom))
     assert err.value.diagnostics[-1].code == "XG0504" and "1.0 GB" in str(err.value)
 
 
-def test_the_default_target_comes_from_the_custom_hw_dir_too(tmp_path) -> None:
+def test_the_default_target_comes_from_the_custom_hw_dir_too(small_h100_hw_dir) -> None:
     src = SMALL.replace("TARGET_GPU = H100\n", "")
     compile_source(src, "small.xg")
     with pytest.raises(CompileError) as err:
-        compile_source(src, "small.xg", CheckOptions(hw_dir=small_h100_dir(tmp_path)))
+        compile_source(src, "small.xg", CheckOptions(hw_dir=small_h100_hw_dir))
     assert err.value.diagnostics[-1].code == "XG0504"
 
 
-def test_programs_carry_the_checkers_profile_outside_their_identity(tmp_path) -> None:
-    custom = small_h100_dir(tmp_path)
+def test_programs_carry_the_checkers_profile_outside_their_identity(small_h100_hw_dir) -> None:
+    custom = small_h100_hw_dir
     c = compile_source(SMALL.replace("W * 2.0", "W[0:1, 0:1]").replace("16000, 16000", "8, 8"), "s.xg",
                        CheckOptions(hw_dir=custom))
     small = load_profile("H100", custom)
@@ -215,8 +201,8 @@ def test_programs_carry_the_checkers_profile_outside_their_identity(tmp_path) ->
     assert bare == c.lowered and "profile" not in repr(c.lowered)
 
 
-def test_a_program_built_without_a_profile_gets_the_built_in_one(tmp_path) -> None:
+def test_a_program_built_without_a_profile_gets_the_built_in_one(small_h100_hw_dir) -> None:
     lowered = compile_source(SMALL, "small.xg", stop_after="inline").lowered
     shard(replace(lowered, profile=None))                # the built-in H100: fits
     with pytest.raises(ShardingError):
-        shard(replace(lowered, profile=load_profile("H100", small_h100_dir(tmp_path))))
+        shard(replace(lowered, profile=load_profile("H100", small_h100_hw_dir)))
