@@ -4,7 +4,6 @@ and its compile-time errors (rustc-style)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
