@@ -4,7 +4,10 @@
 walks the ATen graph with the op table of `aten_table.py`. Parameters, buffers and lifted constants
 become weight INPUTs named by their state-dict names; the caller's tensors become inputs named as
 `forward`'s parameters (torch_inputs.py); constants among them are fixed at capture. Symbolic sizes
-(`torch.export.Dim`) become IR symbols named after the `Dim`s. An op the table lacks, after one retry on the graph
+(`torch.export.Dim`) become IR symbols named after the `Dim`s. Higher-order `wrap_*` ops
+(`torch.set_grad_enabled`, `torch.autocast` regions) are inlined: their subgraph is walked with its
+placeholders bound to the operands. In-place ops are translated as their functional form, the
+written tensor rebound (torch_inplace.py). An op the table lacks, after one retry on the graph
 `run_decompositions()` gives, is reported with every other such op of both graphs and the module
 path (`nn_module_stack`) that uses it, in one error. An exception from XG's own code is an
 XG0900 internal error, one line.
@@ -29,6 +32,7 @@ from .aten_table import TABLE
 from .builder import IRBuilder, TranslationError, Ref, is_node, xg_dtype
 from .extern_args import dumps, template
 from .imported import ImportedProgram, Unsupported, UnsupportedOps, finish, internal_error
+from .torch_inplace import Aliases, functional, is_inplace
 from .torch_inputs import ExampleCall, complete_dynamic_shapes, dim_names, example_call, function_module
 
 
@@ -43,6 +47,17 @@ def _translate(handler, t, node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
     except (ArithmeticError, AttributeError, IndexError, KeyError, TypeError, ValueError) as bug:
         raise TranslationError(f"internal error in XG's translation ({type(bug).__name__}: {bug}); "
                                f"please report it") from None
+
+class _AsFunctional:
+    """An in-place op's fx node seen as its functional op: the translations read `node.target`."""
+
+    def __init__(self, node: torch.fx.Node, target: Any) -> None:
+        self._node = node
+        self.target = target
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._node, name)
+
 
 class _Translator:
     def __init__(self, ep: torch.export.ExportedProgram, name: str, input_names: Sequence[str],
@@ -62,6 +77,7 @@ class _Translator:
         self.unsupported: list[Unsupported] = []
         self.fallbacks: list[Unsupported] = []      # ops left to PyTorch (fallback="eager")
         self.aliases: dict[tuple, Ref] = {}         # (storage, shape, strides, dtype) -> weight input
+        self.storage: dict[int, Aliases] = {}       # id(fx graph) -> which of its nodes share storage
 
     # --- sizes ----------------------------------------------------------------------------------
     def dim(self, d: Any) -> Dim:
@@ -165,30 +181,62 @@ class _Translator:
     def run(self) -> dict:
         self.mutations()
         self.placeholders()
-        return self.output(self.walk(self.ep.graph))
+        return self.output(self.walk(self.ep.graph, self.ep.graph_module))
 
-    def walk(self, graph: torch.fx.Graph) -> torch.fx.Node:
+    def walk(self, graph: torch.fx.Graph, module: torch.nn.Module) -> torch.fx.Node:
         """Translate one graph's ops, its placeholders already bound; returns its output node."""
         for node in graph.nodes:
             if node.op == "placeholder":
                 continue
             if node.op == "output":
                 return node
+            if node.op == "get_attr":
+                self.values[node.name] = self.attribute(module, node)
+                continue
             if node.op != "call_function":
                 self.unsupported.append(Unsupported(f"{node.op} {node.target}", self.where(node)))
                 continue
             self.call(node)
         raise TranslationError("a graph with no output")
 
+    def attribute(self, module: torch.nn.Module, node: torch.fx.Node) -> Any:
+        """A `get_attr` node: in an exported graph, the body of a higher-order op (tensors are
+        lifted to inputs)."""
+        value: Any = module
+        for part in str(node.target).split("."):
+            value = getattr(value, part, None)
+        if not isinstance(value, torch.fx.GraphModule):
+            self.unsupported.append(Unsupported(f"get_attr {node.target}", self.where(node),
+                                                f"a {type(value).__name__}, not a subgraph"))
+            return None
+        return value
+
     def call(self, node: torch.fx.Node) -> None:
         key = _key(node.target)
+        if isinstance(node.target, torch._ops.HigherOrderOperator):
+            try:
+                self.values[node.name] = self.inline(node)
+            except TranslationError as exc:
+                self.unsupported.append(Unsupported(key, self.where(node), str(exc)))
+                self.values[node.name] = None
+            return
         self.b.src = self.line(node)
-        handler = TABLE.get(key)
+        handler, seen_as, written = TABLE.get(key), node, None
+        if is_inplace(node.target):
+            pure = functional(node.target)
+            if pure is not None and _key(pure) in TABLE:
+                handler, seen_as = TABLE[_key(pure)], _AsFunctional(node, pure)
+            try:
+                written = self.written(node)
+            except TranslationError as exc:
+                self.unsupported.append(Unsupported(key, self.where(node), str(exc)))
+                self.values[node.name] = None
+                return
         args = torch.fx.node.map_arg(node.args, lambda n: self.values.get(n.name))
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.values.get(n.name))
         if handler is None and self.eager and not self.unsupported:
             try:
-                self.values[node.name] = self.extern(node)
+                self.bind(node, self.extern(node), written)
                 self.fallbacks.append(Unsupported(str(node.target), self.where(node)))
             except TranslationError as exc:
                 self.unsupported.append(Unsupported(key, self.where(node), f"no eager fallback: {exc}"))
@@ -203,11 +251,11 @@ class _Translator:
             self.values[node.name] = None
             return
         try:
-            self.values[node.name] = _translate(handler, self, node, args, kwargs)
+            self.bind(node, _translate(handler, self, seen_as, args, kwargs), written)
         except TranslationError as exc:
             if self.eager:
                 try:                        # a form of the op the table cannot express: PyTorch runs it
-                    self.values[node.name] = self.extern(node)
+                    self.bind(node, self.extern(node), written)
                     self.fallbacks.append(Unsupported(str(node.target), self.where(node), str(exc)))
                     return
                 except TranslationError as again:
@@ -215,10 +263,59 @@ class _Translator:
             self.unsupported.append(Unsupported(key, self.where(node), str(exc)))
             self.values[node.name] = None
 
+    def written(self, node: torch.fx.Node) -> set[torch.fx.Node]:
+        """The nodes an in-place op rebinds (torch_inplace.py), or a TranslationError saying why
+        translating it as its functional form would be wrong."""
+        graph = node.graph
+        if id(graph) not in self.storage:
+            self.storage[id(graph)] = Aliases(graph)
+        return self.storage[id(graph)].written(node)
+
+    def bind(self, node: torch.fx.Node, value: Any, written: set[torch.fx.Node] | None) -> None:
+        """The value of `node`; for an in-place op also of every node that is the tensor it
+        wrote, so later uses of any of them read the new value."""
+        self.values[node.name] = value
+        for n in written or ():
+            self.values[n.name] = value
+
+    def inline(self, node: torch.fx.Node) -> tuple:
+        """A higher-order `wrap_*` op (`wrap_with_set_grad_enabled`, `wrap_with_autocast` ...)
+        whose body is a subgraph: the body's ops translated here, its placeholders bound to the
+        op's operands. Its outputs are the op's result, a tuple."""
+        name = getattr(node.target, "__name__", str(node.target))
+        at = next((i for i, a in enumerate(node.args) if isinstance(a, torch.fx.Node) and a.op == "get_attr"), None)
+        if not name.startswith("wrap") or at is None:
+            raise TranslationError(f"the higher-order op `{name}` is not one XG can inline (a wrap_* op whose "
+                                   "body is a subgraph)")
+        body = self.values.get(node.args[at].name)
+        if not isinstance(body, torch.fx.GraphModule):
+            raise TranslationError(f"the body of `{name}` is not a subgraph")
+        if name == "wrap_with_autocast" and len(node.args) > 2 and node.args[2]:
+            raise TranslationError("an enabled torch.autocast region: XG does not apply autocast's dtype casts "
+                                   "(the decomposed graph makes them explicit)")
+        operands = [self.values.get(a.name) if isinstance(a, torch.fx.Node) else a for a in node.args[at + 1:]]
+        slots = [n for n in body.graph.nodes if n.op == "placeholder"]
+        if len(slots) != len(operands):
+            raise TranslationError(f"the body of `{name}` takes {len(slots)} inputs, the op gives it {len(operands)}")
+        outer = self.values
+        self.values = {p.name: v for p, v in zip(slots, operands)}
+        try:
+            out = self.walk(body.graph, body)
+            results = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
+            return tuple(self.values.get(a.name) if isinstance(a, torch.fx.Node) else a for a in results)
+        finally:
+            self.values = outer
+
     def extern(self, node: torch.fx.Node) -> Any:
-        """An EXTERN node per tensor the operator returns: the engine calls it through `torch.ops`."""
+        """An EXTERN node per tensor the operator returns: the engine calls it through `torch.ops`
+        (an in-place op's functional form: PyTorch must not write into XG's buffers)."""
         if not isinstance(node.target, torch._ops.OpOverload):
             raise TranslationError(f"{node.target} is not a PyTorch operator")
+        call = node.target
+        if is_inplace(call):
+            call = functional(call)
+            if call is None:
+                raise TranslationError(f"{node.target} writes in place and has no functional form")
         inputs: list[Ref] = []
 
         def tensor_index(v: Any) -> int | None:
@@ -249,7 +346,7 @@ class _Translator:
             if dtype is None:
                 raise TranslationError(f"it returns a {v.dtype} tensor, which XG has no type for")
             refs.append(self.b.add(Op.EXTERN, inputs, dtype, tuple(self.dim(d) for d in v.shape),
-                                   call=str(node.target), args=args,
+                                   call=str(call), args=args,
                                    output=i if isinstance(val, (tuple, list)) else None))
         return tuple(refs) if isinstance(val, (tuple, list)) else refs[0]
 
