@@ -334,7 +334,9 @@ class _Translator:
         try:
             args = dumps(template(list(node.args), tensor_index),
                          {k: template(v, tensor_index) for k, v in node.kwargs.items()})
-        except ValueError as exc:
+        except TranslationError:
+            raise
+        except ValueError as exc:                   # an argument `dumps` cannot write down
             raise TranslationError(f"it takes {exc}") from None
         val = node.meta.get("val")
         outs = list(val) if isinstance(val, (tuple, list)) else [val]
