@@ -212,6 +212,9 @@ class _Translator:
         return value
 
     def call(self, node: torch.fx.Node) -> None:
+        """One `call_function` node: a higher-order op inlined, an in-place op as its functional
+        form, any other through the table. What XG cannot translate becomes an unsupported entry,
+        or under `fallback="eager"` an EXTERN node where PyTorch can run it."""
         key = _key(node.target)
         if isinstance(node.target, torch._ops.HigherOrderOperator):
             try:
