@@ -40,27 +40,36 @@ def compile_file(path: Path | str, *, target: str | None = None, num_gpu: int | 
 
 
 def compile(model_or_fn: Any, example_inputs: Any = None, target: str = "H100", num_gpu: int = 1, *,
-            dynamic_shapes: Any = None, tune: str = "cache", kernels: bool = True,
-            dims: Mapping[str, int] | None = None, fallback: str | None = None) -> ModelEngine | LazyModelEngine:
-    """Compile a PyTorch model (or function) into an engine called like it: `engine(x)`.
+            example_kwargs: Mapping[str, Any] | None = None, dynamic_shapes: Any = None, tune: str = "cache",
+            kernels: bool = True, dims: Mapping[str, int] | None = None,
+            fallback: str | None = None) -> ModelEngine | LazyModelEngine:
+    """Compile a PyTorch model (or function) into an engine called like it: `engine(x)`,
+    `engine(input_ids=ids, attention_mask=mask)`.
 
-    Captured with `torch.export` at `example_inputs` (`dynamic_shapes` as torch.export takes it,
-    e.g. `({0: torch.export.Dim("batch")},)`), translated into XG's IR, then the same passes,
-    tuning (`tune`, `dims`), cache and packaging as `compile_file`. `engine.save(path)` writes an
-    `.xge` that `xgrun` runs; parameters and buffers travel inside it. An op XG cannot express is
-    a `CompileError` listing each one with the module that uses it, or with `fallback="eager"` a
-    warning listing them, and the engine calls each through PyTorch (`torch.ops`) between its
-    kernels.
+    Captured with `torch.export` at `model(*example_inputs, **example_kwargs)`; `dynamic_shapes`
+    as torch.export takes it, by parameter name (`{"input_ids": {0: Dim("batch")}}`) or in input
+    order (`({0: torch.export.Dim("batch")},)`). Then XG's IR, the same passes, tuning (`tune`,
+    `dims`), cache and packaging as `compile_file`. The engine's inputs are the tensors among
+    those arguments, named as `forward`'s parameters; it binds positional arguments in
+    `forward`'s order and keyword ones by name. Arguments that are not tensors (`use_cache=False`,
+    `None`, `forward`'s defaults) are fixed at capture: a call may repeat them, with the same
+    value only. `engine.save(path)` writes an `.xge` that `xgrun` runs; parameters and buffers
+    travel inside it (a loaded engine binds positionals in its input order, keywords by name).
+    An op XG cannot express is a `CompileError` listing each once, with its count and the modules
+    that use it, or with `fallback="eager"` a warning listing them, and the engine calls each
+    through PyTorch (`torch.ops`) between its kernels.
 
-    Without `example_inputs` (`engine = xg.compile(model, target="GB200")`), the engine is built
-    at its first call from that call's tensors, and again for each new input signature."""
+    Without `example_inputs` and `example_kwargs` (`engine = xg.compile(model, target="GB200")`),
+    the engine is built at its first call from that call's arguments, and again for each new input
+    signature."""
     return _build.compile_model(model_or_fn, example_inputs, target, num_gpu, Settings.from_env(),
-                                RunSettings.from_env(), dynamic_shapes=dynamic_shapes, tune=tune, kernels=kernels,
-                                dims=dims, fallback=fallback)
+                                RunSettings.from_env(), example_kwargs=example_kwargs, dynamic_shapes=dynamic_shapes,
+                                tune=tune, kernels=kernels, dims=dims, fallback=fallback)
 
 
 def load_model_engine(path: Path | str) -> ModelEngine:
-    """Load an engine built by `xg.compile` (or `xgc model.onnx`), called with positional tensors."""
+    """Load an engine built by `xg.compile` (or `xgc model.onnx`), called with tensors, positionally
+    in its input order (`engine.signature`) or by input name."""
     return ModelEngine.load(path, RunSettings.from_env())
 
 

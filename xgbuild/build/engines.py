@@ -85,11 +85,13 @@ def model_engine(imported: Any, profile: GpuProfile, settings: Settings, *, poli
 
 
 def compile_model(model_or_fn: Any, example_inputs: Any, target: str, num_gpu: int, settings: Settings,
-                  run_settings: RunSettings, *, dynamic_shapes: Any = None, tune: Policy | str = Policy.CACHE,
-                  kernels: bool = True, dims: Mapping[str, int] | None = None, fallback: str | None = None) -> Any:
-    """`xg.compile`: a PyTorch model's `ModelEngine` (captured at `example_inputs`), or without
-    them a `LazyModelEngine` that builds one per input signature at its calls. The target's
-    profile is loaded once, here, for every engine built."""
+                  run_settings: RunSettings, *, example_kwargs: Mapping[str, Any] | None = None,
+                  dynamic_shapes: Any = None, tune: Policy | str = Policy.CACHE, kernels: bool = True,
+                  dims: Mapping[str, int] | None = None, fallback: str | None = None) -> Any:
+    """`xg.compile`: a PyTorch model's `ModelEngine` (captured at `model(*example_inputs,
+    **example_kwargs)`), or without either a `LazyModelEngine` that builds one per input signature
+    at its calls. The target's profile is loaded once, here, for every engine built. An exception
+    from XG's own code is an XG0900 internal error, one line."""
     from ..runtime.model_engine import LazyModelEngine, ModelEngine
     if fallback not in (None, "error", "eager"):
         raise XGError(f"fallback must be 'error' (the default: unsupported ops are a compile error) or 'eager' "
@@ -98,14 +100,21 @@ def compile_model(model_or_fn: Any, example_inputs: Any, target: str, num_gpu: i
         raise XGError(f"num_gpu must be a positive integer, got {num_gpu!r}")
     profile = model_target(target, settings)
 
-    def build(inputs: Any, shapes: Any = None) -> ModelEngine:
+    def build(args: Any, kwargs: Any, shapes: Any = None) -> ModelEngine:
+        from ..compiler.importers.imported import internal_error
         from ..compiler.importers.torch_export import import_torch
-        imported = import_torch(model_or_fn, inputs, dynamic_shapes=shapes, target=profile.name, num_gpu=num_gpu,
-                                fallback=fallback or "error", profile=profile)
-        engine = model_engine(imported, profile, settings, policy=tune, kernels=kernels, dims=dims)
-        return ModelEngine(Engine(engine.file, run_settings), out_spec=imported.out_spec)
-    if example_inputs is None:
+        imported = import_torch(model_or_fn, args, example_kwargs=kwargs, dynamic_shapes=shapes, target=profile.name,
+                                num_gpu=num_gpu, fallback=fallback or "error", profile=profile)
+        try:
+            engine = model_engine(imported, profile, settings, policy=tune, kernels=kernels, dims=dims)
+            return ModelEngine(Engine(engine.file, run_settings), out_spec=imported.out_spec, params=imported.params,
+                               fixed=imported.fixed)
+        except XGError:
+            raise
+        except Exception as bug:  # noqa: BLE001 (XG's own bug: one line naming it, never a traceback)
+            raise internal_error("building the model's engine", bug) from None
+    if example_inputs is None and example_kwargs is None:
         if dynamic_shapes is not None:
             raise XGError("dynamic_shapes needs example_inputs: pass example_inputs=(x,) with them")
         return LazyModelEngine(build)
-    return build(example_inputs, dynamic_shapes)
+    return build(example_inputs, example_kwargs, dynamic_shapes)

@@ -1,8 +1,14 @@
-"""Engines of imported models, called like the model: `engine(x)` takes and returns torch tensors.
+"""Engines of imported models, called like the model: `engine(x, mask=m)` takes and returns torch
+tensors.
 
 The build (xgbuild/build/engines.py) makes them from an `ImportedProgram` (PyTorch or ONNX), with
-the weights inside. `ModelEngine` wraps the `Engine`: positional inputs are checked against the
-captured signature (count, dtype, shape, device), with errors naming the input, expected vs got.
+the weights inside. `ModelEngine` wraps the `Engine`: a call's positional and keyword arguments
+are bound to the engine's inputs by name (positionals in the model's parameter order when built in
+this process, in the engine's input order when loaded from a file), then checked against the
+captured signature (dtype, shape, device), with errors naming the input, expected vs got.
+Arguments the capture fixed that are not tensors (`use_cache=False`, `return_dict=None`,
+`forward`'s defaults) are accepted only when equal to the captured value: the engine computes
+that one case, and any other is refused rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -17,19 +23,28 @@ from ..settings import RunSettings
 from .engine import Engine
 
 
+def _shape_text(shape: Any) -> str:
+    return f"[{', '.join(str(d) for d in shape)}]"        # symbolic dims by name, unquoted
+
+
 def _sig_text(spec: dict) -> str:
-    return f"{spec['name']}: {spec['dtype']}{list(spec['shape'])}"
+    return f"{spec['name']}: {spec['dtype']}{_shape_text(spec['shape'])}"
 
 
 class ModelEngine:
-    """An engine called with positional torch tensors, as the model was."""
+    """An engine called with torch tensors, positionally or by keyword, as the model was."""
 
-    def __init__(self, engine: Engine, check: bool = True, out_spec: Any = None) -> None:
+    def __init__(self, engine: Engine, check: bool = True, out_spec: Any = None,
+                 params: tuple[str, ...] | None = None, fixed: dict[str, Any] | None = None) -> None:
         self.engine = engine
         self.check = check
         # The model's output structure (lists, dicts, dataclasses) when built in this process; an
         # engine loaded from a file returns a tensor or a flat tuple of them.
         self.out_spec = out_spec
+        # How the model was called (in this process only): the names positional arguments fill,
+        # and the non-tensor arguments fixed at capture. A loaded engine takes its inputs, in order.
+        self.params = tuple(params) if params else tuple(s["name"] for s in engine.signature)
+        self.fixed = dict(fixed or {})
 
     @classmethod
     def load(cls, path: Path | str, settings: RunSettings | None = None) -> "ModelEngine":
@@ -51,25 +66,52 @@ class ModelEngine:
     def signature(self) -> list[dict]:
         return self.engine.signature
 
-    def __call__(self, *inputs: Any) -> Any:
+    def bind(self, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
+        """The call's tensors by input name; each misfit an InputError naming the argument."""
         sig = self.signature
-        if len(inputs) != len(sig):
-            takes = ", ".join(_sig_text(s) for s in sig)
-            raise InputError(f"the engine takes {len(sig)} input{'s' if len(sig) != 1 else ''} ({takes}), "
-                             f"got {len(inputs)}")
+        names = [s["name"] for s in sig]
+        takes = f"the engine takes {len(sig)} input{'s' if len(sig) != 1 else ''} ({', '.join(_sig_text(s) for s in sig)})"
+        if len(args) > len(self.params):
+            raise InputError(f"{takes}, got {len(args)} positional arguments")
+        bound: dict[str, Any] = {}
+        where: dict[str, str] = {}
+        for i, (name, value) in enumerate(zip(self.params, args)):
+            bound[name], where[name] = value, f"positional argument {i + 1}"
+        for name, value in kwargs.items():
+            if name in bound:
+                raise InputError(f"input `{name}` is given twice: as {where[name]} and by keyword")
+            if name not in names and name not in self.fixed:
+                raise InputError(f"unknown keyword argument `{name}`; {takes}")
+            bound[name], where[name] = value, "a keyword argument"
+        for name, value in bound.items():
+            if name in self.fixed:
+                _check_fixed(name, value, self.fixed[name], where[name], names)
+        missing = [n for n in names if n not in bound]
+        if missing:
+            given = sum(1 for n in names if n in bound)
+            raise InputError(f"missing input{'s' if len(missing) > 1 else ''} "
+                             f"{', '.join(f'`{m}`' for m in missing)}: {takes}, got {given}")
         devices = set()
-        for spec, x in zip(sig, inputs):
+        for spec in sig:
+            x = bound[spec["name"]]
+            if x is None:
+                raise InputError(f"input `{spec['name']}` is None; the engine was built with a tensor there "
+                                 f"({spec['dtype']}{_shape_text(spec['shape'])})")
             if not isinstance(x, torch.Tensor):
                 raise InputError(f"input `{spec['name']}` is a {type(x).__name__}; the engine expects a tensor "
-                                 f"({spec['dtype']}{list(spec['shape'])})")
+                                 f"({spec['dtype']}{_shape_text(spec['shape'])})")
             devices.add(x.device.type)
         if len(devices) > 1:
-            raise InputError(f"inputs are on several devices ({', '.join(sorted(devices))}); put them on one")
-        device = devices.pop() if devices else "cpu"
+            on = ", ".join(f"`{s['name']}` on {bound[s['name']].device}" for s in sig)
+            raise InputError(f"inputs are on several devices ({on}); put them on one")
+        return {n: bound[n] for n in names}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        inputs = self.bind(args, kwargs)
+        device = next(iter(inputs.values())).device.type if inputs else "cpu"
         if device not in ("cpu", "cuda"):
             raise XGError(f"inputs on {device} are not supported (cpu or cuda)")
-        result = self.engine.run({s["name"]: x for s, x in zip(sig, inputs)}, device=device, check=self.check,
-                                 wait=False)
+        result = self.engine.run(inputs, device=device, check=self.check, wait=False)
         out = self.engine.graph.output
         if "t" in out:
             leaves = [result.tensors["out"]]
@@ -85,37 +127,79 @@ class ModelEngine:
                 f"{self.manifest['target']}, digest {self.digest[:12]})")
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Equal values of the same type (True is not 1 here: the model may tell them apart)."""
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001 (a value whose == raises or is not a bool is not the same)
+        return False
+
+
+def _check_fixed(name: str, value: Any, captured: Any, where: str, inputs: list[str]) -> None:
+    """An argument the capture fixed: the same value, or an InputError saying what was captured."""
+    if _same(value, captured):
+        return
+    hint = ""
+    if isinstance(value, torch.Tensor) and where.startswith("positional"):
+        hint = (f"; {where} fills the model's parameter `{name}`: pass tensors by keyword "
+                f"(engine({', '.join(f'{n}=...' for n in inputs)}))")
+    raise InputError(f"`{name}` was {captured!r} when the model was compiled and the engine computes that case "
+                     f"only; got {_show(value)}{hint}")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor ({str(value.dtype).removeprefix('torch.')}{list(value.shape)})"
+    return repr(value) if isinstance(value, (type(None), bool, int, float, str)) else f"a {type(value).__name__}"
+
+
 MAX_SIGNATURES = 8      # input signatures a LazyModelEngine compiles for before it asks for dynamic shapes
+
+
+def _key_part(what: str, value: Any) -> tuple:
+    """What of one argument selects the engine: a tensor's dtype, shape and device; a constant's
+    type and value (the engine is built for that value)."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.dtype, tuple(value.shape), str(value.device))
+    if isinstance(value, (type(None), bool, int, float, str)):
+        return (type(value).__name__, value)
+    raise InputError(f"input {what} is a {type(value).__name__}; the engine takes tensors, and constants "
+                     "(None, bool, int, float, str)")
 
 
 class LazyModelEngine:
     """`xg.compile(model)` without example inputs (the seed's form): the model is captured and built
-    at its first call, with that call's tensors as the example inputs, and again for each new input
-    signature (dtypes and shapes; at most MAX_SIGNATURES). The XG cache keeps every tuned kernel, so
+    at its first call, with that call's arguments as the example inputs (positional and keyword),
+    and again for each new input signature (keyword names, dtypes and shapes, constants' values;
+    at most MAX_SIGNATURES). The XG cache keeps every tuned kernel, so
     a signature seen by an earlier process builds without tuning. `save`, `manifest`, `digest` and
     `signature` are those of the engine the latest call used."""
 
     def __init__(self, build: Any) -> None:
-        self._build = build                 # example inputs -> ModelEngine
+        self._build = build                 # (args, kwargs) of a call -> ModelEngine
         self._engines: dict[tuple, ModelEngine] = {}
         self._last: ModelEngine | None = None
 
-    def __call__(self, *inputs: Any) -> Any:
-        if not inputs:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not args and not kwargs:
             raise InputError("the engine takes the model's tensor inputs; got none")
-        for i, x in enumerate(inputs):
-            if not isinstance(x, torch.Tensor):
-                raise InputError(f"input {i} is a {type(x).__name__}; the engine takes tensors")
-        key = tuple((x.dtype, tuple(x.shape), str(x.device)) for x in inputs)
+        for i, x in enumerate(args):
+            if x is not None and not isinstance(x, torch.Tensor):
+                raise InputError(f"input {i} is a {type(x).__name__}; the engine takes tensors positionally "
+                                 "(None skips a parameter; pass other constants by keyword)")
+        key = (tuple(_key_part(str(i), x) for i, x in enumerate(args)),
+               tuple((k, _key_part(f"`{k}`", v)) for k, v in sorted(kwargs.items())))
         engine = self._engines.get(key)
         if engine is None:
             if len(self._engines) >= MAX_SIGNATURES:
                 raise XGError(f"the model was compiled for {MAX_SIGNATURES} input signatures already; pass "
                               "example_inputs and dynamic_shapes (torch.export.Dim) to xg.compile to build "
                               "one engine for a range of sizes")
-            engine = self._engines[key] = self._build(tuple(x.detach() for x in inputs))
+            detached = tuple(x.detach() if isinstance(x, torch.Tensor) else x for x in args)
+            engine = self._engines[key] = self._build(
+                detached, {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
         self._last = engine
-        return engine(*inputs)
+        return engine(*args, **kwargs)
 
     def _built(self) -> ModelEngine:
         if self._last is None:
