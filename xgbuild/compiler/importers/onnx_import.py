@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import sympy
 import torch
 
 from ...errors import CompileError
 from ...hw import GpuProfile
 from ..frontend.codes import BAD_ONNX, MODEL_DTYPE, MODEL_INPUT, MODEL_OUTPUT, Code
 from ..frontend.diagnostics import plain_error
-from ..ir.graph import Dim
+from ..ir.graph import Dim, Op
 from .builder import IRBuilder, TranslationError, Ref, is_node
 from .imported import ImportedProgram, Unsupported, UnsupportedOps, finish
 from .onnx_values import NP_DTYPES, ONNX_DTYPES, Static
@@ -58,11 +59,13 @@ class OnnxTranslator:
             return v
         if not isinstance(v, Static):
             raise TranslationError(f"{hint} is missing")
-        if v.symbolic:
-            raise TranslationError("a symbolic shape used as tensor data")
         key = id(v)
         if key in self._materialized:
             return self._materialized[key]
+        if v.symbolic:
+            ref = self._sizes_as_data(v)
+            self._materialized[key] = ref
+            return ref
         arr = np.asarray(v.array.astype(NP_DTYPES.get(v.dtype, np.float32)))
         if arr.ndim == 0 and v.dtype != "bfloat16":
             ref = self.b.const(arr.item(), v.dtype)
@@ -72,6 +75,40 @@ class OnnxTranslator:
             ref = self.b.input(name, v.dtype, tuple(arr.shape))
         self._materialized[key] = ref
         return ref
+
+    def _sizes_as_data(self, v: Static) -> Ref:
+        """Sizes (symbolic dims and expressions of them) used as run-time tensor data, e.g. a
+        sequence length cast to float and divided by: each element computed from its symbols."""
+        b = self.b
+        elems = [b.reshape(self.size_scalar(sympy.sympify(e)), (1,)) for e in v.array.reshape(-1)]
+        dt = "int64" if all(b.dtype(e) == "int64" for e in elems) else "float32"
+        elems = [b.cast(e, dt) for e in elems]
+        from . import composites as C
+        flat = C.cat(b, elems, 0) if len(elems) > 1 else elems[0]
+        return b.cast(b.reshape(flat, tuple(v.array.shape)), v.dtype)
+
+    def size_scalar(self, e: sympy.Expr) -> Ref:
+        """A 0-d tensor holding the value of the size expression `e` at run time. A symbol's value
+        exists in the IR only as a dim, so it is counted: the SUM of a FULL of ones that long."""
+        b = self.b
+        if e.is_Integer:
+            return b.const(int(e), "int64")
+        if e.is_Number:
+            return b.const(float(e), "float32")
+        if e.is_Symbol:
+            return b.op(Op.SUM, [b.full(1, "int64", (e.name,))], dim=0, keepdim=False)
+        if e.is_Add or e.is_Mul:
+            acc = self.size_scalar(e.args[0])
+            for a in e.args[1:]:
+                acc = b.binary(Op.ADD if e.is_Add else Op.MUL, acc, self.size_scalar(a))
+            return acc
+        if isinstance(e, sympy.floor):
+            num, den = sympy.fraction(sympy.together(e.args[0]))
+            if den.is_Integer and den > 0:
+                return b.op(Op.DIV, [self.size_scalar(sympy.expand(num)), b.const(int(den), "int64")])
+        if e.is_Pow and e.exp == -1:
+            return b.binary(Op.DIV, 1.0, self.size_scalar(e.base))
+        raise TranslationError(f"the size expression {e} as tensor data")
 
     def _weight_name(self, hint: str) -> str:
         base = re.sub(r"[^\w.]", "_", hint) or "const"

@@ -14,7 +14,8 @@ import sympy
 from ..ir.graph import Op
 from . import composites as C
 from .builder import TranslationError
-from .onnx_values import ONNX_DTYPES, Static, ir_dim
+from ..ir.shapes import FLOATS
+from .onnx_values import NP_DTYPES, ONNX_DTYPES, Static, ir_dim, sym
 from .onnx_table import all_static, ints, op, static
 
 # --- shapes ---------------------------------------------------------------------------------------
@@ -22,14 +23,13 @@ from .onnx_table import all_static, ints, op, static
 def _shape(t, node, args, attrs):
     dims = list(t.shape(args[0]))
     dims = dims[attrs.get("start", 0):attrs.get("end", len(dims))] if "end" in attrs else dims[attrs.get("start", 0):]
-    vals = [sympy.Symbol(d) if isinstance(d, str) and "*" not in d else (sympy.sympify(d) if isinstance(d, str)
-                                                                          else int(d)) for d in dims]
+    vals = [sym(d) if isinstance(d, str) else int(d) for d in dims]
     symbolic = any(isinstance(v, sympy.Basic) for v in vals)
     return Static(np.array(vals, dtype=object if symbolic else np.int64), "int64")
 
 
 def _target_shape(t, x, shape: list, allowzero: bool) -> tuple:
-    in_shape = [sympy.sympify(d) if isinstance(d, str) else int(d) for d in t.shape(x)]
+    in_shape = [sym(d) if isinstance(d, str) else int(d) for d in t.shape(x)]
     out = []
     for i, d in enumerate(shape):
         if _is_zero(d) and not allowzero:
@@ -55,8 +55,11 @@ def _is_minus_one(d) -> bool:
 def _reshape(t, node, args, attrs):
     shape = ints(args[1], "the shape of Reshape")
     x = args[0]
-    if isinstance(x, Static) and not x.symbolic:
-        return Static(x.array.reshape([int(d) for d in shape]), x.dtype)
+    if isinstance(x, Static) and not any(isinstance(d, sympy.Basic) and not d.is_Integer for d in shape):
+        # shape values (symbolic or not) reshaped: numpy resolves -1; 0 copies the input's size
+        dims = [x.array.shape[i] if int(d) == 0 and not attrs.get("allowzero", 0) else int(d)
+                for i, d in enumerate(shape)]
+        return Static(x.array.reshape(dims), x.dtype)
     x = t.tensor(x, node.input[0])
     return t.b.reshape(x, _target_shape(t, x, shape, bool(attrs.get("allowzero", 0))))
 
@@ -65,7 +68,7 @@ def _reshape(t, node, args, attrs):
 def _flatten(t, node, args, attrs):
     x = t.tensor(args[0], node.input[0])
     axis = int(attrs.get("axis", 1)) % (t.b.rank(x) + 1)
-    shape = [sympy.sympify(d) if isinstance(d, str) else d for d in t.b.shape(x)]
+    shape = [sym(d) if isinstance(d, str) else d for d in t.b.shape(x)]
     out = (math.prod(shape[:axis]) if axis else 1, math.prod(shape[axis:]))
     return t.b.reshape(x, tuple(ir_dim(sympy.sympify(d)) for d in out))
 
@@ -157,48 +160,100 @@ def _slice(t, node, args, attrs):
     rank = len(t.shape(x))
     axes = ints(args[3], "the axes of Slice") if len(args) > 3 and args[3] is not None else list(range(len(starts)))
     steps = ints(args[4], "the steps of Slice") if len(args) > 4 and args[4] is not None else [1] * len(starts)
-    big = 2**62
-    if isinstance(x, Static):
+    if isinstance(x, Static) and not any(_is_sym(v) for v in starts + ends):
         index = [slice(None)] * rank
         for s, e, a, st in zip(starts, ends, axes, steps):
-            index[int(a) % rank] = slice(int(s), None if abs(int(e)) >= big else int(e), int(st))
+            index[int(a) % rank] = slice(int(s), None if abs(int(e)) >= _BIG else int(e), int(st))
         return Static(x.array[tuple(index)], x.dtype)
     x = t.tensor(x, node.input[0])
     for s, e, a, st in zip(starts, ends, axes, steps):
-        a = int(a) % rank
-        size = t.b.shape(x)[a]
-        e = None if abs(int(e)) >= big or (isinstance(size, int) and int(e) >= size) else int(e)
-        x = t.b.slice(x, a, int(s), e, int(st))
+        x = _slice_dim(t, x, int(a) % rank, s, e, int(st))
     return x
+
+
+_BIG = 2**62            # exporters write "to the end" as INT64_MAX (or MIN, stepping backwards)
+
+
+def _slice_dim(t, x, axis: int, start, end, step: int):
+    """x[start:end:step] along `axis`, ONNX's clamping included. Concrete bounds on a concrete
+    size are an INDEX view; a symbolic length (`table[:seq]`, a static table cut to a dynamic
+    sequence length) is a GATHER of the rows at `start + arange(n)`."""
+    size = t.b.shape(x)[axis]
+    if not any(_is_sym(v) for v in (start, end)) and isinstance(size, int):
+        e = None if abs(int(end)) >= _BIG or int(end) >= size else int(end)
+        return t.b.slice(x, axis, int(start), e, step)
+    n_size = sym(size)
+
+    def bound(v):
+        if _is_sym(v):
+            return sympy.sympify(v)
+        v = int(v)
+        if v >= _BIG:
+            return n_size
+        return n_size + v if v < 0 else sympy.Integer(v)
+    lo, hi = bound(start), bound(end)
+    if step != 1:
+        raise TranslationError(f"Slice with step {step} and a symbolic bound ({start}:{end}) along dim {axis}")
+    if lo == 0 and sympy.simplify(hi - n_size) == 0:
+        return x
+    if isinstance(size, int) and lo.is_Integer:
+        # hi is symbolic: ONNX clamps it to the size; the model means a prefix of the table.
+        n = hi - lo
+    else:
+        n = sympy.simplify(hi - lo)
+    idx = t.b.iota(ir_dim(n))
+    if lo != 0:
+        idx = t.b.binary(Op.ADD, idx, t.tensor(Static(np.asarray(lo, dtype=object), "int64")) if _is_sym(lo)
+                         else int(lo))
+    return take(t, x, axis, idx)
+
+
+def take(t, x, axis: int, idx):
+    """x at the indices `idx` (in range) along `axis`, as ONNX's Gather: a GATHER of rows, the axis
+    moved to the front and back."""
+    r = t.b.rank(x)
+    axis %= r
+    if axis == 0:
+        return t.b.op(Op.GATHER, [x, idx])
+    y = t.b.op(Op.GATHER, [t.b.transpose(x, 0, axis), idx])
+    k = t.b.rank(idx)
+    # y: idx's dims, then x's dims 1.. with x's dim 0 where dim `axis` was; back to x's order
+    # with idx's dims in place of `axis`.
+    perm = [k + axis - 1] + list(range(k, k + axis - 1)) + list(range(k)) + list(range(k + axis, t.b.rank(y)))
+    return t.b.permute(y, perm)
 
 
 @op("Gather")
 def _gather(t, node, args, attrs):
     data, idx = args[0], args[1]
-    axis = int(attrs.get("axis", 0))
+    axis = int(attrs.get("axis", 0)) % len(t.shape(data))
     if all_static([data, idx]):
         return Static(np.take(data.array, idx.array.astype(np.int64), axis=axis), data.dtype)
-    if isinstance(idx, Static):
+    x = t.tensor(data, node.input[0])
+    size = t.b.shape(x)[axis]
+    if isinstance(idx, Static) and not idx.symbolic:
         indices = idx.array.astype(np.int64)
-        x = t.tensor(data, node.input[0])
+        if isinstance(size, int):
+            indices = np.where(indices < 0, indices + size, indices)
         if indices.ndim == 0:
             return t.b.select(x, axis, int(indices))
         flat = indices.reshape(-1)
         if indices.ndim == 1 and len(flat) and (np.diff(flat) == 1).all() and flat[0] >= 0:
             return t.b.slice(x, axis, int(flat[0]), int(flat[-1]) + 1)
-        raise TranslationError("Gather of a tensor at constant indices that are not a contiguous range")
-    if axis != 0:
-        raise TranslationError("Gather of run-time indices along an axis other than 0")
-    table = t.tensor(data, node.input[0])
-    rows = t.b.shape(table)[0]
+        return take(t, x, axis, t.tensor(Static(indices, "int64"), node.input[1]))
+    idx = t.tensor(idx, node.input[1])
     n = t.b.node(idx)
-    if n.op is Op.INPUT and n.attr("name") in t.inputs and isinstance(rows, int):
-        lo, hi = t.ranges.get(n.attr("name"), (-rows, rows))
-        t.ranges[n.attr("name")] = (max(lo, -rows), min(hi, rows))
-    if n.op is not Op.IOTA and isinstance(rows, int):
-        # ONNX counts negative indices from the end: -1 is the last row.
-        idx = t.b.where(t.b.compare(Op.LT, idx, 0), t.b.binary(Op.ADD, idx, rows), idx)
-    return C.embedding(t.b, table, idx)
+    if n.op is Op.INPUT and n.attr("name") in t.inputs and isinstance(size, int):
+        lo, hi = t.ranges.get(n.attr("name"), (-size, size))
+        t.ranges[n.attr("name")] = (max(lo, -size), min(hi, size))
+    if n.op is Op.IOTA:
+        if axis == 0 and isinstance(n.shape[0], int):
+            return C.embedding(t.b, x, idx)
+        return take(t, x, axis, idx)
+    # ONNX counts negative indices from the end: -1 is the last row.
+    end = size if isinstance(size, int) else t.size_scalar(sym(size))
+    idx = t.b.where(t.b.compare(Op.LT, idx, 0), t.b.binary(Op.ADD, idx, end), idx)
+    return take(t, x, axis, idx)
 
 
 @op("Expand")
@@ -241,8 +296,29 @@ def _constant_of_shape(t, node, args, attrs):
 
 @op("Range")
 def _range(t, node, args, attrs):
+    """Static when its arguments are numbers; a run-time IOTA (scaled, shifted) when the limit
+    or start is a size: `arange(seq)` under a dynamic sequence length."""
     start, limit, delta = (static(a, "an argument of Range").reshape(-1)[0] for a in args)
-    return Static(np.arange(start, limit, delta), args[0].dtype)
+    dt = args[0].dtype
+    if not any(_is_sym(v) for v in (start, limit, delta)):
+        conv = float if dt in FLOATS else int
+        return Static(np.arange(conv(start), conv(limit), conv(delta)).astype(NP_DTYPES.get(dt, np.float32)), dt)
+    if _is_sym(delta) or dt in FLOATS or int(delta) == 0:
+        raise TranslationError(f"Range with a symbolic size and a step {delta} of {dt} (an integer step is supported)")
+    step = int(delta)
+    span = sympy.sympify(limit - start) if step > 0 else sympy.sympify(start - limit)
+    n = span if abs(step) == 1 else sympy.floor((span + abs(step) - 1) / abs(step))
+    y = t.b.iota(ir_dim(n), dt)
+    if step != 1:
+        y = t.b.binary(Op.MUL, y, step)
+    if start != 0:
+        y = t.b.binary(Op.ADD, y, t.tensor(Static(np.asarray(start, dtype=object), dt)) if _is_sym(start)
+                       else int(start))
+    return y
+
+
+def _is_sym(v) -> bool:
+    return isinstance(v, sympy.Basic) and not v.is_Number
 
 
 @op("Trilu")
