@@ -171,7 +171,7 @@ class OnnxTranslator:
             attrs = _attrs(node)
             self.b.src = (0, 0, node.name or node.op_type)
             try:
-                outs = handler(self, node, args, attrs)
+                outs = _translate(handler, self, node, args, attrs)
             except TranslationError as exc:
                 self.unsupported.append(Unsupported(node.op_type, where, str(exc)))
                 continue
@@ -189,6 +189,19 @@ class OnnxTranslator:
             except TranslationError as exc:
                 raise OnnxImportError(MODEL_OUTPUT, f"graph output `{out.name}`: {exc}") from None
         return leaves[0] if len(leaves) == 1 else {"tuple": leaves}
+
+
+def _translate(handler, t: OnnxTranslator, node, args: list, attrs: dict) -> Any:
+    """One node's translation. One that fails by XG's own bug (an IndexError, a TypeError ...) is
+    reported like an op XG cannot translate, naming the bug, with every other such op of the
+    model, instead of a traceback."""
+    try:
+        return handler(t, node, args, attrs)
+    except TranslationError:
+        raise
+    except (ArithmeticError, AttributeError, IndexError, KeyError, TypeError, ValueError) as bug:
+        raise TranslationError(f"internal error in XG's translation ({type(bug).__name__}: {bug}); "
+                               "please report it") from None
 
 
 def _attrs(node) -> dict[str, Any]:

@@ -251,9 +251,13 @@ def _gather(t, node, args, attrs):
             return C.embedding(t.b, x, idx)
         return take(t, x, axis, idx)
     # ONNX counts negative indices from the end: -1 is the last row.
+    return take(t, x, axis, _wrapped(t, idx, size))
+
+
+def _wrapped(t, idx, size):
+    """Run-time indices with ONNX's negative ones (counted from the end) made non-negative."""
     end = size if isinstance(size, int) else t.size_scalar(sym(size))
-    idx = t.b.where(t.b.compare(Op.LT, idx, 0), t.b.binary(Op.ADD, idx, end), idx)
-    return take(t, x, axis, idx)
+    return t.b.where(t.b.compare(Op.LT, idx, 0), t.b.binary(Op.ADD, idx, end), idx)
 
 
 @op("Expand")
