@@ -27,14 +27,14 @@ MODEL = textwrap.dedent("""
     import torch
 
     class Ranker(torch.nn.Module):
-        '''A linear layer, then ops XG has no translation for: cumsum, topk (two outputs), flip.'''
+        '''A linear layer, then ops XG has no translation for: cumprod, topk (two outputs), flip.'''
         def __init__(self):
             super().__init__()
             self.proj = torch.nn.Linear(16, 16)
             self.head = torch.nn.Linear(4, 3)
 
         def forward(self, x):
-            h = torch.cumsum(self.proj(x), dim=-1)
+            h = torch.cumprod(self.proj(x), dim=-1)
             top, idx = torch.topk(h, 4, dim=-1)
             return self.head(torch.relu(top)), torch.flip(h, [1]) * 0.5, idx
 """)
@@ -63,14 +63,14 @@ def test_without_fallback_every_op_is_listed() -> None:
         xg.compile(Ranker().eval(), (torch.randn(4, 16),), tune="predict")
     text = str(err.value)
     assert "3 unsupported ops" in text
-    for op in ("aten.cumsum", "aten.topk", "aten.flip"):
+    for op in ("aten.cumprod", "aten.topk", "aten.flip"):
         assert op in text
 
 
 def test_eager_fallback_matches_pytorch() -> None:
     model, engine, warned = compiled()
     assert len(warned) == 1
-    for op in ("aten.cumsum.default", "aten.topk.default", "aten.flip.default"):
+    for op in ("aten.cumprod.default", "aten.topk.default", "aten.flip.default"):
         assert op in warned[0]
     x = torch.randn(4, 16, generator=torch.Generator().manual_seed(7))
     got = engine(x)

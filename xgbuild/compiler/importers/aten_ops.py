@@ -97,10 +97,40 @@ def _binary(t, node, args, kwargs):
         raise TranslationError(f"division with rounding_mode={kwargs['rounding_mode']!r}")
     o = _BINARY[name]
     if o in (Op.AND, Op.OR):
-        return t.b.op(o, [t.b.cast(a, "bool"), t.b.cast(b, "bool")])
+        return _logical(t, name, o, a, b)
     if not is_node(a) and not is_node(b):
         return _PY[o](a, b)
     return t.b.binary(o, a, b, dtype=None if o in (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE) else out_dtype(node))
+
+
+def _logical(t, name: str, o: Op, a, b):
+    """and / or: logical on any dtype; the bitwise forms only where they agree (bool operands)."""
+    if not name.startswith("aten.logical_"):
+        for v in (a, b):
+            if (t.b.dtype(v) if is_node(v) else ("bool" if isinstance(v, bool) else "int64")) != "bool":
+                raise TranslationError(f"{name} of integer tensors (bitwise; XG has logical and/or on bool)")
+    if not is_node(a) and not is_node(b):
+        return (a and b) if o is Op.AND else (a or b)
+    as_bool = [t.b.cast(v, "bool") if is_node(v) else t.b.const(bool(v), "bool") for v in (a, b)]
+    return t.b.op(o, as_bool)
+
+
+@op("aten.__and__", "aten.__or__", "aten.__xor__", "aten.bitwise_xor", "aten.logical_xor")
+def _bool_ops(t, node, args, kwargs):
+    name = str(node.target.overloadpacket)
+    a, b = args[0], args[1]
+    if name.endswith("xor"):
+        _logical(t, name, Op.AND, a, b)               # the same dtype rule
+        return t.b.op(Op.NE, [t.b.cast(a, "bool") if is_node(a) else t.b.const(bool(a), "bool"),
+                              t.b.cast(b, "bool") if is_node(b) else t.b.const(bool(b), "bool")])
+    return _logical(t, name, Op.AND if "and" in name else Op.OR, a, b)
+
+
+@op("aten.__invert__")
+def _invert(t, node, args, kwargs):
+    if t.b.dtype(args[0]) != "bool":
+        raise TranslationError("~ of an integer tensor (bitwise; XG has logical not on bool)")
+    return t.b.unary(Op.NOT, args[0])
 
 
 _PY = {Op.ADD: operator.add, Op.SUB: operator.sub, Op.MUL: operator.mul, Op.DIV: operator.truediv}
@@ -354,6 +384,37 @@ def _reduce(t, node, args, kwargs):
     keep = bool(arg(args, kwargs, 2, "keepdim", False))
     out = t.b.reduce(kind, args[0], dims, keep)
     return t.b.cast(out, out_dtype(node))
+
+
+@op("aten.any", "aten.all")
+def _any_all(t, node, args, kwargs):
+    kind = str(node.target.overloadpacket).rsplit(".", 1)[-1]
+    dims = _dims(arg(args, kwargs, 1, "dim"))
+    return C.reduce_bool(t.b, args[0], dims, bool(arg(args, kwargs, 2, "keepdim", False)), kind)
+
+
+@op("aten.cumsum")
+def _cumsum(t, node, args, kwargs):
+    return t.b.cast(C.cumsum(t.b, args[0], int(arg(args, kwargs, 1, "dim"))), out_dtype(node))
+
+
+@op("aten.diff")
+def _diff(t, node, args, kwargs):
+    """x[1:] - x[:-1] along `dim`, n times (prepend / append joined first)."""
+    x = args[0]
+    n, dim = int(arg(args, kwargs, 1, "n", 1)), int(arg(args, kwargs, 2, "dim", -1))
+    pre, post = arg(args, kwargs, 3, "prepend"), arg(args, kwargs, 4, "append")
+    parts = [v for v in (pre, x, post) if v is not None]
+    if len(parts) > 1:
+        x = C.cat(t.b, [t.b.cast(v, t.b.dtype(x)) for v in parts], dim)
+    for _ in range(n):
+        size = t.b.shape(x)[dim]
+        if isinstance(size, int):
+            hi, lo = t.b.slice(x, dim, 1, size), t.b.slice(x, dim, 0, size - 1)
+        else:
+            hi, lo = C.slice_dyn(t.b, x, dim, 1, size), C.slice_dyn(t.b, x, dim, 0, C.dim_expr(f"({size})-1"))
+        x = t.b.op(Op.NE, [hi, lo]) if t.b.dtype(x) == "bool" else t.b.binary(Op.SUB, hi, lo)
+    return x
 
 
 # --- bookkeeping ops that compute nothing ---------------------------------------------------------

@@ -46,7 +46,14 @@ def _slice(t, node, args, kwargs):
     step = int(arg(args, kwargs, 4, "step", 1))
     size = t.b.shape(x)[dim]
     if not all(isinstance(v, (int, type(None))) for v in (start, end)):
-        raise TranslationError("slice with symbolic bounds")
+        if step != 1 or not all(isinstance(v, (int, str, type(None))) for v in (start, end)):
+            raise TranslationError("slice with symbolic bounds and a step")
+        if end == size or end is None:
+            end = None
+        if isinstance(end, str) or isinstance(start, str):
+            if isinstance(start, int) and start < 0 or isinstance(end, int) and end < 0:
+                raise TranslationError("slice of a symbolic size with a negative bound")
+            return C.slice_dyn(t.b, x, dim, start or 0, end if end is not None else size)
     if end is not None and isinstance(size, int) and end >= size:
         end = None
     if end is not None and end >= 2**62:
@@ -149,24 +156,93 @@ def _full(t, node, args, kwargs):
     return t.b.full(value, out_dtype(node), t.shape_of(node))
 
 
-# --- convolution, pooling -------------------------------------------------------------------------
-@op("aten.conv2d")
-def _conv2d(t, node, args, kwargs):
+# --- convolution, padding, pooling -----------------------------------------------------------------
+def _per_dim(v, nd: int) -> tuple[int, ...]:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return tuple(int(x) for x in (v * nd if len(v) == 1 else v))
+
+
+@op("aten.conv1d", "aten.conv2d", "aten.conv3d", "aten.convolution")
+def _conv(t, node, args, kwargs):
+    """Convolutions of 1 to 3 spatial dims; PyTorch's padding is symmetric per dim, or "valid" /
+    "same" (stride 1: the extra padding goes after, as PyTorch does)."""
+    name = str(node.target.overloadpacket)
     x, w = args[0], args[1]
-    bias = arg(args, kwargs, 2, "bias")
-    stride, padding = pair(arg(args, kwargs, 3, "stride", 1)), arg(args, kwargs, 4, "padding", 0)
-    dilation, groups = pair(arg(args, kwargs, 5, "dilation", 1)), int(arg(args, kwargs, 6, "groups", 1))
-    if isinstance(padding, str):
-        raise TranslationError(f"conv2d padding={padding!r} (give the padding as numbers)")
-    return C.conv2d(t.b, x, w, bias, stride, pads(padding), dilation, groups)
+    nd = t.b.rank(w) - 2
+    if name == "aten.convolution":
+        _, _, bias, stride, padding, dilation, transposed, _out_pad, groups = args[:9]
+        if transposed:
+            raise TranslationError("transposed convolution")
+    else:
+        bias = arg(args, kwargs, 2, "bias")
+        stride, padding = arg(args, kwargs, 3, "stride", 1), arg(args, kwargs, 4, "padding", 0)
+        dilation, groups = arg(args, kwargs, 5, "dilation", 1), arg(args, kwargs, 6, "groups", 1)
+    stride, dilation = _per_dim(stride, nd), _per_dim(dilation, nd)
+    if padding == "valid":
+        spans = [(0, 0)] * nd
+    elif padding == "same":
+        if any(s != 1 for s in stride):
+            raise TranslationError("padding='same' with a stride other than 1")
+        total = [d * (k - 1) for d, k in zip(dilation, t.b.shape(w)[2:])]
+        spans = [(p // 2, p - p // 2) for p in total]
+    elif isinstance(padding, str):
+        raise TranslationError(f"convolution padding={padding!r}")
+    else:
+        spans = [(p, p) for p in _per_dim(padding, nd)]
+    return C.conv(t.b, x, w, bias, stride, spans, dilation, int(groups))
 
 
-@op("aten.convolution")
-def _convolution(t, node, args, kwargs):
-    x, w, bias, stride, padding, dilation, transposed, _out_pad, groups = args[:9]
-    if transposed or len(stride) != 2:
-        raise TranslationError("transposed or non-2-D convolution")
-    return C.conv2d(t.b, x, w, bias, pair(stride), pads(padding), pair(dilation), int(groups))
+@op("aten.pad", "aten.constant_pad_nd", "aten.reflection_pad1d", "aten.reflection_pad2d",
+    "aten.reflection_pad3d", "aten.replication_pad1d", "aten.replication_pad2d", "aten.replication_pad3d")
+def _pad(t, node, args, kwargs):
+    """F.pad's (last dim first) amounts per dim: constant (any value), reflect, replicate."""
+    name = str(node.target.overloadpacket)
+    x, amounts = args[0], [int(p) for p in args[1]]
+    if name == "aten.pad":
+        mode, value = arg(args, kwargs, 2, "mode", "constant"), arg(args, kwargs, 3, "value", None)
+    elif name == "aten.constant_pad_nd":
+        mode, value = "constant", arg(args, kwargs, 2, "value", 0)
+    else:
+        mode, value = ("reflect" if "reflection" in name else "replicate"), None
+    if mode == "circular":
+        raise TranslationError("circular padding")
+    if len(amounts) % 2 or len(amounts) // 2 > t.b.rank(x):
+        raise TranslationError(f"padding amounts {amounts} for a rank-{t.b.rank(x)} tensor")
+    pairs = [(amounts[i], amounts[i + 1]) for i in range(0, len(amounts), 2)][::-1]
+    pairs = [(0, 0)] * (t.b.rank(x) - len(pairs)) + pairs
+    if is_node(value):
+        raise TranslationError("a padding value that is a tensor")
+    value = 0 if value is None else value
+    return C.pad(t.b, x, pairs, value, mode)
+
+
+# --- indexing -------------------------------------------------------------------------------------
+@op("aten.index")
+def _index(t, node, args, kwargs):
+    x, indices = args[0], list(args[1])
+    for i in indices:
+        if i is not None and not is_node(i):
+            raise TranslationError("an index that is not a tensor")
+    return C.advanced_index(t.b, x, indices)
+
+
+@op("aten.index_select")
+def _index_select(t, node, args, kwargs):
+    return C.take(t.b, args[0], int(args[1]), args[2])
+
+
+@op("aten.gather", "aten.take_along_dim")
+def _gather(t, node, args, kwargs):
+    name = str(node.target.overloadpacket)
+    if name == "aten.take_along_dim":
+        x, idx, dim = args[0], args[1], arg(args, kwargs, 2, "dim")
+        if dim is None:
+            raise TranslationError("take_along_dim without a dim")
+    else:
+        x, dim, idx = args[0], int(args[1]), args[2]
+        if kwargs.get("sparse_grad"):
+            raise TranslationError("gather with sparse_grad=True")
+    return C.gather_elements(t.b, x, int(dim), idx)
 
 
 @op("aten.max_pool2d", "aten.max_pool2d_with_indices")

@@ -6,9 +6,12 @@ Each block is written with ops that already have a GPU kernel path (docs/importe
   softmax over a dim other than the last is a softmax over the last between two TRANSPOSE views;
 - embedding: a GATHER of table rows (an element-wise kernel: tokens x d reads), or a slice of the
   table when the indices are `arange`;
-- placing a tensor inside a larger zero tensor (padding, concatenation) along one dim: a MATMUL
-  with a 0/1 selection matrix built from IOTA and a comparison (exact for finite values);
-- conv2d: one MATMUL per kernel tap over strided INDEX views (NHWC inside), accumulated in the
+- indexing (index_select, torch.gather, advanced indexing, reflect/replicate padding, slices with
+  symbolic bounds): GATHER of rows at computed indices, the indexed dims moved first and merged;
+- padding and concatenation: UNINDEX (each output element from its source element, or zero),
+  parts added; a non-zero pad value selected outside the input's box; any dtype;
+- cumsum: a masked row reduction (its [.., n, n] operand is the reduction's prologue, never stored);
+- conv (1-D, 2-D, 3-D; 1-D and 3-D through 2-D): one MATMUL per kernel tap over strided INDEX views (NHWC inside), accumulated in the
   matmul epilogues; depthwise taps are element-wise products;
 - pooling: taps combined with MAXIMUM or ADD; adaptive average pooling as a reshape and means.
 """
@@ -16,11 +19,11 @@ Each block is written with ops that already have a GPU kernel path (docs/importe
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
-from ..ir.graph import Op
+from ..ir.graph import Dim, Op
 from ..ir.shapes import FLOATS
-from .builder import IRBuilder, TranslationError, Ref
+from .builder import INTS, IRBuilder, TranslationError, Ref, is_node
 
 NEG_INF = float("-inf")
 
@@ -142,7 +145,17 @@ def attention(b: IRBuilder, q: Ref, k: Ref, v: Ref, mask: Ref | None, causal: bo
             scores = b.where(mask, scores, NEG_INF)
         else:
             scores = b.binary(Op.ADD, scores, b.cast(mask, b.dtype(scores)))
-    return matmul(b, softmax(b, scores, -1), v)
+    out = matmul(b, softmax(b, scores, -1), v)
+    if mask is None:
+        return out
+    # A query row the mask leaves no key (a padded query under a sliding window) attends to nothing:
+    # zeros, as PyTorch's attention gives, not the NaN of a softmax over -inf alone. Which rows are
+    # empty is read from the mask, not the scores, so the attention stays one fused kernel.
+    allowed = mask if b.dtype(mask) == "bool" else b.compare(Op.GT, mask, NEG_INF)
+    if causal:
+        allowed = b.op(Op.AND, [allowed, keep])
+    empty = b.unary(Op.NOT, reduce_bool(b, allowed, [-1], True, "any"))
+    return b.where(empty, 0.0, out)
 
 
 def embedding(b: IRBuilder, table: Ref, idx: Ref) -> Ref:
@@ -153,61 +166,297 @@ def embedding(b: IRBuilder, table: Ref, idx: Ref) -> Ref:
     return b.op(Op.GATHER, [table, idx])
 
 
-def _selection(b: IRBuilder, n: int, total: int, offset: int, dtype: str) -> Ref:
-    """The [n, total] 0/1 matrix with ones at (i, i + offset)."""
-    rows = b.binary(Op.ADD, b.reshape(b.iota(n), (n, 1)), offset)
-    cols = b.reshape(b.iota(total), (1, total))
-    return b.cast(b.compare(Op.EQ, rows, cols), dtype)
+def dim_expr(text: str) -> Dim:
+    """A symbolic size written from parts ("((1)+(seq))-(1)") in its one canonical form ("seq"),
+    so that sizes computed two ways compare equal; an integer when the symbols cancel."""
+    import re
+
+    import sympy
+    from sympy.parsing.sympy_parser import parse_expr
+    names = set(re.findall(r"[A-Za-z_]\w*", text))
+    try:
+        expr = parse_expr(text, local_dict={n: sympy.Symbol(n, integer=True)
+                                               for n in names})
+    except (SyntaxError, TypeError, ValueError, sympy.SympifyError):
+        return text
+    if expr.is_Integer:
+        return int(expr)
+    out = str(expr).replace(" ", "")
+    return out if re.fullmatch(r"[\w+\-*()]+", out) else text
+
+
+def size_value(b: IRBuilder, n: Dim, dtype: str = "int64") -> Ref | int:
+    """The size `n` as a value: the integer itself, or for a symbolic size a 0-d tensor computed on
+    the device (the count of an IOTA of that length), so index arithmetic stays symbolic."""
+    if isinstance(n, int):
+        return n
+    return b.cast(b.binary(Op.ADD, b.op(Op.MAX, [b.iota(n)], dim=0, keepdim=False), 1), dtype)
+
+
+def _wrap(b: IRBuilder, idx: Ref, n: Dim) -> Ref:
+    """Negative indices counted from the end (`-1` is the last), as torch and ONNX index."""
+    if b.dtype(idx) not in INTS:
+        raise TranslationError(f"indices must be integers, got {b.dtype(idx)}")
+    if b.node(idx).op is Op.IOTA:
+        return idx
+    return b.where(b.compare(Op.LT, idx, 0), b.binary(Op.ADD, idx, size_value(b, n, b.dtype(idx))), idx)
+
+
+def _move(b: IRBuilder, x: Ref, src: int, dst: int) -> Ref:
+    """x with dim `src` moved to position `dst` (the others keep their order): a view."""
+    r = b.rank(x)
+    order = [d for d in range(r) if d != src % r]
+    order.insert(dst % r, src % r)
+    return b.permute(x, order)
+
+
+def take(b: IRBuilder, x: Ref, dim: int, idx: Ref) -> Ref:
+    """`x` at indices `idx` along `dim` (ONNX Gather, index_select, x[:, idx]): shape
+    x.shape[:dim] + idx.shape + x.shape[dim+1:]. A GATHER of rows of `x` viewed with `dim` first."""
+    r = b.rank(x)
+    dim %= r
+    idx = _wrap(b, idx, b.shape(x)[dim])
+    if dim == 0:
+        return b.op(Op.GATHER, [x, idx])
+    k = b.rank(idx)
+    rows = b.op(Op.GATHER, [_move(b, x, dim, 0), idx])      # [*idx, *x[:dim], *x[dim+1:]]
+    order = list(range(k, k + dim)) + list(range(k)) + list(range(k + dim, k + r - 1))
+    return b.permute(rows, order)
+
+
+def slice_dyn(b: IRBuilder, x: Ref, dim: int, start: Any, stop: Any) -> Ref:
+    """x[start:stop] along `dim` where a bound is a symbolic size (`buffer[:, :seq]`): the length
+    comes from the bounds and the rows are gathered at IOTA + start."""
+    length = stop if start in (0, None) else dim_expr(f"({stop})-({start})")
+    ramp = b.iota(length)
+    if start not in (0, None):
+        ramp = b.binary(Op.ADD, ramp, size_value(b, start) if isinstance(start, str) else int(start))
+    return take(b, x, dim, ramp)
+
+
+def gather_elements(b: IRBuilder, x: Ref, dim: int, idx: Ref) -> Ref:
+    """torch.gather / ONNX GatherElements: out[..., i, ...] = x[..., idx[..., i, ...], ...] along
+    `dim`. `x` viewed as rows of its `dim` (moved last, other dims merged) and one GATHER of the
+    flat table at row * n + idx."""
+    r = b.rank(x)
+    dim %= r
+    if b.rank(idx) != r:
+        raise TranslationError(f"gather of a rank-{r} tensor with rank-{b.rank(idx)} indices")
+    xs, ishape = b.shape(x), b.shape(idx)
+    for d in range(r):                                  # idx may be smaller than x off `dim`
+        if d != dim and xs[d] != ishape[d]:
+            if not (isinstance(xs[d], int) and isinstance(ishape[d], int) and ishape[d] <= xs[d]):
+                raise TranslationError(f"gather indices of shape {list(ishape)} for a tensor of shape {list(xs)}")
+            x = b.slice(x, d, 0, ishape[d])
+    n = b.shape(x)[dim]
+    idx = _wrap(b, idx, n)
+    xt, it = _move(b, x, dim, r - 1), _move(b, idx, dim, r - 1)
+    lead = b.shape(it)[:-1]
+    rows = _numel(lead)
+    table = b.reshape(xt, (_mul(rows, n),))
+    flat_idx = b.reshape(it, (rows, b.shape(it)[-1]))
+    row0 = b.binary(Op.MUL, b.reshape(b.iota(rows, b.dtype(flat_idx)), (rows, 1)), size_value(b, n, b.dtype(flat_idx)))
+    out = b.op(Op.GATHER, [table, b.binary(Op.ADD, row0, flat_idx)])
+    return _move(b, b.reshape(out, b.shape(it)), r - 1, dim)
+
+
+def _mul(a: Dim, c: Dim) -> Dim:
+    if isinstance(a, int) and isinstance(c, int):
+        return a * c
+    if a == 1:
+        return c
+    if c == 1:
+        return a
+    return dim_expr(f"({a})*({c})")
+
+
+def _numel(shape: Sequence[Dim]) -> Dim:
+    out: Dim = 1
+    for d in shape:
+        out = _mul(out, d)
+    return out
+
+
+def advanced_index(b: IRBuilder, x: Ref, indices: Sequence[Ref | None]) -> Ref:
+    """torch's `x[i0, i1, ...]` with index tensors (None: the whole dim), as torch.ops.aten.index:
+    the index tensors broadcast together; their dims replace the indexed dims in place when those
+    are adjacent, else they come first. The indexed dims are moved first and merged, and one
+    GATHER reads rows at the linear index."""
+    from ..ops.core import BroadcastError, broadcast
+    r = b.rank(x)
+    if len(indices) > r:
+        raise TranslationError(f"{len(indices)} indices for a rank-{r} tensor")
+    dims = [d for d, i in enumerate(indices) if i is not None]
+    if not dims:
+        return x
+    for d in dims:
+        if b.dtype(indices[d]) == "bool":
+            raise TranslationError("indexing with a boolean mask (its result's size depends on the data)")
+    shape: tuple = ()
+    try:
+        for d in dims:
+            shape = broadcast(shape, b.shape(indices[d]))
+    except BroadcastError as exc:
+        raise TranslationError(f"index tensors do not broadcast: {exc}") from None
+    if len(dims) == 1:
+        return take(b, x, dims[0], indices[dims[0]])
+    xs = b.shape(x)
+    lin = None
+    for d in dims:                                       # row-major linear index over the indexed dims
+        i = _wrap(b, indices[d], xs[d])
+        lin = i if lin is None else b.binary(Op.ADD, b.binary(Op.MUL, lin, size_value(b, xs[d], b.dtype(lin))), i)
+    rest = [d for d in range(r) if d not in dims]
+    moved = b.permute(x, dims + rest)
+    table = b.reshape(moved, (_numel([xs[d] for d in dims]),) + tuple(xs[d] for d in rest))
+    out = b.op(Op.GATHER, [table, b.expand(lin, shape) if b.shape(lin) != shape else lin])
+    adjacent = dims == list(range(dims[0], dims[-1] + 1))
+    if adjacent and dims[0] > 0:                         # x[:, i, j]: the index dims stay in place
+        k = len(shape)
+        order = list(range(k, k + dims[0])) + list(range(k)) + list(range(k + dims[0], k + len(rest)))
+        out = b.permute(out, order)
+    return out
+
+
+def cumsum(b: IRBuilder, x: Ref, dim: int, exclusive: bool = False, reverse: bool = False) -> Ref:
+    """Running sums along `dim` (torch.cumsum, ONNX CumSum), exact for integers: element i is the
+    sum of the row's elements j <= i (j < i exclusive; j >= i reversed), one masked row reduction
+    whose [.., n, n] operand is a prologue of the reduction kernel, never stored."""
+    r = b.rank(x)
+    if r == 0:
+        return x
+    dim %= r
+    if b.dtype(x) == "bool":
+        x = b.cast(x, "int64")
+    n = b.shape(x)[dim]
+    xt = _move(b, x, dim, r - 1)                        # [..., n]
+    lead = b.shape(xt)[:-1]
+    i = b.reshape(b.iota(n), (n, 1))
+    j = b.reshape(b.iota(n), (1, n))
+    op = (Op.GT if exclusive else Op.GE) if reverse else (Op.LT if exclusive else Op.LE)
+    keep = b.compare(op, j, i)                          # [n, n]: row i sums column j
+    rows = b.reshape(xt, tuple(lead) + (1, n))
+    zero = False if b.dtype(x) == "bool" else (0.0 if b.dtype(x) in FLOATS else 0)
+    masked = b.where(keep, rows, zero)                  # [..., n, n]
+    out = b.op(Op.SUM, [masked], dim=r, keepdim=False)  # [..., n]
+    return _move(b, b.cast(out, b.dtype(x)), r - 1, dim)
+
+
+def reduce_bool(b: IRBuilder, x: Ref, dims: Sequence[int] | None, keepdim: bool, kind: str) -> Ref:
+    """any / all over `dims`: MAX / MIN of the values as 0/1 integers, compared back to bool."""
+    as_int = b.cast(b.compare(Op.NE, x, False if b.dtype(x) == "bool" else 0) if b.dtype(x) != "bool" else x,
+                    "int32")
+    red = b.reduce(Op.MAX if kind == "any" else Op.MIN, as_int, dims, keepdim)
+    return b.compare(Op.NE, red, 0)
 
 
 def place(b: IRBuilder, x: Ref, dim: int, total: int, offset: int) -> Ref:
-    """A tensor of size `total` along `dim`, zero except `x` at [offset, offset + n)."""
-    r = b.rank(x)
-    dim %= r
-    n = b.shape(x)[dim]
-    if not isinstance(n, int):
-        raise TranslationError(f"padding or concatenating along the symbolic dim {n}")
-    if b.dtype(x) not in FLOATS:
-        raise TranslationError(f"padding or concatenating {b.dtype(x)} tensors (floating-point only)")
-    if n == total and offset == 0:
-        return x
-    moved = b.transpose(x, dim, r - 1)
-    out = b.op(Op.MATMUL, [moved, _selection(b, n, total, offset, b.dtype(x))])
-    return b.transpose(out, dim, r - 1)
+    """A tensor of size `total` along `dim`, zero (false) except `x` at [offset, offset + n): an
+    UNINDEX, the kernel that writes each output element from its source element or zero."""
+    return pad(b, x, [(0, 0)] * (dim % b.rank(x)) + [(offset, total - offset - b.shape(x)[dim])])
 
 
 def cat(b: IRBuilder, xs: Sequence[Ref], dim: int) -> Ref:
+    """torch.cat / ONNX Concat along `dim`, any dtype: each part placed (UNINDEX) at its offset and
+    the parts added (or-ed, for bool). Parts of size 0 are dropped."""
     if len(xs) == 1:
         return xs[0]
     r = b.rank(xs[0])
     dim %= r
     sizes = [b.shape(x)[dim] for x in xs]
     if not all(isinstance(s, int) for s in sizes):
-        raise TranslationError(f"concatenating along a symbolic dim ({sizes})")
+        return _cat_symbolic(b, xs, dim, sizes)
     total, out, offset = sum(sizes), None, 0
+    combine = Op.OR if b.dtype(xs[0]) == "bool" else Op.ADD
     for x, n in zip(xs, sizes):
         if n:
             placed = place(b, x, dim, total, offset)
-            out = placed if out is None else b.binary(Op.ADD, out, placed)
+            out = placed if out is None else b.op(combine, [out, placed])
         offset += n
+    return out if out is not None else xs[0]
+
+
+def _cat_symbolic(b: IRBuilder, xs: Sequence[Ref], dim: int, sizes: list) -> Ref:
+    """Concatenation along a symbolic dim: each output position reads the part it falls in (a
+    GATHER at the position less the part's offset, clamped into the part), selected by range."""
+    total = dim_expr("+".join(f"({s})" for s in sizes))
+    pos = b.iota(total)
+    out, offset = None, 0
+    for x, n in zip(xs, sizes):
+        n_v = size_value(b, n)
+        local = b.binary(Op.SUB, pos, offset) if not (isinstance(offset, int) and offset == 0) else pos
+        last = b.binary(Op.SUB, n_v, 1) if is_node(n_v) else n_v - 1
+        part = take(b, x, dim, b.binary(Op.MINIMUM, b.binary(Op.MAXIMUM, local, 0), last))
+        if out is None:
+            out = part
+        else:
+            r = b.rank(part)
+            at = b.reshape(b.compare(Op.GE, local, 0), tuple(b.shape(pos)[0] if k == dim else 1 for k in range(r)))
+            out = b.where(at, part, out)
+        offset = b.binary(Op.ADD, offset, n_v) if is_node(offset) or is_node(n_v) else offset + n_v
     return out
 
 
-def pad2d(b: IRBuilder, x: Ref, pads: Sequence[int], value: float = 0.0) -> Ref:
-    """Pad the last two dims by (top, bottom, left, right) with `value` (0 or -inf)."""
-    top, bottom, left, right = pads
-    if not any(pads):
+def pad(b: IRBuilder, x: Ref, pads: Sequence[tuple[int, int]], value: Any = 0.0, mode: str = "constant") -> Ref:
+    """`x` padded by (before, after) per dim from dim 0 (fewer pairs: the leading dims stay);
+    a negative amount crops. Modes: "constant" (`value`), "reflect" (mirrored, the edge once),
+    "replicate" (the edge repeated). Constant padding is one UNINDEX (plus a select of `value`
+    outside the input when it is not zero); the others gather each padded dim at mirrored or
+    clamped indices."""
+    r = b.rank(x)
+    pads = [tuple(int(v) for v in p) for p in pads] + [(0, 0)] * (r - len(pads))
+    if len(pads) > r:
+        raise TranslationError(f"{len(pads)} padded dims for a rank-{r} tensor")
+    for d, (lo, hi) in enumerate(pads):                  # crop first
+        if lo < 0 or hi < 0:
+            size = b.shape(x)[d]
+            if not isinstance(size, int):
+                raise TranslationError(f"cropping the symbolic dim {size}")
+            x = b.slice(x, d, max(-lo, 0), size - max(-hi, 0))
+    pads = [(max(lo, 0), max(hi, 0)) for lo, hi in pads]
+    if not any(lo or hi for lo, hi in pads):
         return x
-    h, w = b.shape(x)[-2:]
-    y = place(b, place(b, x, -1, w + left + right, left), -2, h + top + bottom, top)
-    if value == 0.0:
+    shape = b.shape(x)
+    for d, (lo, hi) in enumerate(pads):
+        if (lo or hi) and not isinstance(shape[d], int):
+            raise TranslationError(f"padding the symbolic dim {shape[d]}")
+    if mode in ("reflect", "replicate"):
+        for d, (lo, hi) in enumerate(pads):
+            if not (lo or hi):
+                continue
+            n = shape[d]
+            if mode == "reflect" and (lo >= n or hi >= n):
+                raise TranslationError(f"reflect padding of {max(lo, hi)} on a dim of size {n}")
+            j = b.binary(Op.SUB, b.iota(n + lo + hi), lo)
+            if mode == "replicate":
+                j = b.binary(Op.MINIMUM, b.binary(Op.MAXIMUM, j, 0), n - 1)
+            else:                                         # (n-1) - |(n-1) - |j||
+                j = b.binary(Op.SUB, n - 1, b.unary(Op.ABS, b.binary(Op.SUB, n - 1, b.unary(Op.ABS, j))))
+            x = take(b, x, d, j)
+        return x
+    if mode != "constant":
+        raise TranslationError(f"padding mode {mode!r} (supported: constant, reflect, replicate)")
+    out_shape = tuple(s + lo + hi if lo or hi else s for s, (lo, hi) in zip(shape, pads))
+    last = max(d for d, (lo, hi) in enumerate(pads) if lo or hi)
+    items = tuple(("s", lo, lo + s, 1) if lo or hi else ("s", None, None, None)
+                  for s, (lo, hi) in list(zip(shape, pads))[:last + 1])
+    y = b.op(Op.UNINDEX, [x], dtype=b.dtype(x), shape=out_shape, items=items)
+    if value in (0, 0.0, False) and not (isinstance(value, float) and math.copysign(1.0, value) < 0):
         return y
-    hp, wp = h + top + bottom, w + left + right
-    r = b.reshape(b.iota(hp), (hp, 1))
-    c = b.reshape(b.iota(wp), (1, wp))
-    inside = b.op(Op.AND, [b.op(Op.AND, [b.compare(Op.GE, r, top), b.compare(Op.LT, r, top + h)]),
-                           b.op(Op.AND, [b.compare(Op.GE, c, left), b.compare(Op.LT, c, left + w)])])
-    return b.binary(Op.ADD, y, b.where(inside, 0.0, value))
+    inside = None                                        # the input's box, from IOTA comparisons
+    for d, (lo, hi) in enumerate(pads):
+        if not (lo or hi):
+            continue
+        at = b.reshape(b.iota(out_shape[d]), tuple(out_shape[d] if k == d else 1 for k in range(r)))
+        box = b.op(Op.AND, [b.compare(Op.GE, at, lo), b.compare(Op.LT, at, lo + shape[d])])
+        inside = box if inside is None else b.op(Op.AND, [inside, box])
+    return b.where(inside, y, value)
+
+
+def pad2d(b: IRBuilder, x: Ref, pads: Sequence[int], value: float = 0.0) -> Ref:
+    """Pad the last two dims by (top, bottom, left, right) with `value`."""
+    top, bottom, left, right = pads
+    r = b.rank(x)
+    return pad(b, x, [(0, 0)] * (r - 2) + [(top, bottom), (left, right)], value)
 
 
 def _out_size(n: int, k: int, stride: int, dilation: int, ceil: bool = False) -> int:
@@ -272,6 +521,48 @@ def conv2d(b: IRBuilder, x: Ref, w: Ref, bias: Ref | None, stride: Sequence[int]
     if bias is not None:
         acc = b.binary(Op.ADD, acc, bias)
     return b.permute(acc, (0, 3, 1, 2))
+
+
+def conv(b: IRBuilder, x: Ref, w: Ref, bias: Ref | None, stride: Sequence[int], pads: Sequence[tuple[int, int]],
+         dilation: Sequence[int], groups: int) -> Ref:
+    """N-D convolution, channels first, 1 to 3 spatial dims; `pads` is (before, after) per spatial
+    dim. 1-D runs as 2-D over a height of one; 3-D as a sum over the depth taps of 2-D
+    convolutions of the strided depth slices (each a batch of 2-D images)."""
+    nd = b.rank(x) - 2
+    if nd not in (1, 2, 3) or b.rank(w) != nd + 2:
+        raise TranslationError(f"convolution of a rank-{b.rank(x)} input with a rank-{b.rank(w)} weight "
+                               "(1-D, 2-D or 3-D, channels first)")
+    stride, dilation = list(stride), list(dilation)
+    pads = [tuple(p) for p in pads]
+    if nd == 1:
+        n, c, length = b.shape(x)
+        o, cg, k = b.shape(w)
+        y = conv2d(b, b.reshape(x, (n, c, 1, length)), b.reshape(w, (o, cg, 1, k)), bias, (1, stride[0]),
+                   (0, 0) + pads[0], (1, dilation[0]), groups)
+        return b.reshape(y, (n, o, b.shape(y)[-1]))
+    if nd == 2:
+        return conv2d(b, x, w, bias, stride, pads[0] + pads[1], dilation, groups)
+    x = pad(b, x, [(0, 0), (0, 0), pads[0]])
+    n, c, depth, h, wd = b.shape(x)
+    o, cg, kd_n = b.shape(w)[:3]
+    if not isinstance(depth, int):
+        raise TranslationError("3-D convolution over a symbolic depth")
+    do = _out_size(depth, kd_n, stride[0], dilation[0])
+    if do < 1:
+        raise TranslationError(f"3-D convolution kernel depth {kd_n} larger than the padded input depth {depth}")
+    acc = None
+    for kd in range(kd_n):
+        d0 = kd * dilation[0]
+        xs = b.index(x, [("s", None, None, None)] * 2 + [("s", d0, d0 + (do - 1) * stride[0] + 1, stride[0])])
+        xs = b.reshape(b.transpose(xs, 1, 2), (_mul(n, do), c, h, wd))           # [N*do, C, H, W]
+        wk = b.index(w, [("s", None, None, None)] * 2 + [("i", kd)])             # [O, cg, kh, kw]
+        term = conv2d(b, xs, wk, None, stride[1:], pads[1] + pads[2], dilation[1:], groups)
+        acc = term if acc is None else b.binary(Op.ADD, acc, term)
+    ho, wo = b.shape(acc)[-2:]
+    y = b.transpose(b.reshape(acc, (n, do, o, ho, wo)), 1, 2)
+    if bias is not None:
+        y = b.binary(Op.ADD, y, b.reshape(bias, (o, 1, 1, 1)))
+    return y
 
 
 def pool2d(b: IRBuilder, x: Ref, kind: str, kernel: Sequence[int], stride: Sequence[int], pads: Sequence[int],

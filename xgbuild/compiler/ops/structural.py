@@ -46,6 +46,11 @@ def index_shape(shape: Shape, items: Any) -> Shape:
                 out.append(len(range(size)[slice(lo, hi, step)]))
             elif lo is None and hi is None and step in (None, 1):
                 out.append(size)
+            elif isinstance(hi, int) and hi >= 0 and (lo is None or isinstance(lo, int) and lo >= 0) \
+                    and (step is None or isinstance(step, int) and step > 0):
+                # A constant window of a symbolic dim (`x[:, 0:1]`): its length whenever the dim
+                # reaches `hi` (specialisation recomputes it from the real size).
+                out.append(len(range(lo or 0, hi, step or 1)))
             else:
                 out.append(f"{size}[{'' if lo is None else lo}:{'' if hi is None else hi}:{'' if step is None else step}]")
     out.extend(shape[len(items):])
