@@ -1,4 +1,5 @@
-"""The ONNX shape and source ops: reshapes, slices, gathers, concatenation, constants.
+"""The ONNX shape, indexing and source ops: reshapes, slices, gathers (Gather, GatherND,
+GatherElements: GATHER kernels), concatenation, padding, constants.
 
 Registered into `onnx_table.TABLE`. On static values (sizes, initializers) they fold at import,
 symbolic dims included as sympy expressions; on graph tensors they emit IR views and copies.
@@ -177,11 +178,15 @@ _BIG = 2**62            # exporters write "to the end" as INT64_MAX (or MIN, ste
 def _slice_dim(t, x, axis: int, start, end, step: int):
     """x[start:end:step] along `axis`, ONNX's clamping included. Concrete bounds on a concrete
     size are an INDEX view; a symbolic length (`table[:seq]`, a static table cut to a dynamic
-    sequence length) is a GATHER of the rows at `start + arange(n)`."""
+    sequence length) is a GATHER of the rows at `start + arange(n)`. A symbolic end past a
+    concrete size is taken as within it (ONNX would clamp it; exporters write the length the
+    model uses)."""
     size = t.b.shape(x)[axis]
     if not any(_is_sym(v) for v in (start, end)) and isinstance(size, int):
         e = None if abs(int(end)) >= _BIG or int(end) >= size else int(end)
         return t.b.slice(x, axis, int(start), e, step)
+    if not any(_is_sym(v) for v in (start, end)) and 0 <= int(start) and 0 <= int(end) < _BIG and step > 0:
+        return t.b.slice(x, axis, int(start), int(end), step)   # a constant window of a symbolic dim
     n_size = sym(size)
 
     def bound(v):
@@ -196,31 +201,7 @@ def _slice_dim(t, x, axis: int, start, end, step: int):
         raise TranslationError(f"Slice with step {step} and a symbolic bound ({start}:{end}) along dim {axis}")
     if lo == 0 and sympy.simplify(hi - n_size) == 0:
         return x
-    if isinstance(size, int) and lo.is_Integer:
-        # hi is symbolic: ONNX clamps it to the size; the model means a prefix of the table.
-        n = hi - lo
-    else:
-        n = sympy.simplify(hi - lo)
-    idx = t.b.iota(ir_dim(n))
-    if lo != 0:
-        idx = t.b.binary(Op.ADD, idx, t.tensor(Static(np.asarray(lo, dtype=object), "int64")) if _is_sym(lo)
-                         else int(lo))
-    return take(t, x, axis, idx)
-
-
-def take(t, x, axis: int, idx):
-    """x at the indices `idx` (in range) along `axis`, as ONNX's Gather: a GATHER of rows, the axis
-    moved to the front and back."""
-    r = t.b.rank(x)
-    axis %= r
-    if axis == 0:
-        return t.b.op(Op.GATHER, [x, idx])
-    y = t.b.op(Op.GATHER, [t.b.transpose(x, 0, axis), idx])
-    k = t.b.rank(idx)
-    # y: idx's dims, then x's dims 1.. with x's dim 0 where dim `axis` was; back to x's order
-    # with idx's dims in place of `axis`.
-    perm = [k + axis - 1] + list(range(k, k + axis - 1)) + list(range(k)) + list(range(k + axis, t.b.rank(y)))
-    return t.b.permute(y, perm)
+    return C.slice_dyn(t.b, x, axis, ir_dim(lo), ir_dim(hi))
 
 
 @op("Gather")
@@ -240,24 +221,62 @@ def _gather(t, node, args, attrs):
         flat = indices.reshape(-1)
         if indices.ndim == 1 and len(flat) and (np.diff(flat) == 1).all() and flat[0] >= 0:
             return t.b.slice(x, axis, int(flat[0]), int(flat[-1]) + 1)
-        return take(t, x, axis, t.tensor(Static(indices, "int64"), node.input[1]))
+        return C.take(t.b, x, axis, t.tensor(Static(indices, "int64"), node.input[1]))
     idx = t.tensor(idx, node.input[1])
     n = t.b.node(idx)
     if n.op is Op.INPUT and n.attr("name") in t.inputs and isinstance(size, int):
         lo, hi = t.ranges.get(n.attr("name"), (-size, size))
         t.ranges[n.attr("name")] = (max(lo, -size), min(hi, size))
-    if n.op is Op.IOTA:
-        if axis == 0 and isinstance(n.shape[0], int):
-            return C.embedding(t.b, x, idx)
-        return take(t, x, axis, idx)
-    # ONNX counts negative indices from the end: -1 is the last row.
-    return take(t, x, axis, _wrapped(t, idx, size))
+    if n.op is Op.IOTA and axis == 0 and isinstance(n.shape[0], int):
+        return C.embedding(t.b, x, idx)                 # rows 0..n: a slice
+    return C.take(t.b, x, axis, idx)                    # negative indices count from the end
 
 
-def _wrapped(t, idx, size):
-    """Run-time indices with ONNX's negative ones (counted from the end) made non-negative."""
-    end = size if isinstance(size, int) else t.size_scalar(sym(size))
-    return t.b.where(t.b.compare(Op.LT, idx, 0), t.b.binary(Op.ADD, idx, end), idx)
+@op("GatherND")
+def _gather_nd(t, node, args, attrs):
+    """data[idx[..., 0], idx[..., 1], ...]: the index tuple's components as torch-style advanced
+    indices (a GATHER kernel, never a selection matmul)."""
+    if int(attrs.get("batch_dims", 0)):
+        raise TranslationError(f"GatherND with batch_dims={attrs['batch_dims']} (0 is supported)")
+    x = t.tensor(args[0], node.input[0])
+    idx = t.tensor(args[1], node.input[1])
+    k = t.b.shape(idx)[-1]
+    if not isinstance(k, int) or k > t.b.rank(x):
+        raise TranslationError(f"GatherND with index tuples of length {k} into a rank-{t.b.rank(x)} tensor")
+    return C.advanced_index(t.b, x, [t.b.select(idx, -1, i) for i in range(k)])
+
+
+@op("GatherElements")
+def _gather_elements(t, node, args, attrs):
+    x = t.tensor(args[0], node.input[0])
+    axis = int(attrs.get("axis", 0)) % t.b.rank(x)
+    return C.gather_elements(t.b, x, axis, t.tensor(args[1], node.input[1]))
+
+
+_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate"}
+
+
+@op("Pad")
+def _pad(t, node, args, attrs):
+    mode = attrs.get("mode", "constant")
+    if mode not in _PAD_MODES:
+        raise TranslationError(f"Pad in mode {mode!r} (supported: {', '.join(_PAD_MODES)})")
+    x = args[0]
+    rank = len(t.shape(x))
+    pads = [int(p) for p in (ints(args[1], "the pads of Pad") if len(args) > 1 else attrs["pads"])]
+    axes = [int(a) % rank for a in ints(args[3], "the axes of Pad")] if len(args) > 3 and args[3] is not None \
+        else list(range(rank))
+    value = 0.0
+    if len(args) > 2 and args[2] is not None:
+        value = static(args[2], "the value of Pad").reshape(-1)[0].item()
+    elif "value" in attrs:
+        value = float(attrs["value"])
+    pairs = [(0, 0)] * rank
+    for i, a in enumerate(axes):
+        pairs[a] = (pads[i], pads[i + len(axes)])
+    if not any(b or e for b, e in pairs):
+        return x
+    return C.pad(t.b, t.tensor(x, node.input[0]), pairs, value, _PAD_MODES[mode])
 
 
 @op("Expand")

@@ -17,6 +17,7 @@ import sympy
 
 from ..ir.graph import Dim
 from .builder import TranslationError
+from .composites import dim_expr
 
 # ONNX TensorProto element types -> XG dtypes
 ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
@@ -80,7 +81,8 @@ def ir_dim(d: Any) -> Dim:
         return int(d)
     if isinstance(d, sympy.Basic):
         d = sympy.expand(d)
-        return int(d) if d.is_Integer else _spell(d)
+        # the canonical form composites.dim_expr gives sizes the other importer computes
+        return int(d) if d.is_Integer else dim_expr(_spell(d))
     raise TranslationError(f"a size {d!r}")
 
 
