@@ -24,6 +24,7 @@ from ...hw import GpuProfile
 from ..frontend.codes import BAD_ONNX, MODEL_DTYPE, MODEL_INPUT, MODEL_OUTPUT, Code
 from ..frontend.diagnostics import plain_error
 from ..ir.graph import Dim, Op
+from . import composites as C
 from .builder import IRBuilder, TranslationError, Ref, is_node
 from .imported import ImportedProgram, Unsupported, UnsupportedOps, finish
 from .onnx_values import NP_DTYPES, ONNX_DTYPES, Static
@@ -83,20 +84,20 @@ class OnnxTranslator:
         elems = [b.reshape(self.size_scalar(sympy.sympify(e)), (1,)) for e in v.array.reshape(-1)]
         dt = "int64" if all(b.dtype(e) == "int64" for e in elems) else "float32"
         elems = [b.cast(e, dt) for e in elems]
-        from . import composites as C
         flat = C.cat(b, elems, 0) if len(elems) > 1 else elems[0]
         return b.cast(b.reshape(flat, tuple(v.array.shape)), v.dtype)
 
     def size_scalar(self, e: sympy.Expr) -> Ref:
-        """A 0-d tensor holding the value of the size expression `e` at run time. A symbol's value
-        exists in the IR only as a dim, so it is counted: the SUM of a FULL of ones that long."""
+        """A 0-d tensor holding the value of the size expression `e` at run time: its symbols'
+        values (which exist in the IR only as dims) combined by its arithmetic, so that `seq - 1`
+        is right where an IOTA of that length would be empty."""
         b = self.b
         if e.is_Integer:
             return b.const(int(e), "int64")
         if e.is_Number:
             return b.const(float(e), "float32")
         if e.is_Symbol:
-            return b.op(Op.SUM, [b.full(1, "int64", (e.name,))], dim=0, keepdim=False)
+            return C.size_value(b, e.name)
         if e.is_Add or e.is_Mul:
             acc = self.size_scalar(e.args[0])
             for a in e.args[1:]:
