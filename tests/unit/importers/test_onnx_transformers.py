@@ -339,3 +339,28 @@ def test_conv1d_and_pad(tmp_path, mode: str) -> None:
         y1 = F.conv1d(xp, torch.from_numpy(w1).double(), torch.from_numpy(bias).double(), stride=2, padding=1)
         ref = F.conv1d(F.pad(y1, (1, 1)), torch.from_numpy(w2).double(), groups=2)
         assert hf_zoo.rel_err(engine(x.float()), ref) < TOL
+
+
+def test_untranslatable_forms_are_reported_together(tmp_path) -> None:
+    """Forms XG cannot express are named with their reason, all in one error, never a traceback."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    from xgbuild.compiler.importers.imported import UnsupportedOps
+    nodes = [
+        helper.make_node("GatherND", ["x", "nd"], ["g"], batch_dims=1),
+        helper.make_node("Pad", ["x", "pads"], ["p"], mode="wrap"),
+        helper.make_node("Shape", ["x"], ["s"], start=1, end=2),
+        helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
+        helper.make_node("Range", ["zf", "sf", "halff"], ["r"]),
+    ]
+    inits = [_ints("pads", [0, 1, 0, 1]), numpy_helper.from_array(np.array([0.0], np.float32), "zf"),
+             numpy_helper.from_array(np.array([0.5], np.float32), "halff")]
+    path = _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"]),
+                                   helper.make_tensor_value_info("nd", TensorProto.INT64, ["batch", 1])],
+                 [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["a", "b"]) for n in ("g", "p")], inits)
+    with pytest.raises(UnsupportedOps) as err:
+        import_onnx(path)
+    text = str(err.value)
+    assert "uses 3 unsupported ops" in text, text
+    assert "batch_dims=1" in text and "mode 'wrap'" in text and "Range with a symbolic size" in text
+    assert "internal error" not in text and "Traceback" not in text

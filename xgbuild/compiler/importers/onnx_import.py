@@ -159,14 +159,19 @@ class OnnxTranslator:
             self.inputs.append(name)
         from . import onnx_ops, onnx_shape_ops  # noqa: F401 (they register their translations)
         from .onnx_table import TABLE
+        # Every node whose inputs translated is tried, so that one error names all the ops XG
+        # cannot translate; a node downstream of one that failed is skipped silently.
+        failed: set[str] = set()
         for node in g.node:
             where = f"node `{node.name or node.output[0]}`"
             handler = TABLE.get(node.op_type) if node.domain in ("", "ai.onnx") else None
             if handler is None:
                 op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
                 self.unsupported.append(Unsupported(op, where))
+                failed.update(node.output)
                 continue
-            if self.unsupported:
+            if failed.intersection(node.input):
+                failed.update(node.output)
                 continue
             args = [self.values.get(i) if i else None for i in node.input]
             attrs = _attrs(node)
@@ -175,6 +180,7 @@ class OnnxTranslator:
                 outs = _translate(handler, self, node, args, attrs)
             except TranslationError as exc:
                 self.unsupported.append(Unsupported(node.op_type, where, str(exc)))
+                failed.update(node.output)
                 continue
             outs = outs if isinstance(outs, (tuple, list)) else (outs,)
             for name, v in zip(node.output, outs):
