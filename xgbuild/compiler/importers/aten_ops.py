@@ -119,7 +119,7 @@ def _logical(t, name: str, o: Op, a, b):
 def _bool_ops(t, node, args, kwargs):
     name = str(node.target.overloadpacket)
     a, b = args[0], args[1]
-    if name.endswith("xor"):
+    if "xor" in name:
         _logical(t, name, Op.AND, a, b)               # the same dtype rule
         return t.b.op(Op.NE, [t.b.cast(a, "bool") if is_node(a) else t.b.const(bool(a), "bool"),
                               t.b.cast(b, "bool") if is_node(b) else t.b.const(bool(b), "bool")])
@@ -382,7 +382,10 @@ def _reduce(t, node, args, kwargs):
     kind = {"aten.mean": Op.MEAN, "aten.sum": Op.SUM, "aten.amax": Op.MAX, "aten.amin": Op.MIN}[name]
     dims = _dims(arg(args, kwargs, 1, "dim"))
     keep = bool(arg(args, kwargs, 2, "keepdim", False))
-    out = t.b.reduce(kind, args[0], dims, keep)
+    x = args[0]
+    if kind is Op.SUM and t.b.dtype(x) != out_dtype(node):
+        x = t.b.cast(x, out_dtype(node))          # bool and narrow integers sum as int64, as torch
+    out = t.b.reduce(kind, x, dims, keep)
     return t.b.cast(out, out_dtype(node))
 
 

@@ -22,6 +22,7 @@ import math
 from typing import Any, Sequence
 
 from ..ir.graph import Dim, Op
+from ..ops.core import dim_expr
 from ..ir.shapes import FLOATS
 from .builder import INTS, IRBuilder, TranslationError, Ref, is_node
 
@@ -164,25 +165,6 @@ def embedding(b: IRBuilder, table: Ref, idx: Ref) -> Ref:
     if n.op is Op.IOTA:
         return b.slice(table, 0, 0, n.shape[0])
     return b.op(Op.GATHER, [table, idx])
-
-
-def dim_expr(text: str) -> Dim:
-    """A symbolic size written from parts ("((1)+(seq))-(1)") in its one canonical form ("seq"),
-    so that sizes computed two ways compare equal; an integer when the symbols cancel."""
-    import re
-
-    import sympy
-    from sympy.parsing.sympy_parser import parse_expr
-    names = set(re.findall(r"[A-Za-z_]\w*", text))
-    try:
-        expr = parse_expr(text, local_dict={n: sympy.Symbol(n, integer=True)
-                                               for n in names})
-    except (SyntaxError, TypeError, ValueError, sympy.SympifyError):
-        return text
-    if expr.is_Integer:
-        return int(expr)
-    out = str(expr).replace(" ", "")
-    return out if re.fullmatch(r"[\w+\-*()]+", out) else text
 
 
 def size_value(b: IRBuilder, n: Dim, dtype: str = "int64") -> Ref | int:

@@ -199,3 +199,22 @@ def _freeze(v: Any) -> Any:
 FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 INTEGERS = frozenset({"int8", "int16", "int32", "int64", "uint8"})
 DTYPES = frozenset({"bool", *INTEGERS, *FLOATS})
+
+
+def dim_expr(text: str) -> "int | str":
+    """A symbolic size written from parts ("((1)+(seq))-(1)") in its one canonical form ("seq"),
+    so that sizes computed two ways compare equal; an integer when the symbols cancel."""
+    import re
+
+    import sympy
+    from sympy.parsing.sympy_parser import parse_expr
+    names = set(re.findall(r"[A-Za-z_]\w*", text))
+    try:
+        expr = parse_expr(text, local_dict={n: sympy.Symbol(n, integer=True)
+                                               for n in names})
+    except (SyntaxError, TypeError, ValueError, sympy.SympifyError):
+        return text
+    if expr.is_Integer:
+        return int(expr)
+    out = str(expr).replace(" ", "")
+    return out if re.fullmatch(r"[\w+\-*()]+", out) else text

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .core import INTEGERS, NO_GRADIENT, Kind, Op, OpDef, Shape, ShapeError, TritonCtx, attrs_of, broadcast
+from .core import (INTEGERS, NO_GRADIENT, Kind, Op, OpDef, Shape, ShapeError, TritonCtx, attrs_of, broadcast,
+                   dim_expr)
 
 
 def _norm_dim(d: int, rank: int) -> int:
@@ -51,6 +52,8 @@ def index_shape(shape: Shape, items: Any) -> Shape:
                 # A constant window of a symbolic dim (`x[:, 0:1]`): its length whenever the dim
                 # reaches `hi` (specialisation recomputes it from the real size).
                 out.append(len(range(lo or 0, hi, step or 1)))
+            elif hi is None and isinstance(lo, int) and lo > 0 and step in (None, 1):
+                out.append(dim_expr(f"({size})-{lo}"))          # x[1:] of a symbolic dim
             else:
                 out.append(f"{size}[{'' if lo is None else lo}:{'' if hi is None else hi}:{'' if step is None else step}]")
     out.extend(shape[len(items):])
