@@ -294,6 +294,7 @@ def _conv_pads(attrs, spatial, kernel, stride, dilation) -> list[tuple[int, int]
 
 @op("Conv")
 def _conv(t, node, args, attrs):
+    """1, 2 or 3 spatial dims, groups, dilations, explicit pads or auto_pad SAME_UPPER / SAME_LOWER."""
     x, w = t.tensor(args[0], node.input[0]), t.tensor(args[1], node.input[1])
     bias = t.tensor(args[2], node.input[2]) if len(args) > 2 and args[2] is not None else None
     n = t.b.rank(w) - 2
@@ -309,6 +310,7 @@ def _conv(t, node, args, attrs):
 
 @op("CumSum")
 def _cumsum(t, node, args, attrs):
+    """Exclusive and reverse too, exact for integers: a masked row reduction."""
     x = args[0]
     axis = int(static(args[1], "the axis of CumSum").reshape(-1)[0])
     exclusive, reverse = bool(attrs.get("exclusive", 0)), bool(attrs.get("reverse", 0))

@@ -206,6 +206,8 @@ def _slice_dim(t, x, axis: int, start, end, step: int):
 
 @op("Gather")
 def _gather(t, node, args, attrs):
+    """Folded on static values; a scalar or contiguous constant index is a view; otherwise a
+    GATHER along the axis (negative indices count from the end; index inputs get a range check)."""
     data, idx = args[0], args[1]
     axis = int(attrs.get("axis", 0)) % len(t.shape(data))
     if all_static([data, idx]):
@@ -248,6 +250,7 @@ def _gather_nd(t, node, args, attrs):
 
 @op("GatherElements")
 def _gather_elements(t, node, args, attrs):
+    """torch.gather semantics: one GATHER of the flattened data at row * n + index."""
     x = t.tensor(args[0], node.input[0])
     axis = int(attrs.get("axis", 0)) % t.b.rank(x)
     return C.gather_elements(t.b, x, axis, t.tensor(args[1], node.input[1]))
@@ -258,6 +261,8 @@ _PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate"}
 
 @op("Pad")
 def _pad(t, node, args, attrs):
+    """Modes constant (any value), reflect and edge, pads per axis (negative: a crop): UNINDEX
+    placements and index views, never a matmul."""
     mode = attrs.get("mode", "constant")
     if mode not in _PAD_MODES:
         raise TranslationError(f"Pad in mode {mode!r} (supported: {', '.join(_PAD_MODES)})")
