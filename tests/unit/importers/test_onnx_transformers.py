@@ -45,7 +45,10 @@ EXPORTER_FAILS = {
 # same model matches eager; ONNX's own reference evaluator runs the file to the same wrong numbers
 # as XG): checked against that evaluator, which says what the file means.
 EXPORTER_WRONG = {
-    ("mistral", "dynamo"): "the dynamo exporter's graph of Mistral's sliding-window mask is off by ~1e-1 from eager",
+    # Only at padded query positions whose sliding window holds padding alone (a fully masked
+    # row): there eager and the exported graph give different rows (relative error ~1); every
+    # other position matches eager within 4e-7.
+    ("mistral", "dynamo"): "Mistral's fully masked sliding-window rows",
 }
 
 
@@ -107,7 +110,9 @@ def exported(tmp_path_factory):
         got = files[key]
         if isinstance(got, Exception):
             if (name, exporter) in EXPORTER_FAILS:
-                pytest.skip(f"torch.onnx's {exporter} exporter fails on {name}: {EXPORTER_FAILS[name, exporter]}")
+                said = next((line for line in str(got).splitlines() if line.startswith("<class")), type(got).__name__)
+                pytest.skip(f"torch.onnx's {exporter} exporter fails on {name}: {EXPORTER_FAILS[name, exporter]} "
+                            f"[{said}]")
             raise got
         return models[name], got
     return get
@@ -142,7 +147,11 @@ def test_matches_eager(exported, name: str, exporter: str, dims: str) -> None:
         kw = hf.inputs(batch, seq)
         got = engine(*[kw[n] for n in names])
         got = got if isinstance(got, torch.Tensor) else got[0]
-        ref = _onnx_reference(path, kw) if (name, exporter) in EXPORTER_WRONG else hf_zoo.reference(hf.model, kw)
+        ref = hf_zoo.reference(hf.model, kw)
+        if (name, exporter) in EXPORTER_WRONG:
+            if batch > 1:                               # rows without padding: as eager
+                assert hf_zoo.rel_err(got[1:], ref[1:]) < TOL
+            ref = _onnx_reference(path, kw)             # the whole output: as the file says
         assert got.shape == ref.shape
         err = hf_zoo.rel_err(got, ref)
         assert err < TOL, f"{name} ({exporter}, dynamic {dims or 'none'}) at batch {batch}, seq {seq}: {err:.2e}"
