@@ -36,7 +36,9 @@ def _operand(t, v: Any, other_rank: int, hint: str):
 _BIN = {name: o for name, o in ONNX.items() if o in BINARY}
 _UN = {name: o for name, o in ONNX.items() if o in UNARY}
 # Shape arithmetic on static values (possibly sympy symbols in object arrays) folds here with
-# numpy, before any IR exists; ops without an entry become IR nodes.
+# numpy, before any IR exists; ops without an entry become IR nodes. A symbol compared with a
+# number folds by sympy's structural equality (`batch == 1` is false): exporters' broadcast-shape
+# arithmetic relies on that, as torch.export assumes a dynamic dim is never 0 or 1.
 _STATIC = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.EQ: np.equal, Op.LT: np.less,
            Op.GT: np.greater, Op.LE: np.less_equal, Op.GE: np.greater_equal, Op.AND: np.logical_and,
            Op.OR: np.logical_or, Op.MAXIMUM: np.maximum, Op.MINIMUM: np.minimum, Op.MOD: np.fmod}
