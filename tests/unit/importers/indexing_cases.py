@@ -20,6 +20,8 @@ W1 = torch.randn(6, 4, 3)
 W1G = torch.randn(6, 2, 3)
 W3 = torch.randn(5, 2, 2, 3, 3)
 B6 = torch.randn(6)
+GW, GB = torch.rand(6) + 0.5, torch.randn(6)
+WN_V, WN_G = torch.randn(6, 4, 3), torch.rand(1, 1, 3) + 0.5
 
 CASES = {
     # boolean logic, as transformers' mask code writes it
@@ -51,6 +53,12 @@ CASES = {
     "conv1d_pad_stride": (lambda x: F.conv1d(x, W1, B6, stride=2, padding=1), (r(2, 4, 11),)),
     "conv1d_groups_dilation": (lambda x: F.conv1d(x, W1G, None, padding="same", dilation=2, groups=2), (r(1, 4, 9),)),
     "conv3d": (lambda x: F.conv3d(x, W3, None, stride=(2, 1, 1), padding=(1, 0, 1)), (r(2, 2, 5, 4, 6),)),
+    # norms and pooling of speech and vision models (Wav2Vec2, Swin)
+    "group_norm": (lambda x: F.group_norm(x, 3, GW, GB, 1e-5), (r(2, 6, 5),)),
+    "group_norm_2d": (lambda x: F.group_norm(x, 2, None, None), (r(2, 6, 3, 4),)),
+    "weight_norm_conv1d": (lambda x: F.conv1d(x, torch._weight_norm(WN_V, WN_G, 2), None, padding=1), (r(2, 4, 7),)),
+    "adaptive_avg_pool1d": (lambda x: F.adaptive_avg_pool1d(x, 1) + F.adaptive_avg_pool1d(x, 2).sum(-1, keepdim=True),
+                            (r(2, 3, 8),)),
     # sin / cos (RoPE)
     "rope": (lambda x, p: x * torch.cos(p) + torch.cat([-x[..., 2:], x[..., :2]], dim=-1) * torch.sin(p),
              (r(2, 3, 4), r(3, 4))),

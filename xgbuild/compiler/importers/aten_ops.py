@@ -307,6 +307,23 @@ def _bn_no_training(t, node, args, kwargs):
     return (C.batch_norm(t.b, x, w, bias, mean, var, float(eps)), None, None)
 
 
+@op("aten.group_norm")
+def _group_norm(t, node, args, kwargs):
+    return C.group_norm(t.b, args[0], int(args[1]), arg(args, kwargs, 2, "weight"), arg(args, kwargs, 3, "bias"),
+                        float(arg(args, kwargs, 4, "eps", 1e-5)))
+
+
+@op("aten.native_group_norm")
+def _native_group_norm(t, node, args, kwargs):
+    x, w, bias, _n, _c, _hw, groups, eps = args[:8]
+    return (C.group_norm(t.b, x, int(groups), w, bias, float(eps)), None, None)
+
+
+@op("aten._weight_norm")
+def _weight_norm(t, node, args, kwargs):
+    return C.weight_norm(t.b, args[0], args[1], int(arg(args, kwargs, 2, "dim", 0)))
+
+
 @op("aten.softmax", "aten._softmax", "aten.log_softmax", "aten._log_softmax")
 def _softmax(t, node, args, kwargs):
     log = "log" in str(node.target.overloadpacket)

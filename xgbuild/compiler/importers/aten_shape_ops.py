@@ -269,3 +269,13 @@ def _adaptive_avg(t, node, args, kwargs):
     return C.adaptive_avg_pool2d(t.b, args[0], pair(args[1]))
 
 
+@op("aten.adaptive_avg_pool1d")
+def _adaptive_avg_1d(t, node, args, kwargs):
+    """Over the last dim, as the 2-D pooling of a height of one."""
+    x = args[0]
+    shape = t.b.shape(x)
+    out = int(args[1][0] if isinstance(args[1], (list, tuple)) else args[1])
+    y = C.adaptive_avg_pool2d(t.b, t.b.reshape(x, shape[:-1] + (1, shape[-1])), (1, out))
+    return t.b.reshape(y, shape[:-1] + (out,))
+
+

@@ -112,6 +112,32 @@ def rms_norm(b: IRBuilder, x: Ref, ndims: int, w: Ref | None, eps: float) -> Ref
     return b.binary(Op.MUL, y, w) if w is not None else y
 
 
+def group_norm(b: IRBuilder, x: Ref, groups: int, w: Ref | None, bias: Ref | None, eps: float) -> Ref:
+    """GroupNorm over [N, C, *spatial]: each group's C/G channels and all positions normalised
+    together (the group's elements merged into one row), then a per-channel affine."""
+    shape = b.shape(x)
+    n, c = shape[0], shape[1]
+    if not isinstance(c, int) or c % groups:
+        raise TranslationError(f"group norm of {c} channels in {groups} groups")
+    spatial = shape[2:]
+    y = layer_norm(b, b.reshape(x, (n, groups, _numel((c // groups,) + tuple(spatial)))), 1, None, None, eps)
+    y = b.reshape(y, shape)
+    per_channel = (c,) + (1,) * len(spatial)
+    if w is not None:
+        y = b.binary(Op.MUL, y, b.reshape(w, per_channel))
+    if bias is not None:
+        y = b.binary(Op.ADD, y, b.reshape(bias, per_channel))
+    return y
+
+
+def weight_norm(b: IRBuilder, v: Ref, g: Ref, dim: int) -> Ref:
+    """torch's weight norm: v scaled to norm g, the norm taken over every dim but `dim`."""
+    r = b.rank(v)
+    dims = [d for d in range(r) if d != dim % r] if dim != -1 or r == 0 else list(range(r))
+    norm = b.unary(Op.SQRT, b.reduce(Op.SUM, b.binary(Op.MUL, v, v), dims, True))
+    return b.binary(Op.MUL, v, b.binary(Op.DIV, g, norm))
+
+
 def batch_norm(b: IRBuilder, x: Ref, w: Ref | None, bias: Ref | None, mean: Ref, var: Ref, eps: float) -> Ref:
     """Inference batch norm over dim 1: (x - mean) * rsqrt(var + eps) * w + b, per channel."""
     r = b.rank(x)
