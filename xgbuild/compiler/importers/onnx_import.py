@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import sympy
 import torch
 
 from ...errors import CompileError
 from ...hw import GpuProfile
 from ..frontend.codes import BAD_ONNX, MODEL_DTYPE, MODEL_INPUT, MODEL_OUTPUT, Code
 from ..frontend.diagnostics import plain_error
-from ..ir.graph import Dim
+from ..ir.graph import Dim, Op
+from . import composites as C
 from .builder import IRBuilder, TranslationError, Ref, is_node
 from .imported import ImportedProgram, Unsupported, UnsupportedOps, finish
 from .onnx_values import NP_DTYPES, ONNX_DTYPES, Static
@@ -58,11 +60,13 @@ class OnnxTranslator:
             return v
         if not isinstance(v, Static):
             raise TranslationError(f"{hint} is missing")
-        if v.symbolic:
-            raise TranslationError("a symbolic shape used as tensor data")
         key = id(v)
         if key in self._materialized:
             return self._materialized[key]
+        if v.symbolic:
+            ref = self._sizes_as_data(v)
+            self._materialized[key] = ref
+            return ref
         arr = np.asarray(v.array.astype(NP_DTYPES.get(v.dtype, np.float32)))
         if arr.ndim == 0 and v.dtype != "bfloat16":
             ref = self.b.const(arr.item(), v.dtype)
@@ -72,6 +76,40 @@ class OnnxTranslator:
             ref = self.b.input(name, v.dtype, tuple(arr.shape))
         self._materialized[key] = ref
         return ref
+
+    def _sizes_as_data(self, v: Static) -> Ref:
+        """Sizes (symbolic dims and expressions of them) used as run-time tensor data, e.g. a
+        sequence length cast to float and divided by: each element computed from its symbols."""
+        b = self.b
+        elems = [b.reshape(self.size_scalar(sympy.sympify(e)), (1,)) for e in v.array.reshape(-1)]
+        dt = "int64" if all(b.dtype(e) == "int64" for e in elems) else "float32"
+        elems = [b.cast(e, dt) for e in elems]
+        flat = C.cat(b, elems, 0) if len(elems) > 1 else elems[0]
+        return b.cast(b.reshape(flat, tuple(v.array.shape)), v.dtype)
+
+    def size_scalar(self, e: sympy.Expr) -> Ref:
+        """A 0-d tensor holding the value of the size expression `e` at run time: its symbols'
+        values (which exist in the IR only as dims) combined by its arithmetic, so that `seq - 1`
+        is right where an IOTA of that length would be empty."""
+        b = self.b
+        if e.is_Integer:
+            return b.const(int(e), "int64")
+        if e.is_Number:
+            return b.const(float(e), "float32")
+        if e.is_Symbol:
+            return C.size_value(b, e.name)
+        if e.is_Add or e.is_Mul:
+            acc = self.size_scalar(e.args[0])
+            for a in e.args[1:]:
+                acc = b.binary(Op.ADD if e.is_Add else Op.MUL, acc, self.size_scalar(a))
+            return acc
+        if isinstance(e, sympy.floor):
+            num, den = sympy.fraction(sympy.together(e.args[0]))
+            if den.is_Integer and den > 0:
+                return b.op(Op.DIV, [self.size_scalar(sympy.expand(num)), b.const(int(den), "int64")])
+        if e.is_Pow and e.exp == -1:
+            return b.binary(Op.DIV, 1.0, self.size_scalar(e.base))
+        raise TranslationError(f"the size expression {e} as tensor data")
 
     def _weight_name(self, hint: str) -> str:
         base = re.sub(r"[^\w.]", "_", hint) or "const"
@@ -121,22 +159,28 @@ class OnnxTranslator:
             self.inputs.append(name)
         from . import onnx_ops, onnx_shape_ops  # noqa: F401 (they register their translations)
         from .onnx_table import TABLE
+        # Every node whose inputs translated is tried, so that one error names all the ops XG
+        # cannot translate; a node downstream of one that failed is skipped silently.
+        failed: set[str] = set()
         for node in g.node:
             where = f"node `{node.name or node.output[0]}`"
             handler = TABLE.get(node.op_type) if node.domain in ("", "ai.onnx") else None
             if handler is None:
                 op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
                 self.unsupported.append(Unsupported(op, where))
+                failed.update(node.output)
                 continue
-            if self.unsupported:
+            if failed.intersection(node.input):
+                failed.update(node.output)
                 continue
             args = [self.values.get(i) if i else None for i in node.input]
             attrs = _attrs(node)
             self.b.src = (0, 0, node.name or node.op_type)
             try:
-                outs = handler(self, node, args, attrs)
+                outs = _translate(handler, self, node, args, attrs)
             except TranslationError as exc:
                 self.unsupported.append(Unsupported(node.op_type, where, str(exc)))
+                failed.update(node.output)
                 continue
             outs = outs if isinstance(outs, (tuple, list)) else (outs,)
             for name, v in zip(node.output, outs):
@@ -152,6 +196,19 @@ class OnnxTranslator:
             except TranslationError as exc:
                 raise OnnxImportError(MODEL_OUTPUT, f"graph output `{out.name}`: {exc}") from None
         return leaves[0] if len(leaves) == 1 else {"tuple": leaves}
+
+
+def _translate(handler, t: OnnxTranslator, node, args: list, attrs: dict) -> Any:
+    """One node's translation. One that fails by XG's own bug (an IndexError, a TypeError ...) is
+    reported like an op XG cannot translate, naming the bug, with every other such op of the
+    model, instead of a traceback."""
+    try:
+        return handler(t, node, args, attrs)
+    except TranslationError:
+        raise
+    except (ArithmeticError, AttributeError, IndexError, KeyError, TypeError, ValueError) as bug:
+        raise TranslationError(f"internal error in XG's translation ({type(bug).__name__}: {bug}); "
+                               "please report it") from None
 
 
 def _attrs(node) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The ONNX op table: one translation per op type into Graph IR (or into a folded static value).
-Element-wise, contractions, norms, reductions, conv and pooling here; shape and source ops in
-onnx_shape_ops.py.
+Element-wise, contractions, norms, reductions, scans (CumSum), convolution of 1-3 spatial dims and
+pooling here; shape, indexing and source ops in onnx_shape_ops.py.
 
 Each entry takes (translator, onnx node, inputs, attributes); inputs are IR nodes (`Ref`) or
 `Static` values. Shape arithmetic (Shape, Gather, Slice, Concat, … on sizes) folds at import, with
@@ -36,7 +36,9 @@ def _operand(t, v: Any, other_rank: int, hint: str):
 _BIN = {name: o for name, o in ONNX.items() if o in BINARY}
 _UN = {name: o for name, o in ONNX.items() if o in UNARY}
 # Shape arithmetic on static values (possibly sympy symbols in object arrays) folds here with
-# numpy, before any IR exists; ops without an entry become IR nodes.
+# numpy, before any IR exists; ops without an entry become IR nodes. A symbol compared with a
+# number folds by sympy's structural equality (`batch == 1` is false): exporters' broadcast-shape
+# arithmetic relies on that, as torch.export assumes a dynamic dim is never 0 or 1.
 _STATIC = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.EQ: np.equal, Op.LT: np.less,
            Op.GT: np.greater, Op.LE: np.less_equal, Op.GE: np.greater_equal, Op.AND: np.logical_and,
            Op.OR: np.logical_or, Op.MAXIMUM: np.maximum, Op.MINIMUM: np.minimum, Op.MOD: np.fmod}
@@ -272,14 +274,52 @@ def _pads4(attrs) -> tuple[int, int, int, int]:
     return (p[0], p[2], p[1], p[3])            # ONNX: [top, left, bottom, right]
 
 
+def _conv_pads(attrs, spatial, kernel, stride, dilation) -> list[tuple[int, int]]:
+    """(before, after) per spatial dim: ONNX's [x1_begin, x2_begin, ..., x1_end, ...], or what
+    auto_pad SAME_UPPER / SAME_LOWER gives for these sizes."""
+    n = len(kernel)
+    auto = attrs.get("auto_pad", "NOTSET")
+    if auto in ("NOTSET", "VALID"):
+        p = list(attrs.get("pads", [0] * 2 * n)) if auto == "NOTSET" else [0] * 2 * n
+        return [(int(p[i]), int(p[i + n])) for i in range(n)]
+    if auto not in ("SAME_UPPER", "SAME_LOWER"):
+        raise TranslationError(f"auto_pad={auto}")
+    pairs = []
+    for size, k, s, d in zip(spatial, kernel, stride, dilation):
+        if not isinstance(size, int):
+            raise TranslationError(f"auto_pad={auto} over a symbolic size ({size})")
+        total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+        small = total // 2
+        pairs.append((small, total - small) if auto == "SAME_UPPER" else (total - small, small))
+    return pairs
+
+
 @op("Conv")
 def _conv(t, node, args, attrs):
+    """1, 2 or 3 spatial dims, groups, dilations, explicit pads or auto_pad SAME_UPPER / SAME_LOWER."""
     x, w = t.tensor(args[0], node.input[0]), t.tensor(args[1], node.input[1])
     bias = t.tensor(args[2], node.input[2]) if len(args) > 2 and args[2] is not None else None
-    if t.b.rank(w) != 4:
-        raise TranslationError("a non-2-D convolution")
-    return C.conv2d(t.b, x, w, bias, tuple(attrs.get("strides", (1, 1))), _pads4(attrs),
-                    tuple(attrs.get("dilations", (1, 1))), int(attrs.get("group", 1)))
+    n = t.b.rank(w) - 2
+    if n not in (1, 2, 3) or t.b.rank(x) != n + 2:
+        raise TranslationError(f"Conv of a rank-{t.b.rank(x)} input with a rank-{t.b.rank(w)} kernel "
+                               "(1, 2 or 3 spatial dims)")
+    kernel = t.b.shape(w)[2:]
+    stride = tuple(int(v) for v in attrs.get("strides", (1,) * n))
+    dilation = tuple(int(v) for v in attrs.get("dilations", (1,) * n))
+    pads = _conv_pads(attrs, t.b.shape(x)[2:], kernel, stride, dilation)
+    return C.conv(t.b, x, w, bias, stride, pads, dilation, int(attrs.get("group", 1)))
+
+
+@op("CumSum")
+def _cumsum(t, node, args, attrs):
+    """Exclusive and reverse too, exact for integers: a masked row reduction."""
+    x = args[0]
+    axis = int(static(args[1], "the axis of CumSum").reshape(-1)[0])
+    exclusive, reverse = bool(attrs.get("exclusive", 0)), bool(attrs.get("reverse", 0))
+    if isinstance(x, Static) and not x.symbolic and not exclusive and not reverse:
+        return Static(np.cumsum(x.array, axis=axis).astype(x.array.dtype), x.dtype)
+    x = t.tensor(x, node.input[0])
+    return C.cumsum(t.b, x, axis % t.b.rank(x), exclusive=exclusive, reverse=reverse)
 
 
 @op("MaxPool", "AveragePool")
