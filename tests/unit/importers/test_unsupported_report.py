@@ -41,7 +41,7 @@ def test_both_graphs_counted_once_and_decomposed_only_ops_marked() -> None:
 
 class Scan(nn.Module):
     def forward(self, x):
-        return torch.cumsum(x, dim=-1)
+        return torch.cumprod(x, dim=-1)
 
 
 class Stack(nn.Module):
@@ -52,7 +52,7 @@ class Stack(nn.Module):
     def forward(self, x):
         for layer in self.layers:
             x = layer(x)
-        return torch.cumsum(x, dim=0)
+        return torch.cumprod(x, dim=0)
 
 
 def test_a_model_report() -> None:
@@ -60,7 +60,7 @@ def test_a_model_report() -> None:
         xg.compile(Stack(), (torch.randn(3, 4),), kernels=False)
     text = str(info.value)
     assert "error[XG0800]: model Stack uses 1 unsupported op\n" in text
-    assert "aten.cumsum (3 uses) at layers.0 (Scan), layers.2 (Scan), Stack (top level)" in text
+    assert "aten.cumprod (3 uses) at layers.0 (Scan), layers.2 (Scan), Stack (top level)" in text
     assert isinstance(info.value, UnsupportedOps) and len(info.value.ops) == 1
 
 

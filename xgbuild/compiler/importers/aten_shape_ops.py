@@ -156,6 +156,17 @@ def _full(t, node, args, kwargs):
     return t.b.full(value, out_dtype(node), t.shape_of(node))
 
 
+@op("aten.rand", "aten.randn", "aten.rand_like", "aten.randn_like")
+def _random(t, node, args, kwargs):
+    """Random draws that only feed computation the model discards in eval mode (a layer-drop
+    coin): a RAND / RANDN node. One that survives dead-code elimination (its value reaches an
+    output) is refused after the passes: PyTorch's generator cannot be reproduced."""
+    name = str(node.target.overloadpacket)
+    seed = t.b.const(len(t.b.b.nodes), "int64")
+    kind = Op.RANDN if "randn" in name else Op.RAND
+    return t.b.add(kind, [seed], out_dtype(node), t.shape_of(node))
+
+
 # --- convolution, padding, pooling -----------------------------------------------------------------
 def _per_dim(v, nd: int) -> tuple[int, ...]:
     v = list(v) if isinstance(v, (list, tuple)) else [v]
