@@ -126,11 +126,38 @@ def _build(name: str) -> HFModel:
         m = T.DistilBertModel(T.DistilBertConfig(vocab_size=VOCAB, dim=128, n_layers=2, n_heads=4, hidden_dim=256,
                                                  max_position_embeddings=64))
         return HFModel(name, m, _text(), True)
+    # More families, through xg.compile only (test_transformers.py).
+    if name == "gpt_neox":
+        m = T.GPTNeoXModel(T.GPTNeoXConfig(vocab_size=VOCAB, max_position_embeddings=64, **SMALL))
+        return HFModel(name, m, _text(), True)
+    if name == "gemma":
+        m = T.GemmaModel(T.GemmaConfig(vocab_size=VOCAB, max_position_embeddings=64, num_key_value_heads=2, head_dim=32,
+                                       **SMALL))
+        return HFModel(name, m, _text(), True)
+    if name == "phi":
+        return HFModel(name, T.PhiModel(T.PhiConfig(vocab_size=VOCAB, max_position_embeddings=64, **SMALL)), _text(), True)
+    if name == "deberta_v2":
+        m = T.DebertaV2Model(T.DebertaV2Config(vocab_size=VOCAB, max_position_embeddings=64, **SMALL))
+        return HFModel(name, m, _text(), True)
+    if name == "bart_encoder":
+        cfg = T.BartConfig(vocab_size=VOCAB, d_model=128, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                           decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256, max_position_embeddings=64)
+        return HFModel(name, T.BartModel(cfg).encoder, _text(), True)
+    if name == "swin":
+        cfg = T.SwinConfig(image_size=32, patch_size=4, embed_dim=32, depths=[1, 1], num_heads=[2, 4], window_size=4)
+        return HFModel(name, T.SwinModel(cfg), _image(), False)
+    if name == "clip_vision":
+        return HFModel(name, T.CLIPVisionModel(T.CLIPVisionConfig(image_size=32, patch_size=8, **SMALL)), _image(), False)
+    if name == "wav2vec2":
+        cfg = T.Wav2Vec2Config(vocab_size=32, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3),
+                               num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, **SMALL)
+        return HFModel(name, T.Wav2Vec2Model(cfg), lambda b, s: {"input_values": torch.randn(b, 800)}, False)
     raise KeyError(name)
 
 
 REQUIRED = ("gpt2", "bert", "llama", "whisper", "vit", "resnet")
 OTHERS = ("mobilenetv2", "convnext", "t5", "mistral", "qwen2", "roberta", "distilbert")
+MORE = ("gpt_neox", "gemma", "phi", "deberta_v2", "bart_encoder", "swin", "clip_vision", "wav2vec2")
 
 
 def build(name: str, seed: int = 0) -> HFModel:

@@ -105,3 +105,23 @@ def test_refused_with_a_reason(fn, inputs, reason: str) -> None:
         xg.compile(fn, inputs, kernels=False)
     assert reason in str(info.value)
     assert "Traceback" not in str(info.value)
+
+
+def test_random_draws_only_where_eval_mode_discards_them() -> None:
+    class LayerDrop(torch.nn.Module):
+        """Wav2Vec2's encoder: a coin drawn per layer, used only in training."""
+
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            p = torch.rand([])
+            skip = self.training and p < 0.1
+            return x if skip else self.layer(x)
+    model = LayerDrop().eval()
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert rel_err(xg.compile(model, (x,), kernels=False)(x), model.double()(x.double())) < TOL
+    with pytest.raises(UnsupportedOps, match="draws random numbers"):
+        xg.compile(lambda x: x + torch.rand(x.shape), (x,), kernels=False)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import xg
-from hf_zoo import OTHERS, REQUIRED, build, output, reference, rel_err
+from hf_zoo import MORE, OTHERS, REQUIRED, build, output, reference, rel_err
 
 pytest.importorskip("transformers")
 TOL = 1e-4
@@ -60,7 +60,7 @@ def test_dynamic_batch_and_sequence(required) -> None:
         _check(required, engine, batch, seq if required.text else 16)
 
 
-@pytest.mark.parametrize("name", OTHERS)
+@pytest.mark.parametrize("name", OTHERS + MORE)
 def test_other_architectures(name: str) -> None:
     hf = build(name)
     engine = _compile(hf, dynamic=True)
@@ -75,3 +75,16 @@ def test_llama_outside_no_grad_inlines_the_grad_mode_region() -> None:
     kw = hf.inputs(2, 16)
     engine = xg.compile(hf.model, example_kwargs=kw, kernels=False)
     _check(hf, engine, 2, 16)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "mistral", "vit", "whisper"])
+def test_attention_is_one_fused_kernel_per_layer(name: str) -> None:
+    """Each layer's attention, its padding / causal / sliding-window mask included, schedules as
+    one flash-style kernel on the GPU (the mask's empty-row guard stays outside it)."""
+    from xgbuild.compiler.codegen.schedule import schedule
+    from xgbuild.compiler.codegen.templates import kernel_specs
+    from xgbuild.compiler.importers.torch_export import import_torch
+    hf = build(name)
+    imported = import_torch(hf.model, example_kwargs=hf.inputs(2, 16), dynamic_shapes=hf.dynamic())
+    specs = [spec for spec, _b in kernel_specs(schedule(imported.optimized.main)) if spec.kind == "attention"]
+    assert len(specs) == 2, f"{name}: {len(specs)} fused attention kernels for 2 layers"

@@ -462,10 +462,19 @@ def _import(model_or_fn: Any, example_inputs: Any, example_kwargs: Any, dynamic_
     elif t.unsupported:
         raise UnsupportedOps(f"model {name}", report)
     graph = t.b.build(output)
-    return finish(graph, name=f"{name}.aten.py", source=str(ep.graph_module.code), weights=t.weights, inputs=t.inputs,
-                  ranges=t.ranges, example_dims=t.example_dims, target=target, num_gpu=num_gpu,
-                  verify_each=verify_each, out_spec=ep.call_spec.out_spec, profile=profile,
-                  params=call.params, fixed=call.fixed)
+    imported = finish(graph, name=f"{name}.aten.py", source=str(ep.graph_module.code), weights=t.weights,
+                      inputs=t.inputs, ranges=t.ranges, example_dims=t.example_dims, target=target, num_gpu=num_gpu,
+                      verify_each=verify_each, out_spec=ep.call_spec.out_spec, profile=profile,
+                      params=call.params, fixed=call.fixed)
+    drawn = [n for n in imported.optimized.main.nodes if n.op in (Op.RAND, Op.RANDN)]
+    if drawn:
+        # aten.rand feeding only what eval mode discards (a layer-drop coin) is gone by now; one
+        # whose value is used would draw from XG's generator, not PyTorch's: refused.
+        raise UnsupportedOps(f"model {name}", [
+            Unsupported(f"aten.{n.op.value}", (n.src[2] if n.src else name) or name,
+                        "the model draws random numbers that reach its outputs (dropout or noise in eval "
+                        "mode?); XG cannot reproduce PyTorch's generator") for n in drawn])
+    return imported
 
 
 __all__ = ["import_torch"]
