@@ -155,3 +155,15 @@ def test_a_translation_bug_is_reported_like_an_unsupported_op(monkeypatch) -> No
         engine = xg.compile(model, (torch.randn(2, 4),), kernels=False, fallback="eager")
     x = torch.randn(2, 4)
     assert torch.allclose(engine(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_dynamic_dim_the_model_constrains_says_how_to_declare_it() -> None:
+    class EightRows(torch.nn.Module):
+        def forward(self, x):
+            return x * 2 if x.shape[0] % 8 == 0 else x
+    with pytest.raises(xg.CompileError) as info:
+        xg.compile(EightRows(), (torch.randn(8, 3),), kernels=False,
+                   dynamic_shapes=({0: torch.export.Dim("b", min=2, max=64)},))
+    text = str(info.value)
+    assert "Constraints violated (b)" in text and "% 8) == 0" in text
+    assert "b = 8*_b" in text and "TORCH_LOGS" not in text

@@ -386,6 +386,18 @@ def _capture(model: torch.nn.Module, call: ExampleCall, dynamic_shapes: Any) -> 
         if "cache" in f"{type(exc).__name__} {exc}".lower() or _uses_cache(model, call):
             help = ("a key/value cache (DynamicCache) is no tensor XG can take or return: compile the model "
                     "without it, with example_kwargs={'use_cache': False} or model.config.use_cache = False")
+        text = str(exc)
+        if "Constraints violated" in text:
+            # torch.export says which guard a dynamic dim failed and how to declare it instead.
+            why = [ln.strip(" -") for ln in text.splitlines() if ln.strip().startswith("- Not all values")]
+            fixes = text.split("Suggested fixes:", 1)[1].strip().split("\n\n")[0].splitlines() \
+                if "Suggested fixes:" in text else []
+            fixes = [f.strip() for f in fixes if f.strip()]
+            first = "; ".join([first.replace(' For more information, run with TORCH_LOGS="+dynamic".', "")]
+                              + why[:2])
+            help = ("declare the dynamic dims as torch.export suggests (" + "; ".join(fixes[:4])
+                    + "), or leave that dim static") if fixes else \
+                "leave that dim static, or give the Dim a range the model's code holds for"
         raise plain_error(NOT_CAPTURED, detail=f"{type(exc).__name__}: {first}", help=help) from None
 
 
