@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs everything XG needs on a fresh Debian host, idempotently:
-#   - a project virtualenv (.venv) with torch==2.13.0 (CPU wheel), triton==3.6.0, cuda-python,
-#     sqlite-utils, zstandard, typer, rich, pytest, and XG itself (editable);
+#   - a project virtualenv (.venv) with torch==2.13.0 (CPU wheel) and triton==3.6.0, then XG itself
+#     (editable, every extra: `.[dev]`) with the rest pinned by requirements.lock (tools/lock.py);
 #   - Debian's bazel-bootstrap (Bazel 4.2.3) and nginx (the test remote cache server);
 #   - bazelisk from the npm registry, under .tools/.
 # Nothing is downloaded from anywhere but PyPI, Debian's archive and the npm registry.
 # A second run with nothing missing does no network work and takes about a second.
+# The commands (xgc, xgrun, xgbuild) land in .venv/bin: the last line says how to put them on PATH.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,7 +49,8 @@ fi
 
 # --- the virtualenv ---------------------------------------------------------------------------
 stamp="$VENV/.xg-deps-stamp"
-want="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-64)"
+want="$(cat "$ROOT/pyproject.toml" "$ROOT/requirements.lock" "$ROOT/setup.py" | sha256sum | cut -c1-64)"
+installed=0
 if [ ! -x "$VENV/bin/python" ]; then
     log "creating .venv with $($PY --version)"
     "$PY" -m venv "$VENV"
@@ -64,9 +66,18 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     }
     : > "$VENV/setup.log"
     pip_install --upgrade pip setuptools wheel
-    # torch first and by exact version: the local CPU wheel, never the CUDA build from the index.
-    pip_install "torch==2.13.0"
+    # torch and Triton first and by exact version: this host's CPU wheel of torch 2.13, never the
+    # CUDA build from the index (which would bring Triton 3.7 and CUDA 13's wheels), and the Triton
+    # the tests have always run. pyproject.toml's ranges accept this pair and the index's own pairs.
+    pip_install "torch==2.13.0" "triton==3.6.0"
     # compat mode puts the checkout on sys.path, so packages added later import without a reinstall.
-    pip_install -e "$ROOT[test]" --config-settings editable_mode=compat
+    pip_install -e "$ROOT[dev]" -c "$ROOT/requirements.lock" --config-settings editable_mode=compat
     echo "$want" > "$stamp"
+    installed=1
+fi
+
+# Said on a terminal and after an install; tools/test and CI call the commands by their path.
+if [ -t 2 ] || [ "$installed" = 1 ]; then
+    log "ready: put XG's commands (xgc, xgrun, xgbuild) on PATH with:  source .venv/bin/activate"
+    log "  (or: export PATH=\"$VENV/bin:\$PATH\")"
 fi
