@@ -7,6 +7,7 @@ Every other module takes a `Settings` (or the values it needs) as an argument; n
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 import re
 from dataclasses import dataclass, field
@@ -14,7 +15,23 @@ from pathlib import Path
 from typing import Mapping
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-BUILTIN_HW_DIR = REPO_ROOT / "hw"     # the GPU profiles XG ships; XG_HW_DIR names another directory
+SHIPPED_DIRS = ("hw", "std", "rules_xg")    # data XG ships beside its code: profiles, std library, Bazel rules
+
+
+def shipped_dir(name: str) -> Path:
+    """Where one of `SHIPPED_DIRS` lives: package data of an installed wheel (setup.py copies them
+    to xgbuild/_data/), else the checkout's root, where they are kept and edited."""
+    if name not in SHIPPED_DIRS:
+        raise ValueError(f"XG ships no directory {name!r}; it ships {', '.join(SHIPPED_DIRS)}")
+    # A real directory, not only a Traversable: profiles are globbed, and Bazel and error messages
+    # need paths. A wheel is always unpacked on install, so this holds for every installed XG.
+    packaged = importlib.resources.files("xgbuild").joinpath("_data", name)
+    if isinstance(packaged, Path) and packaged.is_dir():
+        return packaged
+    return REPO_ROOT / name
+
+
+BUILTIN_HW_DIR = shipped_dir("hw")     # the GPU profiles XG ships; XG_HW_DIR names another directory
 
 
 def _default_cache_dir(env: Mapping[str, str]) -> Path:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ...settings import REPO_ROOT
+from ...settings import shipped_dir
 from . import ast as A
 from .codes import BAD_IMPORT
 from .diagnostics import Diagnostics
@@ -20,7 +20,7 @@ from .lexer import tokenize
 from .parser import parse
 from .source import SourceFile, Span
 
-STD_DIR = REPO_ROOT / "std"
+STD_DIR = shipped_dir("std")    # `import std.nn`: the standard library XG ships
 _ID_STRIDE = 10_000_000
 
 
