@@ -11,10 +11,17 @@ import typer
 from ..compiler.frontend.diagnostics import explain as explain_code
 from . import cache_cmd, tune_cmd
 from .common import fail, make_app, run
+from .version import version_option
 
 app = make_app("XG build tools: explain diagnostics, inspect engines, tune kernels, manage the artifact cache.")
 app.add_typer(cache_cmd.app, name="cache")
 tune_cmd.register(app)
+
+
+@app.callback()
+def toolbox(version: bool = version_option("xgbuild")) -> None:
+    # The group's own options (`--version`); the help text is make_app's.
+    pass
 
 
 @app.command()

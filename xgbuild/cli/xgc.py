@@ -26,6 +26,7 @@ from ..compiler.passes import PASS_NAMES
 from ..errors import CompileError, XGError
 from .common import (EXIT_PROGRAM, EXIT_USAGE, emit_json, exit_code_for, fail, make_app, policy_or_exit, run,
                      settings_or_exit)
+from .version import version_option
 
 app = make_app("Compile an XG program (.xg) into an engine bundle (.xge), or check it.")
 
@@ -58,6 +59,7 @@ def compile(
                                   "(default 1024); the engine runs at any size"),
     jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes compiling kernels (default: CPUs, at most 8)"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress bar or tuning summary"),
+    version: bool = version_option("xgc"),
     kernels_from: list[Path] = typer.Option([], "--kernels-from", metavar="RESULT",
                                             help="link kernels from these `xgbuild tune-shard` results "
                                                  "instead of tuning and compiling (repeat per shard)"),

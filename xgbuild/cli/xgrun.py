@@ -26,6 +26,7 @@ from ..runtime.engine import Engine
 from ..runtime.tensor_io import TensorIOError, describe, load_tensors, random_inputs, save_tensors
 from ..settings import RunSettings, SettingsError, child_env, dist_env
 from .common import EXIT_USAGE, emit_json, fail, make_app, parse_dims, run
+from .version import version_option
 
 app = make_app("Run an XG engine (.xge) with correctness checks.")
 DEFAULT_DIM = 16
@@ -49,6 +50,7 @@ def main_cmd(
                                   "or go silent, before the whole run fails"),
     output_per_rank: bool = typer.Option(False, "--output-per-rank", help="with --output F.ext: each rank "
                                          "writes its own pieces of the outputs to F.rankK.ext"),
+    version: bool = version_option("xgrun"),
 ) -> None:
     """Run ENGINE and print each output's shape, dtype and checksum."""
     if device not in ("cpu", "cuda"):

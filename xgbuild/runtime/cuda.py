@@ -223,8 +223,20 @@ def _driver() -> Any:
     try:
         from cuda.bindings import driver
     except ImportError as exc:
-        raise CudaRuntimeError(f"cuda-python is not installed (`cuda.bindings`): {exc}") from None
+        raise CudaRuntimeError(f"cuda-python is not installed (`cuda.bindings`; pip install 'xg[runtime]'): "
+                               f"{exc}") from None
     return driver
+
+
+def driver_version() -> str | None:
+    """The installed CUDA driver's version ("12.8"), or None without cuda-python or a loadable driver."""
+    try:
+        err, version = _driver().cuDriverGetVersion()
+    except (CudaRuntimeError, RuntimeError, OSError):   # cuda-python's own when libcuda is not found
+        return None
+    if err:
+        return None
+    return f"{version // 1000}.{version % 1000 // 10}"
 
 
 def _check(result: tuple, call: str) -> Any:
