@@ -31,7 +31,7 @@ def test_version_names_xg_triton_torch_and_the_driver(prog: str) -> None:
 def test_a_driver_that_loads_is_named_by_its_version(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cuda_runtime, "_driver", lambda: SimpleNamespace(cuDriverGetVersion=lambda: (0, 12080)))
     assert cuda_runtime.driver_version() == "12.8"
-    assert "CUDA driver 12.8 (cuda-python " in cli("xgc", "--version").out
+    assert "CUDA driver 12.8 (cuda-bindings " in cli("xgc", "--version").out
 
 
 def test_no_driver_is_said_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -39,4 +39,4 @@ def test_no_driver_is_said_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
         raise cuda_runtime.CudaRuntimeError("cuda-python is not installed")
     monkeypatch.setattr(cuda_runtime, "_driver", missing)
     assert cuda_runtime.driver_version() is None
-    assert "no CUDA driver (cuda-python " in cli("xgrun", "--version").out
+    assert "no CUDA driver (cuda-bindings " in cli("xgrun", "--version").out

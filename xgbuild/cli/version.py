@@ -25,13 +25,13 @@ def version_text(prog: str) -> str:
     from ..settings import SHIPPED_DIRS, shipped_dir
 
     driver = driver_version()
-    bindings = _version("cuda-python")
+    bindings = _version("cuda-bindings")     # what `cuda.bindings` is; cuda-python is a meta-package over it
     cuda = f"CUDA driver {driver}" if driver else "no CUDA driver"
     data = sorted({str(shipped_dir(name).parent) for name in SHIPPED_DIRS})
     return (f"{prog} (XG) {__version__}\n"
             f"triton {_version('triton')}\n"
             f"torch {_version('torch')}\n"
-            f"{cuda} (cuda-python {bindings})\n"
+            f"{cuda} (cuda-bindings {bindings})\n"
             f"python {sys.version.split()[0]}\n"
             f"data {', '.join(data)} ({', '.join(SHIPPED_DIRS)})\n")
 
