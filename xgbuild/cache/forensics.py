@@ -82,8 +82,9 @@ def resolve_key(local: LocalStore, text: str) -> str:
                          "searched by prefix: give all 64 characters to look there)")
     if len(matches) > 1:
         shown = ", ".join(matches[:10]) + (", …" if len(matches) > 10 else "")
-        raise AmbiguousKeyError(f"key prefix {text} is ambiguous: {len(matches)}"
-                                f"{' or more' if len(matches) > 10 else ''} stored keys start with it ({shown}); give more characters")
+        more = " or more" if len(matches) > 10 else ""
+        raise AmbiguousKeyError(f"key prefix {text} is ambiguous: {len(matches)}{more} stored keys start with it "
+                                f"({shown}); give more characters")
     return matches[0]
 
 

@@ -4,9 +4,9 @@ Commands: put, get, ls, stats, verify, gc, explain, diff; each takes `--cache-di
 
 Exit codes: 0 success; 1 a data or program problem (missing entry, corruption found by `verify`,
 disk full, an upload refused for lack of a token), and for `diff`, keys that differ; 2 a usage
-problem (bad flag, malformed digest, key, size, URL or header, an ambiguous key prefix). Errors are one line on stderr, never a traceback; an unexpected
-internal error says so and where its traceback was written. Warnings (e.g. a remote that is down)
-go to stderr as `warning: …`, once.
+problem (bad flag, malformed digest, key, size, URL or header, an ambiguous key prefix). Errors
+are one line on stderr, never a traceback; an unexpected internal error says so and where its
+traceback was written. Warnings (e.g. a remote that is down) go to stderr as `warning: …`, once.
 """
 
 from __future__ import annotations

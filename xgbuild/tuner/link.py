@@ -94,8 +94,8 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
     if missing:
         raise TuneError(f"--tune=strict: {len(missing)} of {len(jobs)} jobs have no cached winner for "
                         f"{profile.name}:\n  " + "\n  ".join(missing)
-                        + f"\n  = help: measure them with --tune=measure on {profile.name} hosts (the winners then reach "
-                        "every build through the XG cache), or build with --tune=cache")
+                        + f"\n  = help: measure them with --tune=measure on {profile.name} hosts (the winners "
+                        "then reach every build through the XG cache), or build with --tune=cache")
     return winners
 
 

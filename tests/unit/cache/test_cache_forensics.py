@@ -88,10 +88,10 @@ def test_the_nearest_key_has_the_same_kind_and_op_and_the_most_equal_parts(local
     from xgbuild.cache import Cache
     cache = Cache(local)
     wanted = _tuned(1, toolchain={"triton": "3.6.0", "cuda": "13.0"})
-    one_off = _tuned(1, toolchain={"triton": "3.5.1", "cuda": "12.8"})                      # 1 part differs
-    two_off = _tuned(1, toolchain={"triton": "3.6.0", "cuda": "13.0"}, shapes={}, gpu_profile={"name": "H200", "sm": 90})    # 2 parts
-    other_op = _tuned(1, kernel_ir={"kind": "rowwise", "id": 1})                              # only kernel_ir differs
-    predicted = _tuned(1, toolchain={"triton": "3.6.1", "cuda": "13.0"})     # 1 part, and 1 field: nearer
+    one_off = _tuned(1, toolchain={"triton": "3.5.1", "cuda": "12.8"})          # 1 part differs (2 fields)
+    two_off = _tuned(1, toolchain=dict(wanted.toolchain), shapes={}, gpu_profile={"name": "H200"})   # 2 parts
+    other_op = _tuned(1, kernel_ir={"kind": "rowwise", "id": 1})                  # another op: never a neighbour
+    predicted = _tuned(1, toolchain={"triton": "3.6.1", "cuda": "13.0"})         # 1 part, 1 field: nearer
     for k in (one_off, two_off, other_op):
         cache.store(k, MEASURED)
     cache.store(predicted, PREDICTED)
