@@ -78,13 +78,30 @@ def parse_header(raw: str) -> tuple[str, str]:
     return name, value
 
 
+def read_header_file(path: Path | str) -> str:
+    """The "Name: value" header held in a credential file (XG_REMOTE_CACHE_HEADER_FILE,
+    `--remote-header-file`): how a build system hands XG a token without putting the token in an
+    action's command line or environment, where it would enter the action key and logs."""
+    try:
+        raw = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror.lower() if isinstance(exc, OSError) and exc.strerror else "not readable text"
+        raise SettingsError(f"remote cache header file {str(path)!r}: {reason}") from None
+    try:
+        parse_header(raw)
+    except SettingsError:
+        raise SettingsError(f"remote cache header file {str(path)!r} does not hold one 'Name: value' line, "
+                            "e.g. 'Authorization: Bearer <token>'") from None
+    return raw
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything configurable from the environment, with defaults."""
 
     cache_dir: Path = field(default_factory=lambda: _default_cache_dir(os.environ))
     remote_cache: str | None = None          # XG_REMOTE_CACHE: base URL of a Bazel HTTP cache
-    remote_header: str | None = None         # XG_REMOTE_CACHE_HEADER: "Name: value" sent with every request
+    remote_header: str | None = None         # XG_REMOTE_CACHE_HEADER (or _FILE): "Name: value" sent with requests
     remote_timeout_s: float = 10.0           # XG_REMOTE_TIMEOUT: seconds per remote request
     remote_upload: bool = True               # XG_NO_REMOTE_UPLOAD=1 makes this host a reader only
     hw_dir: Path = BUILTIN_HW_DIR            # XG_HW_DIR: where the GPU profiles live
@@ -106,7 +123,9 @@ class Settings:
         return cls(
             cache_dir=Path(env["XG_CACHE_DIR"]) if env.get("XG_CACHE_DIR") else _default_cache_dir(env),
             remote_cache=env.get("XG_REMOTE_CACHE") or None,
-            remote_header=env.get("XG_REMOTE_CACHE_HEADER") or None,
+            remote_header=env.get("XG_REMOTE_CACHE_HEADER") or (
+                read_header_file(env["XG_REMOTE_CACHE_HEADER_FILE"]) if env.get("XG_REMOTE_CACHE_HEADER_FILE")
+                else None),
             remote_timeout_s=_float(env, "XG_REMOTE_TIMEOUT", 10.0),
             remote_upload=not _flag(env.get("XG_NO_REMOTE_UPLOAD")),
             hw_dir=_hw_dir(env),

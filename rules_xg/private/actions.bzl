@@ -29,9 +29,10 @@ def _run(ctx, *, module, args, inputs, outputs, mnemonic, progress, requirements
         mnemonic = mnemonic,
         progress_message = progress,
         execution_requirements = requirements,
-        # The --action_env values reach the action this way only (an `env` here would drop them):
-        # XG_REMOTE_CACHE and friends from --config=cache. --incompatible_strict_action_env keeps
-        # everything else (PATH, HOME, ...) out of the keys.
+        # The --action_env values reach the action this way only (an `env` here would drop them),
+        # e.g. XG_CACHE_DIR. --incompatible_strict_action_env keeps everything else (PATH, HOME,
+        # an exported XG_REMOTE_CACHE, ...) out of the keys; XG's remote tier comes from the
+        # //rules_xg:remote_cache setting instead (tune_action).
         use_default_shell_env = True,
     )
 
@@ -86,6 +87,15 @@ def tune_action(ctx, build, shard, result, index):
     args.add("--out", result)
     args.add("--jobs", 1)  # Bazel runs the shards in parallel already
     args.add("--quiet")
+
+    # XG's remote tier, from //rules_xg:remote_cache, on the command line where `bazel aquery`
+    # shows it. Only tuning reads the XG cache, so only these actions' keys carry the URL; a token
+    # never does (the header comes from a file on the executing host). Bazel's --remote_cache and
+    # --config=cache enter no key, so switching them reruns nothing.
+    if build.remote_cache:
+        args.add("--remote", build.remote_cache)
+    if build.remote_header_file:
+        args.add("--remote-header-file", build.remote_header_file)
     _run(
         ctx,
         module = "xgbuild.cli.xgbuild",

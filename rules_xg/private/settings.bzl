@@ -1,4 +1,4 @@
-"""Build settings of rules_xg: the target GPU, the tuning policy and the tuning fan-out.
+"""Build settings of rules_xg: the target GPU, the tuning policy, the tuning fan-out, XG's remote tier.
 
 They are flags (`--//rules_xg:target=GB200`), set by the configs in `.bazelrc` (`--config=gb200`).
 A value outside the allowed ones fails analysis, naming the value and listing the allowed ones.
@@ -28,6 +28,21 @@ xg_string_setting = rule(
         "values": attr.string_list(doc = "The allowed values (compared case-insensitively); empty: any."),
     },
     doc = "A string build setting whose value must be one of `values`.",
+)
+
+def _url_setting_impl(ctx):
+    value = ctx.build_setting_value
+    if value and not (value.startswith("http://") or value.startswith("https://")):
+        fail("%s: %s is not an allowed value; allowed: an http:// or https:// URL, or \"\" (off)" % (
+            ctx.label,
+            repr(value),
+        ))
+    return [XgSettingInfo(value = value)]
+
+xg_url_setting = rule(
+    implementation = _url_setting_impl,
+    build_setting = config.string(flag = True),
+    doc = "A URL build setting: empty (off), or an http:// or https:// URL.",
 )
 
 def _int_setting_impl(ctx):

@@ -20,9 +20,9 @@ TARGET = "//models:train_engine"
 
 def _cache_flags(url: str, xg_cache) -> list[str]:
     # The server's port is chosen at start, so the URL of .bazelrc's `cache` config is overridden,
-    # as a user's .bazelrc.user would. XG_CACHE_DIR keeps the tests off the user's own XG cache;
-    # it is part of the actions' keys, so both checkouts name the same one.
-    return ["--config=gb200", "--config=cache", f"--remote_cache={url}", f"--action_env=XG_REMOTE_CACHE={url}",
+    # and XG's tier set, as a user's .bazelrc.user would. XG_CACHE_DIR keeps the tests off the
+    # user's own XG cache; it is part of the actions' keys, so both checkouts name the same one.
+    return ["--config=gb200", "--config=cache", f"--remote_cache={url}", f"--//rules_xg:remote_cache={url}",
             f"--action_env=XG_CACHE_DIR={xg_cache}"]
 
 
@@ -84,7 +84,7 @@ def test_a_winner_measured_elsewhere_reaches_a_bazel_build_through_xg_remote_tie
     try:
         for job in jobs:
             config = tuner.candidates(job)[-1]          # not what the cost model would pick
-            team_a.store(tuner.key(job), {"config": config, "ms": 0.125, "measured_on": "NVIDIA H100 80GB HBM3",
+            team_a.store(tuner.key(job), {"how": "measured", "config": config, "ms": 0.125, "measured_on": "NVIDIA H100 80GB HBM3",
                                           "candidates": 7, "rejected": {}})
             stored[job.ident] = config
     finally:
@@ -92,7 +92,7 @@ def test_a_winner_measured_elsewhere_reaches_a_bazel_build_through_xg_remote_tie
 
     ws = make_checkout("team-b")
     res = ws.build("//examples:mlp", "--config=h100", "--config=cache", f"--remote_cache={cache_server}",
-                   f"--action_env=XG_REMOTE_CACHE={cache_server}", f"--action_env=XG_CACHE_DIR={tmp_path / 'team-b'}")
+                   f"--//rules_xg:remote_cache={cache_server}", f"--action_env=XG_CACHE_DIR={tmp_path / 'team-b'}")
     assert res.returncode == 0, explain(res)
     out = subprocess.run([str(PYTHON), "-m", "xgbuild.cli.xgbuild", "inspect", str(ws.bin("examples/mlp.xge")),
                           "--json"], capture_output=True, text=True, timeout=120, cwd=REPO)

@@ -206,3 +206,14 @@ def test_inspect_refuses_a_damaged_engine(tmp_path, engine_bytes) -> None:
     path = tmp_path / "bad.xge"
     path.write_bytes(engine_bytes[:-3])
     assert_clean_failure(cli("xgbuild", "inspect", path), str(path))
+
+
+def test_inspect_shows_each_kernels_full_key(example_files) -> None:
+    """The key on a kernel row is the whole 64-hex key, so it can be pasted into `cache explain`
+    (issue 25: it was a 12-character prefix that `cache explain` refused)."""
+    manifest = json.loads(cli("xgbuild", "inspect", example_files["attention"], "--json").out)
+    keys = [k["tuning"]["key"] for k in manifest["kernels"]]
+    res = cli("xgbuild", "inspect", example_files["attention"])
+    assert keys and res.code == 0, res.both
+    for key in keys:
+        assert len(key) == 64 and f"key {key}\n" in res.out, key

@@ -5,11 +5,12 @@ The tuner builds a `CacheKey` from named parts, opens one `Cache` per process wi
 """
 
 from xgbuild.cache.canonical import thaw
-from xgbuild.cache.errors import (CacheError, CorruptEntryError, InvalidDigestError, KeyPartError,
+from xgbuild.cache.errors import (AmbiguousKeyError, CacheError, CorruptEntryError, InvalidDigestError, KeyPartError,
                                   MissingBlobsError, RejectedDownloadError, RemoteAuthError,
                                   RemoteConfigError, RemoteUnavailableError, SchemaError,
                                   StoreFullError)
 from xgbuild.cache.fingerprint import toolchain_fingerprint
+from xgbuild.cache.forensics import Neighbours, describe, miss_report, resolve_key
 from xgbuild.cache.gc import GcReport, collect, parse_size
 from xgbuild.cache.keys import CacheKey, PartDiff, diff_keys, explain
 from xgbuild.cache.local import LocalStore, VerifyReport
@@ -19,9 +20,10 @@ from xgbuild.cache.store import Store
 from xgbuild.cache.tiered import Artifact, Cache
 
 __all__ = [
-    "Artifact", "BlobRef", "Cache", "CacheError", "CacheKey", "CorruptEntryError", "GcReport",
-    "InvalidDigestError", "KeyPartError", "LocalStore", "MissingBlobsError", "PartDiff", "Record",
-    "RejectedDownloadError", "RemoteAuthError", "RemoteConfigError", "RemoteStore",
+    "AmbiguousKeyError", "Artifact", "BlobRef", "Cache", "CacheError", "CacheKey", "CorruptEntryError",
+    "GcReport", "InvalidDigestError", "KeyPartError", "LocalStore", "MissingBlobsError", "Neighbours",
+    "PartDiff", "Record", "RejectedDownloadError", "RemoteAuthError", "RemoteConfigError", "RemoteStore",
     "RemoteUnavailableError", "SchemaError", "Store", "StoreFullError", "VerifyReport", "collect",
-    "diff_keys", "explain", "parse_size", "thaw", "toolchain_fingerprint",
+    "describe", "diff_keys", "explain", "miss_report", "parse_size", "resolve_key", "thaw",
+    "toolchain_fingerprint",
 ]

@@ -84,3 +84,9 @@ class RemoteAuthError(CacheError):
     """The remote refused a request for lack of credentials (HTTP 401 or 403)."""
 
     docs_section = "authentication"
+
+
+class AmbiguousKeyError(CacheError, ValueError):
+    """A key prefix matches more than one stored record; the CLI lists them and exits 2."""
+
+    docs_section = "explaining-a-miss"

@@ -228,11 +228,15 @@ class LocalStore:
 
     # -- records ---------------------------------------------------------------------------
 
-    def put_record(self, record: Record) -> None:
-        """Insert or replace a record; every blob it names must already be in the store."""
+    def put_record(self, record: Record, *, replace: bool = True) -> bool:
+        """Insert or replace a record; every blob it names must already be in the store. With
+        `replace=False` an existing record under the key is kept (a predicted winner must never
+        overwrite a measured one); returns whether the record was written."""
         data = record.encode().decode("ascii")
         now = self.clock()
         with self.index.write() as db:
+            if not replace and db.execute("SELECT 1 FROM actions WHERE key = ?", [record.digest]).fetchone():
+                return False
             missing = [
                 f"{name} ({ref.digest})" for name, ref in record.blobs.items()
                 if not db.execute("SELECT 1 FROM blobs WHERE digest = ?", [ref.digest]).fetchone()
@@ -253,6 +257,7 @@ class LocalStore:
                     "INSERT INTO action_blobs(key, name, digest) VALUES (?, ?, ?)",
                     [record.digest, name, ref.digest],
                 )
+        return True
 
     def get_record(self, key: str) -> Record | None:
         """The verified record stored under `key`, or None; a damaged one is dropped and raised."""
@@ -268,6 +273,22 @@ class LocalStore:
         with _best_effort(), self.index.write() as db:
             db.execute("UPDATE actions SET last_access = ? WHERE key = ?", [self.clock(), key])
         return record
+
+    def keys_with_prefix(self, prefix: str, limit: int = 11) -> list[str]:
+        """Up to `limit` stored record keys starting with `prefix` (lowercase hex), sorted."""
+        # A range over the primary key, not LIKE: `prefix` then never acts as a pattern.
+        rows = self.index.query("SELECT key FROM actions WHERE key >= ? AND key < ? ORDER BY key LIMIT ?",
+                                [prefix, prefix + "g", limit])
+        return [k for (k,) in rows]
+
+    def records(self) -> Iterator[Record]:
+        """Every stored record that decodes cleanly (for forensics: `ls`, nearest-key search);
+        a damaged one is skipped here and left for a read or `verify` to drop."""
+        for key, data in self.index.query("SELECT key, record FROM actions ORDER BY key"):
+            try:
+                yield decode_record(data.encode("ascii", "replace"), key)
+            except CorruptEntryError:
+                continue
 
     def delete_record(self, key: str, corrupt: bool = False) -> None:
         check_digest(key, "key")

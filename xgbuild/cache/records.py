@@ -27,6 +27,7 @@ from xgbuild.cache.errors import CacheError, CorruptEntryError, shorten
 from xgbuild.cache.keys import CacheKey
 
 RECORD_FORMAT = "xg-cache-record/1"
+PREDICTED = "predicted"         # value["how"] of a record the cost model, not a measurement, chose
 MAX_RECORD_BYTES = 16 << 20     # a record is metadata; anything larger belongs in a blob
 _BLOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -62,6 +63,13 @@ class Record:
     def digest(self) -> str:
         """The key this record is stored under."""
         return self.key.digest
+
+    @property
+    def predicted(self) -> bool:
+        """A winner the cost model picked rather than measured (`value["how"] == "predicted"`).
+        Kept in the local store only so that its key can be explained; `Cache.lookup` never
+        serves it as a hit, never uploads it, and never lets it replace a stored record."""
+        return isinstance(self.value, Mapping) and self.value.get("how") == PREDICTED
 
     def encode(self) -> bytes:
         body = {

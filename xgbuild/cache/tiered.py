@@ -94,7 +94,7 @@ class Cache:
         record = Record(key, value, {name: self.local.put_blob(data) for name, data in blobs.items()})
         for attempt in range(3):
             try:
-                self.local.put_record(record)
+                self.local.put_record(record, replace=not record.predicted)
                 break
             except MissingBlobsError:
                 # A concurrent gc evicted a blob between its write and the record: write it again.
@@ -102,12 +102,18 @@ class Cache:
                     raise
                 for data in blobs.values():
                     self.local.put_blob(data)
-        self._upload([("cas", ref.digest, blobs[name]) for name, ref in record.blobs.items()]
-                     + [("ac", record.digest, record.encode())])
+        if not record.predicted:
+            # A prediction stays on this host: uploaded, it could replace a measured winner on
+            # the server (a PUT overwrites), and any host can predict it again for nothing.
+            self._upload([("cas", ref.digest, blobs[name]) for name, ref in record.blobs.items()]
+                         + [("ac", record.digest, record.encode())])
         return record
 
     def lookup(self, key: CacheKey | str) -> Artifact | None:
-        """The record and blobs for `key` from the local store, else the remote; None on a miss."""
+        """The record and blobs for `key` from the local store, else the remote; None on a miss.
+
+        A predicted record (see `Record.predicted`) is never a hit: a local one is looked past to
+        the remote, whose measured winner then replaces it locally."""
         digest = key.digest if isinstance(key, CacheKey) else check_digest(key, "key")
         hit = self._lookup_local(digest)
         if hit is None and self._readable():
@@ -119,7 +125,8 @@ class Cache:
         return hit
 
     def get_record(self, key: str) -> Record | None:
-        """Just the record (no blobs), local first, then remote; for `explain` and `diff`."""
+        """Just the record (no blobs), local first, then remote; for `explain` and `diff` (which
+        show predicted records too, marked as such)."""
         check_digest(key, "key")
         try:
             record = self.local.get_record(key)
@@ -136,7 +143,7 @@ class Cache:
         except CorruptEntryError as exc:
             self._warn(str(exc))
             return None
-        if record is None:
+        if record is None or record.predicted:
             return None
         blobs = self._load_blobs(record)
         if blobs is None:
@@ -147,8 +154,8 @@ class Cache:
 
     def _lookup_remote(self, digest: str) -> Artifact | None:
         record = self._remote_record(digest)
-        if record is None:
-            return None
+        if record is None or record.predicted:
+            return None     # a prediction uploaded by some other tool is not a measured winner
         blobs = self._load_blobs(record)
         if blobs is None:
             return None

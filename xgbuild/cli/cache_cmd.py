@@ -3,10 +3,10 @@
 Commands: put, get, ls, stats, verify, gc, explain, diff; each takes `--cache-dir`.
 
 Exit codes: 0 success; 1 a data or program problem (missing entry, corruption found by `verify`,
-disk full, an upload refused for lack of a token); 2 a usage problem (bad flag, malformed digest,
-key, size, URL or header). Errors are one line on stderr, never a traceback; an unexpected
-internal error says so and where its traceback was written. Warnings (e.g. a remote that is down)
-go to stderr as `warning: …`, once.
+disk full, an upload refused for lack of a token), and for `diff`, keys that differ; 2 a usage
+problem (bad flag, malformed digest, key, size, URL or header, an ambiguous key prefix). Errors
+are one line on stderr, never a traceback; an unexpected internal error says so and where its
+traceback was written. Warnings (e.g. a remote that is down) go to stderr as `warning: …`, once.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import typer
 
 from xgbuild.cache import gc as cache_gc
 from xgbuild.cache.canonical import thaw
-from xgbuild.cache.errors import CacheError, InvalidDigestError, RemoteConfigError
+from xgbuild.cache.errors import AmbiguousKeyError, CacheError, InvalidDigestError, RemoteConfigError
+from xgbuild.cache.forensics import Neighbours, describe, diff_lines, kernel_summary, resolve_key
 from xgbuild.cache.keys import diff_keys, explain, render_value
 from xgbuild.cache.tiered import Cache
 from xgbuild.settings import Settings, SettingsError
@@ -64,7 +65,7 @@ def _errors() -> Iterator[None]:
         yield
     except typer.Exit:
         raise
-    except (_Usage, SettingsError, RemoteConfigError, InvalidDigestError) as exc:
+    except (_Usage, SettingsError, RemoteConfigError, InvalidDigestError, AmbiguousKeyError) as exc:
         _err(str(exc))
         raise typer.Exit(2) from None
     except CacheError as exc:
@@ -163,15 +164,26 @@ def get(digest: Annotated[str, typer.Argument(help="sha256 of the blob.")],
 
 @app.command("ls")
 def list_entries(cache_dir: CacheDir = None, as_json: Json = False) -> None:
-    """List stored records (ac) and blobs (cas), least recently used first."""
+    """List stored records (ac: with the kernel each is for) and blobs (cas), least recently used first."""
     with _errors(), _open(cache_dir, use_remote=False) as cache:
         entries = list(cache.local.entries())
+        records = {r.digest: r for r in cache.local.records()}
         if as_json:
-            _print_json([dataclasses.asdict(e) for e in entries])
+            rows = []
+            for e in entries:
+                row = dataclasses.asdict(e)
+                if e.name in records and e.kind == "ac":
+                    row["kernel"] = kernel_summary(records[e.name].key)
+                    row["predicted"] = records[e.name].predicted
+                rows.append(row)
+            _print_json(rows)
             return
         for e in entries:
             when = dt.datetime.fromtimestamp(e.last_access).isoformat(timespec="seconds")
-            typer.echo(f"{e.kind:<3} {e.name} {e.size:>12} {e.stored_size:>12} {when}")
+            what = ""
+            if e.kind == "ac" and e.name in records:
+                what = "  " + describe(records[e.name].key) + (" (predicted)" if records[e.name].predicted else "")
+            typer.echo(f"{e.kind:<3} {e.name} {e.size:>12} {e.stored_size:>12} {when}{what}")
 
 
 @app.command()
@@ -230,42 +242,71 @@ def collect(max_size: Annotated[str, typer.Option("--max-size", help="Target siz
 
 
 @app.command("explain")
-def explain_key(key: Annotated[str, typer.Argument(help="A record's key (64 hex).")],
+def explain_key(key: Annotated[str, typer.Argument(help="A record's key (64 hex, or a unique prefix of it).")],
                 cache_dir: CacheDir = None, remote: Remote = None, remote_header: RemoteHeader = None,
                 remote_timeout: RemoteTimeout = None, as_json: Json = False) -> None:
-    """Print the named parts a stored key was built from."""
+    """Print the named parts a stored key was built from (and, for a predicted winner, how the
+    nearest measured one differs)."""
     with _errors(), _open(cache_dir, remote, remote_header, remote_timeout) as cache:
+        key = resolve_key(cache.local, key)
         record = _record(cache, key)
+        near = Neighbours.of(cache.local).nearest(record.key) if record.predicted else None
         if as_json:
-            _print_json({"key": key, "parts": thaw(record.key.parts()), "value": thaw(record.value),
-                         "blobs": {n: dataclasses.asdict(r) for n, r in record.blobs.items()}})
+            out = {"key": key, "kernel": kernel_summary(record.key), "predicted": record.predicted,
+                   "parts": thaw(record.key.parts()), "value": thaw(record.value),
+                   "blobs": {n: dataclasses.asdict(r) for n, r in record.blobs.items()}}
+            if near is not None:
+                out["nearest_measured"] = {"key": near.record.digest, "differs_in": near.parts}
+            _print_json(out)
             return
-        for line in explain(record.key):
+        lines = explain(record.key)
+        lines.insert(1, f"  kernel: {describe(record.key)}")
+        for line in lines:
             typer.echo(line)
         for name, ref in record.blobs.items():
             typer.echo(f"  blob {name}: {ref.digest} ({ref.size} bytes)")
+        if record.predicted:
+            typer.echo("  predicted: the cost model's pick, not a measurement; never served as a cache hit")
+            if near is None:
+                typer.echo("  no measured record of this kernel kind is stored locally")
+            else:
+                typer.echo(f"  nearest measured key {near.record.digest} differs in: {', '.join(near.parts)}"
+                           f" (xgbuild cache diff {key[:16]} {near.record.digest[:16]})")
 
 
 @app.command("diff")
-def diff(key1: Annotated[str, typer.Argument(help="First key.")],
-         key2: Annotated[str, typer.Argument(help="Second key.")],
+def diff(key1: Annotated[str, typer.Argument(help="First key (64 hex, or a unique prefix).")],
+         key2: Annotated[Optional[str], typer.Argument(
+             help="Second key; left out: the nearest stored measured key of the same kernel kind.")] = None,
          cache_dir: CacheDir = None, remote: Remote = None, remote_header: RemoteHeader = None,
          remote_timeout: RemoteTimeout = None, as_json: Json = False) -> None:
-    """Show which key parts differ between two stored keys (why did my copied cache miss?)."""
+    """Show which key parts differ between two stored keys (why did my copied cache miss?).
+    Exit 0 when the parts are identical, 1 when they differ."""
     with _errors(), _open(cache_dir, remote, remote_header, remote_timeout) as cache:
-        left, right = _record(cache, key1), _record(cache, key2)
+        left = _record(cache, resolve_key(cache.local, key1))
+        if key2 is None:
+            near = Neighbours.of(cache.local).nearest(left.key)
+            if near is None:
+                raise CacheError(f"no other measured record of the same kind ({describe(left.key)}) is "
+                                 "stored locally to compare with")
+            right = near.record
+        else:
+            right = _record(cache, resolve_key(cache.local, key2))
         diffs = diff_keys(left.key, right.key)
         if as_json:
             _print_json([{"path": d.path, "left": render_value(d.left), "right": render_value(d.right)}
                          for d in diffs])
-            return
-        if not diffs:
+        elif not diffs:
             typer.echo("the keys have identical parts")
-            return
-        parts = sorted({d.path.split(".", 1)[0] for d in diffs})
-        typer.echo(f"parts that differ: {', '.join(parts)}")
-        for d in diffs:
-            typer.echo(f"  {d.path}:\n    - {render_value(d.left)}\n    + {render_value(d.right)}")
+        else:
+            parts = sorted({d.path.split(".", 1)[0] for d in diffs})
+            if key2 is None:
+                typer.echo(f"nearest stored key: {right.digest} ({describe(right.key)})")
+            typer.echo(f"parts that differ: {', '.join(parts)}")
+            for line in diff_lines(diffs):
+                typer.echo(line)
+    if diffs:
+        raise typer.Exit(1)     # like diff(1): 0 same, 1 different, 2 trouble
 
 
 def _record(cache: Cache, key: str):

@@ -96,12 +96,18 @@ def tune_shard(
     jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes compiling kernels"),
     budget: Optional[float] = typer.Option(None, "--budget", min=0.1, help="seconds of measuring per job"),
     quiet: bool = typer.Option(False, "--quiet", help="no summary line"),
+    remote: Optional[str] = typer.Option(None, "--remote", help="the XG cache's remote tier, a Bazel HTTP cache "
+                                         "URL (default: $XG_REMOTE_CACHE); rules_xg passes //rules_xg:remote_cache"),
+    remote_header_file: Optional[Path] = typer.Option(
+        None, "--remote-header-file", help="a file holding the 'Name: value' header for the remote (a token stays "
+        "out of the command line; default: $XG_REMOTE_CACHE_HEADER(_FILE))"),
 ) -> None:
     """Tune and compile the jobs of one shard file into a result file for `xgc --kernels-from`."""
     policy = policy_or_exit(policy)
+    settings = _remote_settings(settings_or_exit(), remote, remote_header_file)
     from ..build.shards import tune_shard as run_shard
     try:
-        stats = run_shard(shard, out, policy, settings_or_exit(), workers=jobs, budget_s=budget,
+        stats = run_shard(shard, out, policy, settings, workers=jobs, budget_s=budget,
                           progress=sys.stderr.isatty())
     except XGError as exc:
         fail(str(exc))
@@ -111,6 +117,24 @@ def tune_shard(
         sys.stderr.write(f"{shard.name}: {stats['jobs']} jobs ({stats['measured']} measured, {stats['cache']} "
                          f"from cache, {stats['predicted']} predicted); {stats['compiled']} compiled, "
                          f"{stats['compile_cache_hits']} cubins from cache\n")
+
+
+def _remote_settings(settings, remote: str | None, header_file: Path | None):
+    """`settings` with the remote tier the flags name (they beat the environment)."""
+    import dataclasses
+
+    from ..settings import SettingsError, read_header_file
+    changes: dict[str, object] = {}
+    if remote is not None:
+        if remote and not remote.startswith(("http://", "https://")):
+            fail(f"--remote must be an http:// or https:// URL, got {remote!r}", EXIT_USAGE)
+        changes["remote_cache"] = remote or None
+    try:
+        if header_file is not None:
+            changes["remote_header"] = read_header_file(header_file)
+        return dataclasses.replace(settings, **changes)
+    except SettingsError as exc:
+        fail(str(exc), EXIT_USAGE)
 
 
 def register(app: typer.Typer) -> None:

@@ -67,7 +67,7 @@ def inspect(
         how = t["source"] + (f" on {t['measured_on']}" if t.get("measured_on") else "")
         cfg = " ".join(f"{a}={b}" for a, b in sorted(t["config"].items()))
         shape = " ".join(f"{a}={b}" for a, b in sorted(t.get("shape", {}).items()) if not a.startswith("d"))
-        out.write(f"  {k['name']:<32} {archs:<7} {how:<10} {t['ms']:.4f} ms  {cfg}  [{shape}] key {t['key'][:12]}\n")
+        out.write(f"  {k['name']:<32} {archs:<7} {how:<10} {t['ms']:.4f} ms  {cfg}  [{shape}] key {t['key']}\n")
     from ..compiler.ir.graph import Op
     eager = [f"%{n.id} {n.attr('call')}" for n in eng.graph.nodes if n.op is Op.EXTERN]
     if eager:

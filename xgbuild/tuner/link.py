@@ -27,7 +27,7 @@ from .jobs import Job, plan, tuning_env
 from .policy import Policy
 from .progress import TuneProgress
 from .space import default_config
-from .tuner import Compiler, Measurer, Tuner, TuneError, Winner
+from .tuner import Compiler, Measurer, StrictMiss, Tuner, TuneError, Winner
 
 
 @dataclass
@@ -69,8 +69,8 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
                     w = tuner.tune(job)
                 except TuneError as exc:
                     with lock:
-                        if policy == Policy.STRICT:
-                            missing.append(f"{job.ident} (key {tuner.key(job).digest[:16]})")
+                        if isinstance(exc, StrictMiss):
+                            missing.append("\n    ".join([job.ident, *exc.report]))
                         else:
                             errors.append(exc)
                     continue
@@ -93,7 +93,9 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
             raise errors[0]
     if missing:
         raise TuneError(f"--tune=strict: {len(missing)} of {len(jobs)} jobs have no cached winner for "
-                        f"{profile.name}:\n  " + "\n  ".join(missing))
+                        f"{profile.name}:\n  " + "\n  ".join(missing)
+                        + f"\n  = help: measure them with --tune=measure on {profile.name} hosts (the winners "
+                        "then reach every build through the XG cache), or build with --tune=cache")
     return winners
 
 

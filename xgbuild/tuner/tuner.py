@@ -25,6 +25,8 @@ from typing import Any, Protocol
 
 import torch
 
+from ..cache.errors import CacheError
+from ..cache.forensics import Neighbours, miss_report
 from ..cache.keys import CacheKey
 from ..compiler.codegen.emitter import Emitted
 from ..compiler.codegen.launch_abi import Variant
@@ -50,6 +52,15 @@ MEASURE_POLICY = {"objective": "median-ms", "warmup": 5, "reps": 50, "l2-flush":
 
 class TuneError(XGError):
     """Tuning could not give every job a winner under the chosen policy."""
+
+
+class StrictMiss(TuneError):
+    """`--tune=strict` found no measured winner for a job; `report` says why (see `explain_miss`)."""
+
+    def __init__(self, ident: str, report: list[str]) -> None:
+        super().__init__(f"no cached winner for job {ident}: " + "\n".join(report))
+        self.ident = ident
+        self.report = report
 
 
 @dataclass
@@ -306,6 +317,8 @@ class Tuner:
         self.budget_s = budget_s
         self.compiler = compiler
         self._float32_error = _Float32Error()
+        self._neighbours: Neighbours | None = None
+        self._neighbours_lock = threading.Lock()
 
     def _as_accurate_as_float32(self, outs: list[torch.Tensor], ref: list[torch.Tensor], data: JobData) -> str | None:
         """None when every output of a 3xTF32 candidate is at least as close to the float64
@@ -352,28 +365,52 @@ class Tuner:
     def tune(self, job: Job) -> Winner:
         key = self.key(job)
         if self.policy == "predict":
-            config, ms, n = self.predicted(job)
-            return Winner(config, "predicted", ms, key.digest, n)
+            return self._predict(job, key)
         hit = self.from_cache(job, key)
         if hit is not None:
             return hit
         if self.policy == "strict":
-            raise TuneError(f"no cached winner for job {job.ident} (key {key.digest[:16]})")
+            raise StrictMiss(job.ident, self.explain_miss(key))
         if self.policy == "cache" or (self.policy == "measure" and self.measurer is None):
             if self.policy == "measure":
                 raise TuneError(f"--tune=measure needs a local {self.profile.name} GPU to measure on, and this "
                                 f"host has none; use --tune=cache or --tune=predict, or build on a "
                                 f"{self.profile.name} host")
-            config, ms, n = self.predicted(job)
-            return Winner(config, "predicted", ms, key.digest, n)
+            return self._predict(job, key)
         winner = self.measure(job, key)
-        if self.cache is not None:
-            try:
-                self.cache.store(key, {"config": winner.config, "ms": winner.ms, "measured_on": winner.measured_on,
-                                       "candidates": winner.candidates, "rejected": winner.rejected})
-            except XGError:
-                pass
+        self._record(key, {"how": "measured", "config": winner.config, "ms": winner.ms,
+                           "measured_on": winner.measured_on, "candidates": winner.candidates,
+                           "rejected": winner.rejected})
         return winner
+
+    def _predict(self, job: Job, key: CacheKey) -> Winner:
+        config, ms, n = self.predicted(job)
+        # Recorded (locally, marked predicted) so the key an engine shows can be explained; the
+        # cache never serves it as a hit nor lets it replace a measured winner (Record.predicted).
+        self._record(key, {"how": "predicted", "config": config, "ms": ms, "candidates": n})
+        return Winner(config, "predicted", ms, key.digest, n)
+
+    def _record(self, key: CacheKey, value: dict) -> None:
+        if self.cache is None:
+            return
+        try:
+            self.cache.store(key, value)
+        except (XGError, CacheError, OSError):
+            pass      # a cache that cannot be written slows the next build, never this one
+
+    def explain_miss(self, key: CacheKey) -> list[str]:
+        """Why `key` missed: the key in full, its parts, and how the nearest stored key differs."""
+        local = getattr(self.cache, "local", None)
+        if local is None:
+            return [f"key {key.digest} (no XG cache to look in)"]
+        with self._neighbours_lock:
+            if self._neighbours is None:
+                self._neighbours = Neighbours.of(local)     # loaded once: a strict build may miss many
+        try:
+            stored = local.get_record(key.digest)
+        except CacheError:
+            stored = None
+        return miss_report(key, self._neighbours, stored)
 
     def measure(self, job: Job, key: CacheKey) -> Winner:
         assert self.measurer is not None and self.compiler is not None

@@ -31,6 +31,8 @@ def engine_build(ctx):
         dims = _dims(ctx),
         kernels = ctx.attr.kernels,
         shards = shards,
+        remote_cache = ctx.attr._remote_cache[XgSettingInfo].value,
+        remote_header_file = ctx.attr._remote_header_file[XgSettingInfo].value,
     )
 
 def declare_engine(ctx, out):
@@ -107,6 +109,14 @@ ENGINE_ATTRS = {
     "_target": attr.label(default = "//rules_xg:target", doc = "The target GPU build setting."),
     "_tune": attr.label(default = "//rules_xg:tune", doc = "The tuning policy build setting."),
     "_shards": attr.label(default = "//rules_xg:tune_shards", doc = "The tuning fan-out build setting."),
+    "_remote_cache": attr.label(
+        default = "//rules_xg:remote_cache",
+        doc = "XG's remote tier (a Bazel HTTP cache URL) for the tuning actions.",
+    ),
+    "_remote_header_file": attr.label(
+        default = "//rules_xg:remote_header_file",
+        doc = "A file on the executing host holding the remote tier's 'Name: value' header.",
+    ),
 }
 
 xg_engine = rule(

@@ -130,13 +130,13 @@ def test_explain_and_diff(cli, tmp_path):
     parts = json.loads(cli("explain", k1, "--json")[1])["parts"]
     assert parts["gpu_profile"]["sm"] == 90
     code, out, _ = cli("diff", k1, k2)
-    assert code == 0 and out.splitlines()[0] == "parts that differ: kernel_ir, shapes"
+    assert code == 1 and out.splitlines()[0] == "parts that differ: kernel_ir, shapes"
     assert "  shapes.A:\n    - [128,64]\n    + [256,64]" in out
     assert json.loads(cli("diff", k1, k2, "--json")[1]) == [
         {"path": "kernel_ir.id", "left": "1", "right": "2"},
         {"path": "shapes.A", "left": "[128,64]", "right": "[256,64]"},
     ]
-    assert cli("diff", k1, k1)[1] == "the keys have identical parts\n"
+    assert cli("diff", k1, k1)[:2] == (0, "the keys have identical parts\n")
     code, _, err = cli("explain", "ef" * 32)
     assert code == 1 and "no record for key" in err
 
@@ -165,3 +165,86 @@ def test_a_bad_environment_is_a_usage_error(tmp_path):
     proc = run_cli("put", str(_file(tmp_path, b"x")), env=env)
     assert proc.returncode == 2 and "http://" in proc.stderr
     assert_clean_stderr(proc.stderr)
+
+
+# -- forensics (issue 25: a miss ends in an answer) ----------------------------------------------
+
+def test_diff_exits_1_when_the_keys_differ_and_0_when_equal(cli, tmp_path):
+    _seed(tmp_path).close()
+    assert cli("diff", K1.digest, K2.digest)[0] == 1
+    assert cli("diff", K1.digest, K2.digest, "--json")[0] == 1
+    assert cli("diff", K1.digest, K1.digest)[0] == 0
+    assert cli("diff", K1.digest, K1.digest, "--json")[:2] == (0, "[]\n")
+
+
+def test_explain_and_diff_take_a_unique_prefix(cli, tmp_path):
+    _seed(tmp_path).close()
+    code, out, _ = cli("explain", K1.digest[:12])
+    assert code == 0 and out.splitlines()[0] == f"key {K1.digest}"
+    code, out, _ = cli("diff", K1.digest[:8], K2.digest[:8])
+    assert code == 1 and out.splitlines()[0] == "parts that differ: kernel_ir, shapes"
+
+
+def test_an_unknown_prefix_exits_1_and_a_malformed_one_2(cli, tmp_path):
+    _seed(tmp_path).close()
+    unknown = next(p for p in ("0000", "ffff", "abab") if not (K1.digest.startswith(p) or K2.digest.startswith(p)))
+    code, out, err = cli("explain", unknown)
+    assert code == 1 and out == "" and f"no record in the local cache has a key starting with {unknown}" in err
+    assert len(err.strip().splitlines()) == 1
+    for bad in ("abc", "XYZW", "ABCDEF12"):
+        code, _, err = cli("diff", bad, K1.digest)
+        assert code == 2 and "invalid key" in err and "unique prefix" in err
+
+
+def test_an_ambiguous_prefix_exits_2_listing_the_keys(cli, tmp_path):
+    seen: dict[str, object] = {}
+    for i in range(100_000):
+        k = make_key(i)
+        if k.digest[:4] in seen:
+            a, b = seen[k.digest[:4]], k
+            break
+        seen[k.digest[:4]] = k
+    cache = Cache(LocalStore(tmp_path / "cache"))
+    cache.store(a, {"best": 1})
+    cache.store(b, {"best": 2})
+    cache.close()
+    code, out, err = cli("explain", a.digest[:4])
+    assert code == 2 and out == "" and "is ambiguous" in err and a.digest in err and b.digest in err
+
+
+def test_ls_names_each_records_kernel(cli, tmp_path):
+    key = make_key(3, kernel_ir={"kind": "matmul", "spec": 1}, shapes={"sizes": {"M": 64, "N": 32}, "layouts": []},
+                   dtypes=["bfloat16", "bfloat16"], gpu_profile={"name": "H100"})
+    cache = Cache(LocalStore(tmp_path / "cache"))
+    cache.store(key, {"how": "measured"})
+    cache.store(make_key(4, **{**{"kernel_ir": {"kind": "matmul", "spec": 2}}}), {"how": "predicted"})
+    cache.close()
+    code, out, _ = cli("ls")
+    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("ac ")}
+    assert code == 0 and rows[key.digest].endswith("  tuned-kernel matmul M=64 N=32 bfloat16,bfloat16 H100")
+    assert any(line.endswith("(predicted)") for line in rows.values())
+    entries = {e["name"]: e for e in json.loads(cli("ls", "--json")[1]) if e["kind"] == "ac"}
+    assert entries[key.digest]["kernel"] == {"kind": "tuned-kernel", "op": "matmul", "shape": "M=64 N=32",
+                                             "dtype": "bfloat16,bfloat16", "gpu": "H100"}
+    assert entries[key.digest]["predicted"] is False
+
+
+def test_a_predicted_key_explains_and_diffs_against_its_nearest_measured_neighbour(cli, tmp_path):
+    measured = make_key(5, kernel_ir={"kind": "matmul"}, toolchain={"triton": "3.5.1"})
+    predicted = make_key(5, kernel_ir={"kind": "matmul"}, toolchain={"triton": "3.6.0"})
+    cache = Cache(LocalStore(tmp_path / "cache"))
+    cache.store(measured, {"how": "measured", "config": {"BLOCK_M": 64}})
+    cache.store(predicted, {"how": "predicted", "config": {"BLOCK_M": 128}})
+    cache.close()
+    code, out, _ = cli("explain", predicted.digest)
+    assert code == 0 and "  predicted: the cost model's pick" in out
+    assert f"  nearest measured key {measured.digest} differs in: toolchain" in out
+    assert json.loads(cli("explain", predicted.digest, "--json")[1])["nearest_measured"] == {
+        "key": measured.digest, "differs_in": ["toolchain"]}
+    code, out, _ = cli("diff", predicted.digest)          # one key: against its nearest neighbour
+    assert code == 1 and out.splitlines()[:2] == [f"nearest stored key: {measured.digest} (tuned-kernel matmul "
+                                                  "A=[128,64] B=[64,32] A:float16,B:float16,out:float32 H100)",
+                                                  "parts that differ: toolchain"]
+    assert '  toolchain.triton:\n    - "3.6.0"\n    + "3.5.1"' in out
+    code, _, err = cli("diff", make_key(6, kind="other").digest)
+    assert code == 1 and "no record for key" in err

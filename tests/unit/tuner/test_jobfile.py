@@ -216,3 +216,48 @@ def test_the_commands_end_to_end_and_their_bad_input(tmp_path):
         assert text in res.stderr, (args, res.stderr)
         assert "Traceback" not in res.stderr
     assert not (tmp_path / "e.xge").exists() and not (tmp_path / "r.json").exists()
+
+
+def test_tune_shard_reaches_xg_remote_tier_through_its_flags_and_a_header_file(mlp, tmp_path):
+    """What rules_xg passes a tuning action (`--remote` from //rules_xg:remote_cache,
+    `--remote-header-file` from :remote_header_file): a winner measured on another host reaches the
+    shard through the remote, the token read from a file and never put on the command line."""
+    import os
+
+    from xgbuild.cache import Cache
+    if not Path("/usr/sbin/nginx").exists():
+        pytest.skip("/usr/sbin/nginx is not installed (tools/setup.sh installs it)")
+    server = [sys.executable, str(REPO / "tools" / "cache-server")]
+    started = subprocess.run([*server, "start", "--dir", str(tmp_path / "server"), "--token", "s3cret-token"],
+                             capture_output=True, text=True, timeout=60)
+    assert started.returncode == 0, started.stderr
+    url = started.stdout.strip()
+    try:
+        shard = tmp_path / "shard-0.json"
+        write_shards(mlp, {}, 1, [shard])
+        jobs, _ = plan_jobs(mlp.optimized.main, {})
+        tuner = Tuner(load_profile("H100"))
+        with Cache.open(Settings(cache_dir=tmp_path / "gpu-host", remote_cache=url,
+                                 remote_header="Authorization: Bearer s3cret-token")) as cache:
+            for job in jobs:
+                cache.store(tuner.key(job), {"how": "measured", "config": tuner.candidates(job)[-1], "ms": 0.125,
+                                             "measured_on": "NVIDIA H100 80GB HBM3", "candidates": 7, "rejected": {}})
+        header = tmp_path / "cache-header"
+        header.write_text("Authorization: Bearer s3cret-token\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("XG_")}
+        env["XG_CACHE_DIR"] = str(tmp_path / "cpu-host")
+        cmd = [sys.executable, "-m", "xgbuild.cli.xgbuild", "tune-shard", str(shard), "--tune", "cache",
+               "--out", str(tmp_path / "result.json"), "--jobs", "1", "--remote", url, "--remote-header-file", str(header)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+        assert res.returncode == 0, res.stderr
+        assert f"{len(jobs)} jobs (0 measured, {len(jobs)} from cache, 0 predicted)" in res.stderr
+        assert "warning" not in res.stderr          # the uploads of its cubins were let in, too
+        header.write_text("s3cret-token-without-a-name")
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+        assert res.returncode == 2 and "does not hold one 'Name: value' line" in res.stderr
+        assert "s3cret-token" not in res.stderr
+        bad_url = [*cmd[:-4], "--remote", "cache.example:8080"]
+        res = subprocess.run(bad_url, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+        assert res.returncode == 2 and "--remote must be an http:// or https:// URL" in res.stderr
+    finally:
+        subprocess.run([*server, "stop", "--dir", str(tmp_path / "server")], capture_output=True, timeout=60)

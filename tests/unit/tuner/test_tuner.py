@@ -20,6 +20,7 @@ from xgbuild.settings import Settings
 from xgbuild.tuner.jobs import plan, tuning_env
 from xgbuild.tuner.link import build_kernels
 from xgbuild.compiler.codegen.templates.base import config_key
+from xgbuild.tuner.space import default_config
 from xgbuild.tuner.tuner import Compiler, JobData, Tuner, TuneError
 
 SRC = """extern Tensor[float32, T, D] X
@@ -251,3 +252,62 @@ def test_tf32x3_wins_only_when_as_accurate_as_float32(scale: float, x3_wins: boo
         assert all("float32's own" in why for k, why in w.rejected.items() if '"TF32X3":1' in k)
     # The model alone never picks reduced-precision products.
     assert not Tuner(load_profile("H100"), policy="predict").tune(jobs[0]).config["TF32X3"]
+
+
+# -- issue 25: a miss ends in an answer ------------------------------------------------------------
+
+def test_a_predicted_winner_is_recorded_marked_predicted_and_never_becomes_a_cache_hit(job, tmp_path: Path) -> None:
+    profile = load_profile("H100")
+    cache = Cache.open(Settings(cache_dir=tmp_path / "c"))
+    first = Tuner(profile, policy="cache", cache=cache).tune(job)
+    assert first.source == "predicted"
+    record = cache.get_record(first.key)                    # the key an engine shows now explains
+    assert record is not None and record.predicted and dict(record.value["config"]) == first.config
+    # --tune=cache semantics unchanged: a prediction in the cache is predicted again, not a "cache" hit.
+    assert Tuner(profile, policy="cache", cache=cache).tune(job).source == "predicted"
+    with pytest.raises(TuneError, match="a predicted winner only"):
+        Tuner(profile, policy="strict", cache=cache).tune(job)
+    cache.close()
+
+
+def test_measuring_replaces_a_recorded_prediction(job, tmp_path: Path) -> None:
+    profile = load_profile("H100")
+    cache = Cache.open(Settings(cache_dir=tmp_path / "c"))
+    Tuner(profile, policy="predict", cache=cache).tune(job)
+    cands = _configs(Tuner(profile), job)[:2]
+    keys = [config_key(c) for c in cands]
+    fake = FakeMeasurer({keys[0]: 0.9, keys[1]: 0.1})
+    compiler = Compiler(90, cache)
+    tuner = Tuner(profile, policy="measure", measurer=fake, compiler=compiler, cache=cache)
+    tuner.candidates = lambda j: cands
+    measured = tuner.tune(job)           # a prediction in the cache is not a tuned hit: it measures
+    assert measured.source == "measured" and fake.seen
+    record = cache.get_record(measured.key)
+    assert not record.predicted and record.value["how"] == "measured"
+    strict = Tuner(profile, policy="strict", cache=cache)
+    strict.candidates = lambda j: cands
+    assert strict.tune(job).source == "cache"
+    compiler.close()
+    cache.close()
+
+
+def test_a_strict_miss_prints_the_full_key_its_parts_and_the_nearest_stored_keys_differences(graph, job,
+                                                                                             tmp_path: Path) -> None:
+    profile = load_profile("H100")
+    cache = Cache.open(Settings(cache_dir=tmp_path / "c"))
+    tuner = Tuner(profile)
+    want = tuner.key(job)
+    # A winner measured with another Triton: the usual reason a copied cache misses.
+    from dataclasses import replace
+    stale = replace(want, toolchain={**dict(want.toolchain), "triton": "0.0-other"})
+    cache.store(stale, {"how": "measured", "config": default_config(job.problem), "ms": 0.1,
+                        "measured_on": "NVIDIA H100 80GB HBM3", "candidates": 2})
+    with pytest.raises(TuneError) as err:
+        build_kernels(graph, profile, policy="strict", dims=DIMS, cache=cache)
+    text = str(err.value)
+    assert f"key {want.digest} (tuned-kernel rowwise" in text
+    for part in ("kernel_ir", "shapes", "dtypes", "gpu_profile", "search_space", "policy", "toolchain", "kind"):
+        assert f"\n        {part}: " in text, part
+    assert f"nearest stored key {stale.digest} differs in: toolchain" in text
+    assert '        toolchain.triton:\n          - "' in text and '          + "0.0-other"' in text
+    cache.close()
