@@ -64,7 +64,7 @@ class ExprChecker:
         if isinstance(ty, ResultType):
             self.diags.error(RESULT_AS_VALUE, e.span, found=ty, inner=ty.inner,
                              label="this is a `Result`, not its value",
-                             help="take it apart first: `match r { Ok(v) => ..., Err(e) => ... }` or `r.unwrap_or(...)`")
+                             help=self.unwrap_help(e))
             self.mark_handled(e)
             return ERROR, R.ANY
         return ty, sign
@@ -241,7 +241,7 @@ class ExprChecker:
             return TensorType("bool", shape), R.ANY
         if dtype == "bool":
             self.diags.error(NOT_CALLABLE, e.op_span, detail=f"operator `{e.op}` cannot be applied to `bool` values",
-                             help="use `and`, `or`, `not`, or `cast(x, int32)` first")
+                             help=f"use `and`, `or`, `not`, or `cast({self.snippet(e.left)}, int32)` first")
             return ERROR, R.ANY
         if e.op in ("/", "%"):
             self.check_divisor(e.right, rs)
@@ -306,13 +306,25 @@ class ExprChecker:
             return
         text = self.snippet(divisor)
         if isinstance(divisor, A.Name) and self.is_scalar_var(divisor.id):
-            help = f"guard it first: `if {divisor.id} == 0 {{ return DivByZero }}`"
+            help = self.guard_help(divisor.id)
         elif isinstance(divisor, (A.IntLit, A.FloatLit)):
             help = "dividing by a zero constant is never valid"
         else:
             help = ("divide by something provably nonzero: a guarded scalar, or a positive value such as "
                     "`exp(...)`, `softmax(...)`, `x * x + eps`, or a sum of positives")
         self.diags.error(DIV_UNSAFE, divisor.span, divisor=text, label="this divisor may be zero", help=help)
+
+    def guard_help(self, name: str) -> str:
+        """How to guard a scalar divisor in this function: returning an error only where the
+        function returns a `Result` (anywhere else that is XG0403)."""
+        ret = self.deref(self.sig.ret) if self.sig.declared_ret else None
+        if isinstance(ret, ResultType):
+            return f"guard it first: `if {name} == 0 {{ return DivByZero }}`"
+        inside = f"divide inside `if {name} != 0 {{ ... }}` (or return early from `if {name} == 0 {{ ... }}`)"
+        if ret is None or self.is_main:
+            return inside
+        return (f"{inside}; to report the error instead, declare `{self.fn.name}` to return "
+                f"`Result[{ret}]` and guard with `if {name} == 0 {{ return DivByZero }}`")
 
     def is_scalar_var(self, name: str) -> bool:
         found = self.scope.get(name)
@@ -352,7 +364,7 @@ class ExprChecker:
             self.diags.error(MATMUL_SHAPE, e.op_span, left=fmt_shape(a), right=fmt_shape(b),
                              label=f"{self.subst.dim(ka)} (columns of the left) != {self.subst.dim(kb)} (rows of the right)",
                              help="the left operand's last dim must equal the right operand's second-to-last; "
-                                  "`transpose(b)` swaps the last two dims")
+                                  f"`transpose({self.snippet(e.right)})` swaps the last two dims of the right")
             return ERROR, R.ANY
         batch_a, batch_b = a[:-2], b[:-2]
         batch: tuple[Dim, ...] = ()
@@ -403,7 +415,7 @@ class ExprChecker:
         if isinstance(ty, ResultType) and not isinstance(want, ResultType):
             self.diags.error(RESULT_AS_VALUE, node.span, found=ty, inner=ty.inner,
                              label="this is a `Result`, not its value",
-                             help="take it apart first: `match r { Ok(v) => ..., Err(e) => ... }` or `r.unwrap_or(...)`")
+                             help=self.unwrap_help(node))
             return
         if isinstance(want, ResultType) and not isinstance(ty, (ResultType, ErrorValue)):
             self.diags.error(code, node.span, expected=want, found=ty, **fmt,
@@ -688,6 +700,13 @@ class ExprChecker:
                                  found=ty)
                 return ERROR, R.ANY
         return ShapeValue(tuple(dims)), R.ANY
+
+    def unwrap_help(self, node: A.Node) -> str:
+        """Taking a `Result` apart, written with the user's own expression."""
+        text = self.snippet(node)
+        if not isinstance(node, (A.Name, A.Call, A.MethodCall)):
+            text = f"({text})"
+        return f"take it apart first: `match {text} {{ Ok(v) => v, Err(e) => ... }}` or `{text}.unwrap_or(...)`"
 
     def snippet(self, node: A.Node) -> str:
         text = self.source.snippet(node.span)
