@@ -46,6 +46,20 @@ def expr_key(e: A.Expr | A.Slice | None) -> str:
     return f"#{e.nid}"    # anything else is never assumed equal to another node
 
 
+# Keyword names other array libraries use for XG's (numpy/JAX `axis`, `keepdims`, ...).
+KWARG_ALIASES = {"axis": "dim", "axes": "dim", "keepdims": "keepdim", "dims": "dim", "dimension": "dim",
+                 "type": "dtype", "dt": "dtype"}
+
+
+def kwarg_guess(name: str, allowed: list[str]) -> str | None:
+    """The accepted keyword the user probably meant: a known alias, else the closest spelling."""
+    alias = KWARG_ALIASES.get(name.lower())
+    if alias in allowed:
+        return alias
+    close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 class ExprChecker:
     """Expression rules; expects the host class to provide diags, subst, scope, funcs, types …"""
 
@@ -479,8 +493,11 @@ class ExprChecker:
 
     def bad_kwarg(self, kw: A.Keyword, detail: str, allowed) -> None:
         from .codes import BAD_KWARG
-        allowed = ", ".join(f"`{a}`" for a in allowed) or "none"
-        self.diags.error(BAD_KWARG, kw.span, detail=detail, help=f"accepted: {allowed}")
+        allowed = list(allowed)
+        listed = ", ".join(f"`{a}`" for a in allowed) or "none"
+        guess = kwarg_guess(kw.name, allowed)
+        hint = f"did you mean `{guess}`? " if guess and guess != kw.name else ""
+        self.diags.error(BAD_KWARG, kw.span, detail=detail, help=f"{hint}accepted: {listed}")
 
     def check_Call(self, e: A.Call, expected: Type | None) -> Val:
         if isinstance(e.func, A.Call):
