@@ -177,8 +177,11 @@ def test_compile_bad_num_gpu() -> None:
 
 
 def test_compile_unknown_target() -> None:
-    with pytest.raises(xg.CompileError):
+    with pytest.raises(xg.CompileError) as info:
         xg.compile_file(EXAMPLES / "norms.xg", target="NOT_A_GPU")
+    # The argument is wrong, not the source: nothing of it is underlined (issue 25).
+    assert "-->" not in str(info.value) and "TARGET_GPU" not in str(info.value), str(info.value)
+    assert "`target=`" in str(info.value)
 
 
 def test_load_missing_engine(tmp_path) -> None:

@@ -48,11 +48,15 @@ def compile_file(path: Path | str, settings: Settings, *, target: str | None = N
                  sharding: Path | str | None = None, entry: str = "main") -> Engine:
     """`xg.compile_file`: an `.xg` file's engine, as `xgc --out` builds it (the arguments checked
     first, each refusal an XGError naming it)."""
+    from ..compiler.frontend.checker import target_option_error
     from .compile import compile_program
     if num_gpu is not None and (not isinstance(num_gpu, int) or num_gpu < 1):
         raise XGError(f"num_gpu must be a positive integer, got {num_gpu!r}")
     if not isinstance(entry, str) or not entry.isidentifier():
         raise XGError(f"entry must name a function, got {entry!r}")
+    bad_target = target_option_error(target, settings.hw_dir, "target=")
+    if bad_target is not None:
+        raise bad_target
     options = CheckOptions(target=target, num_gpu=num_gpu, entry=entry, hw_dir=settings.hw_dir)
     compiled = compile_program(path, options, sharding)
     # `tune` goes to the tuner as given: it names a bad policy (and only when kernels are built).
