@@ -83,9 +83,27 @@ def model_engine(imported: Any, profile: GpuProfile, settings: Settings, *, poli
         from .kernels import kernels_for
         sizes = {**imported.example_dims, **dict(dims or {})}
         table = kernels_for(imported, profile, policy, settings, sizes, workers, progress)
-    return engine_of_graph(imported.optimized.main, name=imported.name, source=imported.source, profile=profile,
-                           num_gpu=imported.num_gpu, passes=imported.passes, kernels=table,
-                           weights=imported.weights, ranges=imported.ranges)
+    engine = engine_of_graph(imported.optimized.main, name=imported.name, source=imported.source, profile=profile,
+                             num_gpu=imported.num_gpu, passes=imported.passes, kernels=table,
+                             weights=imported.weights, ranges=imported.ranges)
+    _warn_if_nothing_split(engine.manifest.get("sharding_plan"))
+    return engine
+
+
+def _warn_if_nothing_split(plan: dict | None) -> None:
+    """A plan for several GPUs that splits no value copies every input whole to each GPU and
+    computes the whole model on each: N times the work for one result. Say so rather than build
+    it silently (an imported model carries no `shard(...)`, and the planner invents none)."""
+    if not plan or plan["num_gpu"] < 2 or plan.get("pipeline") or plan["values"] or plan["collectives"]:
+        return
+    if any(layout != "R" for layout in plan["inputs"].values()):
+        return
+    import warnings
+    n = plan["num_gpu"]
+    warnings.warn(f"num_gpu={n}: the plan splits nothing: each of the {n} GPUs gets every input "
+                  "whole and computes the whole model (nothing is sharded in a model imported from PyTorch or "
+                  "ONNX); build with num_gpu=1 and run one engine per GPU, or write the model in XG with "
+                  "`shard(...)` to split it", stacklevel=2)
 
 
 def compile_model(model_or_fn: Any, example_inputs: Any, target: str, num_gpu: int, settings: Settings,
