@@ -24,6 +24,11 @@ __all__ = ["CompileError", "Engine", "EngineError", "ExecutionError", "InputErro
            "RunResult", "XGError", "compile", "compile_file", "load_engine", "load_model_engine", "run_engine"]
 
 
+def __dir__() -> list[str]:
+    """`dir(xg)` and tab completion show the public API (`__all__`), not the helpers imported here."""
+    return sorted(__all__)
+
+
 def compile_file(path: Path | str, *, target: str | None = None, num_gpu: int | None = None,
                  tune: str = "cache", kernels: bool = True, dims: Mapping[str, int] | None = None,
                  sharding: Path | str | None = None, entry: str = "main") -> Engine:

@@ -37,10 +37,11 @@ def test_readme_snippet_runs_as_written() -> None:
                           timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
-    lines = proc.stdout.splitlines()
-    assert lines[0].startswith("tensor([[") and lines[-2].endswith("]])"), proc.stdout   # a 2x2 result
-    meta = lines[-1]
-    assert meta.startswith("{") and "'num_gpu': 2" in meta and "'engine_digest'" in meta
+    value, meta = proc.stdout.split("]])\n", 1)
+    assert value.startswith("tensor([[") and value.count("\n") == 1, proc.stdout   # a 2x2 result
+    # The metadata prints as a few aligned lines (it is still a dict: see test_metadata_*).
+    assert meta.splitlines()[0].split() == ["target", "H100", "x2", "GPUs"], meta
+    assert re.search(r"^engine +[0-9a-f]{12}$", meta, re.M), meta
 
 
 # ------------------------------------------------------------------------------ input errors
@@ -176,8 +177,11 @@ def test_compile_bad_num_gpu() -> None:
 
 
 def test_compile_unknown_target() -> None:
-    with pytest.raises(xg.CompileError):
+    with pytest.raises(xg.CompileError) as info:
         xg.compile_file(EXAMPLES / "norms.xg", target="NOT_A_GPU")
+    # The argument is wrong, not the source: nothing of it is underlined (issue 25).
+    assert "-->" not in str(info.value) and "TARGET_GPU" not in str(info.value), str(info.value)
+    assert "`target=`" in str(info.value)
 
 
 def test_load_missing_engine(tmp_path) -> None:
@@ -243,3 +247,36 @@ def test_compile_file_reads_xg_hw_dir_for_the_memory_check(tmp_path, monkeypatch
     monkeypatch.setenv("XG_HW_DIR", str(small_h100_hw_dir))
     with pytest.raises(xg.CompileError, match="XG0504"):
         xg.compile_file(path, kernels=False)
+
+
+# ------------------------------------------------------------------------------ how things print
+
+def test_dir_xg_lists_the_public_api_only() -> None:
+    names = dir(xg)
+    assert names == sorted(xg.__all__)
+    for helper in ("Any", "Mapping", "Path", "Settings", "RunSettings", "child_env", "annotations"):
+        assert helper not in names
+
+
+def test_metadata_prints_as_a_short_summary_and_stays_a_dict(norms, good) -> None:
+    import json
+    meta = xg.run_engine(norms, external_values=good).metadata
+    assert isinstance(meta, dict) and meta["target"] == "H100"
+    assert json.loads(json.dumps(meta))["specialization"]["symbols"] == {"D": 4, "T": 3}
+    text = str(meta)
+    assert not text.startswith("{") and len(text.splitlines()) >= 5, text
+    assert "X: float32[3, 4], G: float32[4]" in text and "D=4, T=3" in text
+    assert not re.search(r"\d\.\d{6,}", text), text        # times rounded, not 16 digits
+    assert "slowest ops" in text and "ms" in text
+
+
+def test_run_result_repr_is_short(norms, good) -> None:
+    text = repr(xg.run_engine(norms, external_values=good))
+    assert text.startswith("RunResult(value=tensor(") and "outputs=['out']" in text
+    assert len(text) < 800, text
+
+
+def test_engine_repr_is_short(norms) -> None:
+    text = repr(norms)
+    assert len(text) < 200, text
+    assert text.startswith("Engine(X: float32[T, D], G: float32[D]; target H100") and norms.digest[:12] in text

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 
 import pytest
 import torch
-from conftest import EXAMPLE_NAMES, EXAMPLES, Rand, assert_clean_failure, cli, finish, process_env, start_process
+from conftest import (EXAMPLE_NAMES, EXAMPLES, Rand, assert_clean_failure, cli, finish, process_env, src_text,
+                      start_process, write_program)
 
 import xg
 from xgbuild.packager.archive import read_bundle, write_bundle
@@ -200,6 +202,24 @@ def test_inspect_human(example_files) -> None:
     assert res.code == 0, res.both
     for needle in ("format", "target      H100", "Q ", "bfloat16", "kernels", "sources/attention.xg"):
         assert needle in res.out, needle
+
+
+def test_inspect_lists_outputs_not_a_dict(tmp_path) -> None:
+    body = ", ".join(f"X * {i}.0" for i in range(20))
+    path = write_program(tmp_path, src_text(f"""
+        extern Tensor[float32, N] X
+        def main() {{
+            return {body}
+        }}
+    """))
+    xg.compile_file(path, kernels=False).save(tmp_path / "many.xge")
+    res = cli("xgbuild", "inspect", tmp_path / "many.xge")
+    assert res.code == 0, res.both
+    assert "{" not in res.out and "'tensor'" not in res.out, res.out
+    assert "outputs     20\n" in res.out
+    assert re.search(r"^  out_0 +float32 +\['N'\]$", res.out, re.M), res.out
+    assert "8 more (--json lists them all)" in res.out
+    assert max(len(line) for line in res.out.splitlines()) < 160
 
 
 def test_inspect_refuses_a_damaged_engine(tmp_path, engine_bytes) -> None:

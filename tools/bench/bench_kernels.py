@@ -1,4 +1,5 @@
-"""PERF.md's workloads written in XG, beside PyTorch eager and torch.compile, on one GPU.
+"""The benchmark workloads (docs/codegen.md, "Benchmark") written in XG, beside PyTorch eager and
+torch.compile, on one GPU.
 
 Each workload is compiled by xgc's library path for the local GPU's profile with the tuner
 measuring on this GPU (`--tune measure`, winners cached), run through the engine's cubins, checked

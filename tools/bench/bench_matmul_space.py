@@ -1,5 +1,5 @@
 """Times explicit matmul template configs (tiles, TMA, persistent, 3xTF32) on the local GPU, beside
-torch, for PERF.md's GEMM shapes: where the tuner's search space should look.
+torch, for the benchmark's GEMM shapes (docs/codegen.md): where the tuner's search space should look.
 
 Each problem is an XG program; its matmul jobs are planned as `xgc` plans them, every config is
 emitted as the tuned variant of the job, compiled for this GPU, checked against the float64

@@ -48,11 +48,15 @@ def compile_file(path: Path | str, settings: Settings, *, target: str | None = N
                  sharding: Path | str | None = None, entry: str = "main") -> Engine:
     """`xg.compile_file`: an `.xg` file's engine, as `xgc --out` builds it (the arguments checked
     first, each refusal an XGError naming it)."""
+    from ..compiler.frontend.checker import target_option_error
     from .compile import compile_program
     if num_gpu is not None and (not isinstance(num_gpu, int) or num_gpu < 1):
         raise XGError(f"num_gpu must be a positive integer, got {num_gpu!r}")
     if not isinstance(entry, str) or not entry.isidentifier():
         raise XGError(f"entry must name a function, got {entry!r}")
+    bad_target = target_option_error(target, settings.hw_dir, "target=")
+    if bad_target is not None:
+        raise bad_target
     options = CheckOptions(target=target, num_gpu=num_gpu, entry=entry, hw_dir=settings.hw_dir)
     compiled = compile_program(path, options, sharding)
     # `tune` goes to the tuner as given: it names a bad policy (and only when kernels are built).
@@ -79,9 +83,27 @@ def model_engine(imported: Any, profile: GpuProfile, settings: Settings, *, poli
         from .kernels import kernels_for
         sizes = {**imported.example_dims, **dict(dims or {})}
         table = kernels_for(imported, profile, policy, settings, sizes, workers, progress)
-    return engine_of_graph(imported.optimized.main, name=imported.name, source=imported.source, profile=profile,
-                           num_gpu=imported.num_gpu, passes=imported.passes, kernels=table,
-                           weights=imported.weights, ranges=imported.ranges)
+    engine = engine_of_graph(imported.optimized.main, name=imported.name, source=imported.source, profile=profile,
+                             num_gpu=imported.num_gpu, passes=imported.passes, kernels=table,
+                             weights=imported.weights, ranges=imported.ranges)
+    _warn_if_nothing_split(engine.manifest.get("sharding_plan"))
+    return engine
+
+
+def _warn_if_nothing_split(plan: dict | None) -> None:
+    """A plan for several GPUs that splits no value copies every input whole to each GPU and
+    computes the whole model on each: N times the work for one result. Say so rather than build
+    it silently (an imported model carries no `shard(...)`, and the planner invents none)."""
+    if not plan or plan["num_gpu"] < 2 or plan.get("pipeline") or plan["values"] or plan["collectives"]:
+        return
+    if any(layout != "R" for layout in plan["inputs"].values()):
+        return
+    import warnings
+    n = plan["num_gpu"]
+    warnings.warn(f"num_gpu={n}: the plan splits nothing: each of the {n} GPUs gets every input "
+                  "whole and computes the whole model (nothing is sharded in a model imported from PyTorch or "
+                  "ONNX); build with num_gpu=1 and run one engine per GPU, or write the model in XG with "
+                  "`shard(...)` to split it", stacklevel=2)
 
 
 def compile_model(model_or_fn: Any, example_inputs: Any, target: str, num_gpu: int, settings: Settings,

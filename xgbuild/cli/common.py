@@ -36,6 +36,17 @@ def make_app(help: str) -> typer.Typer:
                        pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
 
 
+def write_diagnostics(text: str) -> None:
+    """Rendered diagnostics to stderr: coloured on a terminal, plain in a pipe, a file, or under
+    NO_COLOR (rich's console decides both, so no environment read happens here)."""
+    from rich.console import Console
+    console = Console(file=sys.stderr)
+    if console.is_terminal and console.color_system is not None and not console.no_color:
+        from ..compiler.frontend.diagnostics import colorize
+        text = colorize(text)
+    sys.stderr.write(text + "\n")
+
+
 def emit_json(obj: object) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
@@ -47,7 +58,7 @@ def run(app: typer.Typer | Callable[[], object], prog_name: str) -> NoReturn:
     except CliError as exc:
         # Library errors may already carry their "error:" (rendered diagnostics do); say it once.
         text = str(exc).removeprefix("error: ")
-        sys.stderr.write((text if text.startswith("error[") else f"error: {text}") + "\n")
+        write_diagnostics(text if text.startswith("error[") else f"error: {text}")
         sys.exit(exc.code)
     except SystemExit:
         raise
@@ -72,6 +83,16 @@ def settings_or_exit():
         return Settings.from_env()
     except SettingsError as exc:
         fail(str(exc), EXIT_USAGE)
+
+
+def target_or_exit(target: str | None, hw_dir) -> None:
+    """A `--target` no profile has is a usage error (exit 2) of the command line, not of the
+    source: the diagnostic lists the known targets and underlines nothing."""
+    from ..compiler.frontend.checker import target_option_error
+    err = target_option_error(target, hw_dir)
+    if err is not None:
+        write_diagnostics(str(err))
+        raise typer.Exit(EXIT_USAGE)
 
 
 def parse_dims(specs: list[str]) -> dict[str, int]:
@@ -114,8 +135,8 @@ def compile_or_exit(file, options, *, warnings: bool = True, sharding=None):
     try:
         compiled = compile_program(file, options, sharding)
     except CompileError as exc:
-        sys.stderr.write(str(exc) + "\n")
+        write_diagnostics(str(exc))
         raise typer.Exit(exit_code_for(exc.diagnostics) or EXIT_PROGRAM)
     if warnings and compiled.check.diagnostics:
-        sys.stderr.write(compiled.check.render() + "\n")
+        write_diagnostics(compiled.check.render())
     return compiled

@@ -20,11 +20,13 @@ import typer
 
 from ..compiler.frontend import CheckOptions
 from ..errors import XGError
-from .common import EXIT_USAGE, compile_or_exit, emit_json, fail, parse_dims, policy_or_exit, settings_or_exit
+from .common import (EXIT_USAGE, compile_or_exit, emit_json, fail, parse_dims, policy_or_exit, settings_or_exit,
+                     target_or_exit)
 
 def _options(target: str | None, num_gpu: int | None, entry: str, settings) -> CheckOptions:
     if not entry.isidentifier():
         fail(f"--entry names a function, got {entry!r}", EXIT_USAGE)
+    target_or_exit(target, settings.hw_dir)
     return CheckOptions(target=target, num_gpu=num_gpu, entry=entry, hw_dir=settings.hw_dir)
 
 

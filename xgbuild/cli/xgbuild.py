@@ -33,6 +33,9 @@ def explain(code: str = typer.Argument(..., help="a diagnostic code such as XG01
     sys.stdout.write(text)
 
 
+SHOWN_OUTPUTS = 12     # output leaves `inspect` lists; a model returning caches has hundreds
+
+
 @app.command()
 def inspect(
     engine: Path = typer.Argument(..., metavar="ENGINE", help="an .xge engine file", show_default=False),
@@ -41,6 +44,7 @@ def inspect(
     """Print an engine's manifest: target, signature, kernels, toolchain, sources."""
     from ..errors import XGError
     from ..runtime.engine import Engine
+    from ..runtime.summary import output_leaves
     from .common import emit_json
 
     try:
@@ -58,7 +62,12 @@ def inspect(
     out.write("inputs\n")
     for spec in m["entry"]["inputs"]:
         out.write(f"  {spec['name']:<12} {spec['dtype']:<9} {spec['shape']}\n")
-    out.write(f"output      {m['entry']['output']}\n")
+    leaves = output_leaves(m["entry"]["output"])
+    out.write(f"outputs     {len(leaves)}" + (" (a Result)" if "result" in m["entry"]["output"] else "") + "\n")
+    for name, dtype, shape in leaves[:SHOWN_OUTPUTS]:
+        out.write(f"  {name:<12} {dtype:<9} {shape}\n")
+    if len(leaves) > SHOWN_OUTPUTS:
+        out.write(f"  … {len(leaves) - SHOWN_OUTPUTS} more (--json lists them all)\n")
     out.write(f"program     {len(eng.graph.nodes)} nodes after {', '.join(m['program']['passes'])}\n")
     out.write(f"kernels     {len(m['kernels'])} ({len(m.get('launches', []))} launches)\n")
     for k in m["kernels"]:

@@ -25,7 +25,7 @@ from ..compiler.frontend import CheckOptions, check_file
 from ..compiler.passes import PASS_NAMES
 from ..errors import CompileError, XGError
 from .common import (EXIT_PROGRAM, EXIT_USAGE, emit_json, exit_code_for, fail, make_app, policy_or_exit, run,
-                     settings_or_exit)
+                     settings_or_exit, target_or_exit, write_diagnostics)
 from .version import version_option
 
 app = make_app("Compile an XG program (.xg) into an engine bundle (.xge), or check it.")
@@ -75,6 +75,7 @@ def compile(
         fail(f"--out names an engine file ending in .xge, got {str(out)!r}", EXIT_USAGE)
     policy = policy_or_exit(tune, "{} or {}")
     settings = settings_or_exit()        # read once here; the hw directory and the cache go down from it
+    target_or_exit(target, settings.hw_dir)
     if file.suffix.lower() == ".onnx":
         if kernels_from or sharding is not None or entry != "main":
             fail("--kernels-from, --sharding and --entry apply to .xg sources, not ONNX models", EXIT_USAGE)
@@ -104,7 +105,7 @@ def compile(
         if json_out:
             emit_json(result.to_json())
         elif result.diagnostics:
-            sys.stderr.write(result.render() + "\n")
+            write_diagnostics(result.render())
         raise typer.Exit(exit_code_for(result.diagnostics))
     # Imported here, not at the top: `--check` stays free of the engine and torch imports.
     from ..build.compile import ir_opt_text
@@ -117,11 +118,11 @@ def compile(
         if json_out:
             emit_json({"ok": False, "diagnostics": [d.to_json() for d in exc.diagnostics]})
         else:
-            sys.stderr.write(str(exc) + "\n")
+            write_diagnostics(str(exc))
         raise typer.Exit(exit_code_for(exc.diagnostics) or EXIT_PROGRAM)
     warnings = compiled.check.diagnostics
     if warnings and not json_out:
-        sys.stderr.write(compiled.check.render() + "\n")
+        write_diagnostics(compiled.check.render())
     if dump_after is not None:
         # After the last pass the dump is `--emit ir-opt` (with the sharding plan, if any).
         sys.stdout.write(ir_opt_text(compiled, settings) if dump_after == PASS_NAMES[-1]
@@ -166,7 +167,7 @@ def _report(exc: CompileError, json_out: bool) -> NoReturn:
     if json_out:
         emit_json({"ok": False, "diagnostics": [d.to_json() for d in exc.diagnostics]})
     else:
-        sys.stderr.write(str(exc) + "\n")
+        write_diagnostics(str(exc))
     raise typer.Exit(EXIT_PROGRAM)
 
 

@@ -15,7 +15,7 @@ import typer
 from ..errors import CompileError, XGError
 from ..settings import Settings
 from ..tuner.policy import Policy
-from .common import EXIT_PROGRAM, EXIT_USAGE, emit_json, fail, parse_dims
+from .common import EXIT_PROGRAM, EXIT_USAGE, emit_json, fail, parse_dims, write_diagnostics
 
 
 def compile_onnx(file: Path, *, check: bool, out: Path | None, emit: str | None, dump_after: str | None,
@@ -72,5 +72,5 @@ def _report(exc: CompileError, json_out: bool, code: int) -> None:
     if json_out:
         emit_json({"ok": False, "diagnostics": [{"severity": "error", "message": str(exc)}]})
     else:
-        sys.stderr.write(str(exc) + "\n")
+        write_diagnostics(str(exc))
     raise typer.Exit(code)

@@ -24,6 +24,7 @@ from ..packager.engine_file import EngineFile, read_engine, save_engine_file
 from ..packager.weights import load_weights
 from ..settings import RunSettings
 from .cpu import CpuExecutor
+from .summary import RunMetadata, engine_summary
 from ..dtypes import XG_NAMES
 
 
@@ -42,6 +43,17 @@ class RunResult:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)   # every output leaf, dtype kept:
     # `out`, or `out_0`, `out_1`, … for tuples, `out_ok` / `out_value` for results
 
+    def __post_init__(self) -> None:
+        # Still the dict every caller indexes; printed, a short summary (runtime/summary.py).
+        if not isinstance(self.metadata, RunMetadata):
+            self.metadata = RunMetadata(self.metadata)
+
+    def __repr__(self) -> str:
+        value = repr(self.value)
+        if len(value) > 200:
+            value = value[:200] + "…"
+        return f"RunResult(value={value}, outputs={sorted(self.tensors)})\n{self.metadata}"
+
 
 @dataclass
 class Engine:
@@ -50,6 +62,10 @@ class Engine:
     _specialised: dict = field(default_factory=dict, repr=False)
     _cuda: dict = field(default_factory=dict, repr=False)        # arch -> CudaExecutor
     _weights: dict = field(default_factory=dict, repr=False)     # device -> {name: tensor}
+
+    def __repr__(self) -> str:
+        # The manifest runs to thousands of characters; `engine.manifest` has it all.
+        return engine_summary("Engine", self.manifest, self.digest)
 
     # --- storing ---------------------------------------------------------------------------------
     @classmethod

@@ -167,6 +167,29 @@ def _key_part(what: str, value: Any) -> tuple:
                      "(None, bool, int, float, str)")
 
 
+def _dynamic_dims(keys: list[tuple], example: tuple, params: tuple[str, ...]) -> dict | None:
+    """torch.export's `dynamic_shapes` (by parameter name) making dynamic each dim whose size
+    differs among the signatures `keys` (as `_key_part` makes them), or None when they differ in
+    anything else (rank, dtype, device, keyword names, constants)."""
+    pos, kws = example
+    parts = [(params[i], p) for i, p in enumerate(pos)] + list(kws)
+    if len(pos) > len(params) or any(len(k[0]) != len(pos) or [n for n, _ in k[1]] != [n for n, _ in kws]
+                                     for k in keys):
+        return None
+    shapes: dict[str, Any] = {}
+    for j, (name, part) in enumerate(parts):
+        seen = [(k[0] + tuple(p for _, p in k[1]))[j] for k in keys]
+        if part[0] != "tensor":
+            if any(p != part for p in seen):
+                return None
+            continue
+        if any(p[0] != "tensor" or p[1] != part[1] or p[3] != part[3] or len(p[2]) != len(part[2]) for p in seen):
+            return None
+        dims = {d: torch.export.Dim(f"{name}_{d}") for d in range(len(part[2])) if len({p[2][d] for p in seen}) > 1}
+        shapes[name] = dims or None
+    return shapes
+
+
 class LazyModelEngine:
     """`xg.compile(model)` without example inputs (the seed's form): the model is captured and built
     at its first call, with that call's arguments as the example inputs (positional and keyword),
@@ -178,6 +201,7 @@ class LazyModelEngine:
     def __init__(self, build: Any) -> None:
         self._build = build                 # (args, kwargs) of a call -> ModelEngine
         self._engines: dict[tuple, ModelEngine] = {}
+        self._calls: dict[tuple, tuple[tuple, dict]] = {}      # signature -> the (detached) call that built it
         self._last: ModelEngine | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -196,8 +220,9 @@ class LazyModelEngine:
                               "example_inputs and dynamic_shapes (torch.export.Dim) to xg.compile to build "
                               "one engine for a range of sizes")
             detached = tuple(x.detach() if isinstance(x, torch.Tensor) else x for x in args)
-            engine = self._engines[key] = self._build(
-                detached, {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
+            kw = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+            engine = self._engines[key] = self._build(detached, kw)
+            self._calls[key] = (detached, kw)
         self._last = engine
         return engine(*args, **kwargs)
 
@@ -208,7 +233,29 @@ class LazyModelEngine:
         return self._last
 
     def save(self, path: Path | str) -> str:
-        return self._built().save(path)
+        """Write one `.xge` for every input signature called so far: with several that differ only
+        in sizes, the model is captured again with those dims dynamic (torch.export.Dim), so the
+        file runs them all; where that cannot be (other ranks, dtypes, constants, or torch.export
+        refuses the dims), the latest call's engine, with a warning naming what it leaves out."""
+        last = self._built()
+        if len(self._engines) == 1:
+            return last.save(path)
+        # The largest call as the example: torch.export specialises a dynamic dim seen at size 1.
+        key = max(self._engines, key=lambda k: sum(sum(p[2]) for p in k[0] + tuple(q for _, q in k[1])
+                                                   if p[0] == "tensor"))
+        shapes = _dynamic_dims(list(self._engines), key, last.params)
+        reason = "their tensors differ in rank, dtype, device or keyword names, or their constants differ"
+        if shapes is not None:
+            args, kwargs = self._calls[key]
+            try:
+                return self._build(args, kwargs, shapes).save(path)
+            except XGError as exc:
+                reason = f"capturing them with dynamic dims failed: {str(exc).splitlines()[0]}"
+        import warnings
+        warnings.warn(f"engine.save keeps the latest of {len(self._engines)} input signatures only "
+                      f"({', '.join(_sig_text(s) for s in last.signature)}): {reason}; pass example_inputs and "
+                      "dynamic_shapes to xg.compile for one engine of every size", stacklevel=2)
+        return last.save(path)
 
     @property
     def manifest(self) -> dict:

@@ -4,7 +4,7 @@ Owns the generic half of search: a problem's full space and generic fallback con
 template says what they are), pruning by the template's rules (each drop with a reason), and the
 cut to the best-predicted candidates. Configs that cannot fit the chip (shared memory, registers)
 are dropped here, before anything is compiled: Inductor compiles them and fails with "out of
-resource: shared memory" (PERF.md). Which of the survivors are worth timing is the cost model's
+resource: shared memory". Which of the survivors are worth timing is the cost model's
 call (`predict.rank`), so `candidates` returns them best-predicted first.
 """
 

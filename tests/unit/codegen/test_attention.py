@@ -62,7 +62,7 @@ def main() {
 }
 """
 
-# bf16 multi-head causal attention written naively, as PERF.md's workload.
+# bf16 multi-head causal attention written naively, as the benchmark's workload (docs/codegen.md).
 MHA_BF16 = """extern Tensor[bfloat16, B, H, T, D] Q
 extern Tensor[bfloat16, B, H, T, D] K
 extern Tensor[bfloat16, B, H, T, D] V

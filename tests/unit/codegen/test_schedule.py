@@ -1,5 +1,5 @@
 """The fusion pass: every computed node lands in exactly one kernel, kernels come in dependency
-order, and the patterns PERF.md cares about fuse into the expected kernels."""
+order, and the patterns the benchmark (docs/codegen.md) times fuse into the expected kernels."""
 
 from pathlib import Path
 

@@ -24,6 +24,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
+@pytest.mark.filterwarnings("ignore:num_gpu=1024. the plan splits nothing")
 def test_the_seed_snippet(tmp_path) -> None:
     model = MyTorchModel().eval()
     engine = xg.compile(model, target="GB200", num_gpu=1024)
@@ -43,7 +44,9 @@ def test_the_seed_snippet(tmp_path) -> None:
         assert rel(engine(other), model.double()(other.double())) < 1e-5
     assert engine.digest != first
     engine.save(tmp_path / "m.xge")
-    assert xg.load_model_engine(tmp_path / "m.xge").signature[0]["shape"] == [7, 12]
+    # One file for both batch sizes seen (issue 25: it used to keep the last one only).
+    loaded = xg.load_model_engine(tmp_path / "m.xge")
+    assert isinstance(loaded.signature[0]["shape"][0], str) and loaded.signature[0]["shape"][1] == 12
 
 
 def test_bad_calls_are_clear_errors() -> None:
@@ -62,3 +65,35 @@ def test_signatures_are_bounded() -> None:
         engine(torch.randn(batch, 12))
     with pytest.raises(xg.XGError, match="dynamic_shapes"):
         engine(torch.randn(MAX_SIGNATURES + 1, 12))
+
+
+def test_save_after_several_batch_sizes_runs_them_all(tmp_path) -> None:
+    model = MyTorchModel().eval()
+    engine = xg.compile(model, kernels=False)
+    g = torch.Generator().manual_seed(7)
+    for batch in (3, 7):
+        engine(torch.randn(batch, 12, generator=g))
+    engine.save(tmp_path / "m.xge")
+    loaded = xg.load_model_engine(tmp_path / "m.xge")
+    with torch.no_grad():
+        for batch in (3, 7, 5):
+            x = torch.randn(batch, 12, generator=g)
+            assert rel(loaded(x), model(x)) < 1e-5
+
+
+def test_save_warns_when_it_cannot_keep_every_signature(tmp_path) -> None:
+    engine = xg.compile(MyTorchModel().eval(), kernels=False)
+    engine(torch.randn(3, 12))
+    engine(torch.randn(2, 3, 12))            # another rank: no one engine takes both
+    with pytest.warns(UserWarning, match="keeps the latest of 2 input signatures only"):
+        engine.save(tmp_path / "m.xge")
+    assert xg.load_model_engine(tmp_path / "m.xge").signature[0]["shape"] == [2, 3, 12]
+
+
+def test_a_plan_that_splits_nothing_over_many_gpus_warns() -> None:
+    with pytest.warns(UserWarning, match="num_gpu=1024: the plan splits nothing: each of the 1024 GPUs"):
+        xg.compile(MyTorchModel().eval(), (torch.randn(3, 12),), target="GB200", num_gpu=1024, kernels=False)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        xg.compile(MyTorchModel().eval(), (torch.randn(3, 12),), target="GB200", num_gpu=1, kernels=False)

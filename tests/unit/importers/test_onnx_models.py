@@ -161,3 +161,16 @@ def test_gather_of_run_time_indices_is_a_gather_checked_for_range(tmp_path) -> N
     idx[2, 1] = -10
     with pytest.raises(xg.InputError, match=r"input `i` holds -10, outside \[-9, 9\)"):
         engine(idx)
+
+
+def test_import_raises_no_deprecation_warning(tmp_path) -> None:
+    """XG's own code warns about nothing deprecated (it printed the graph with
+    onnx.helper.printable_graph, deprecated since onnx 1.16)."""
+    from onnx import TensorProto, helper, save
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    save(_model([helper.make_node("Relu", ["x"], ["y"])], [x], [y]), tmp_path / "relu.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        imported = import_onnx(tmp_path / "relu.onnx")
+    assert "Relu" in imported.source

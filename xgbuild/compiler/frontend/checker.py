@@ -570,10 +570,8 @@ class ProgramChecker:
                 self.profile = load_profile(name, self.options.hw_dir)
                 self.target = self.profile.name
             except UnknownTargetError:
-                known = known_targets(self.options.hw_dir)
-                close = difflib.get_close_matches(name.upper(), known, n=1)
-                hint = f"did you mean `{close[0]}`? " if close else ""
-                self.diags.error(UNKNOWN_TARGET, span, name=name, help=f"{hint}known targets: {', '.join(known)}")
+                # A bad `--target` is refused before checking (target_option_error); here the source's.
+                self.diags.error(UNKNOWN_TARGET, span, name=name, help=_targets_help(name, self.options.hw_dir))
         if num_decl is not None:
             v = num_decl.value
             if isinstance(v, A.IntLit) and 1 <= v.value <= MAX_NUM_GPU:
@@ -655,3 +653,25 @@ class ProgramChecker:
         for name in sorted(self.funcs):
             if name not in state:
                 visit(name, [name])
+
+
+def _targets_help(name: str, hw_dir) -> str:
+    from ...hw import known_targets
+    known = known_targets(hw_dir)
+    close = difflib.get_close_matches(name.upper(), known, n=1)
+    return f"{f'did you mean `{close[0]}`? ' if close else ''}known targets: {', '.join(known)}"
+
+
+def target_option_error(name: str | None, hw_dir, given_as: str = "--target"):
+    """The CompileError for a target named outside the source (`--target`, `target=`) that no
+    profile has, or None. It is the caller's mistake, not the source's: no line is underlined."""
+    from ...hw import UnknownTargetError, load_profile
+    from .diagnostics import plain_error
+    if name is None:
+        return None
+    try:
+        load_profile(name, hw_dir)
+    except UnknownTargetError:
+        return plain_error(UNKNOWN_TARGET, name=name, help=_targets_help(name, hw_dir),
+                           notes=(f"the target was given as `{given_as}`",))
+    return None

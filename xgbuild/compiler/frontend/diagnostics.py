@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -40,6 +41,8 @@ class Diagnostic:
     label: str = ""
     help: str = ""
     notes: tuple[str, ...] = ()
+    end_line: int = 0       # where the span ends (1-based, exclusive column); 0 without a source line
+    end_col: int = 0
 
     def to_json(self) -> dict:
         return {
@@ -49,7 +52,10 @@ class Diagnostic:
             "file": self.file,
             "line": self.line,
             "col": self.col,
+            "end_line": self.end_line,
+            "end_col": self.end_col,
             "help": self.help or None,
+            "notes": list(self.notes),
         }
 
 
@@ -68,8 +74,9 @@ class Diagnostics:
     def emit(self, code: Code, span: Span, severity: Severity = Severity.ERROR, *,
              label: str = "", help: str = "", notes: tuple[str, ...] = (), **fmt: object) -> None:
         line, col = self.source.line_col(span.start)
+        end_line, end_col = self.source.line_col(max(span.start, span.end))
         self.items.append(Diagnostic(code.code, severity, code.fmt(**fmt), self.source.name,
-                                     line, col, span, label, help, notes))
+                                     line, col, span, label, help, notes, end_line, end_col))
         if severity is Severity.ERROR:
             self.error_lines.add(line)
             self._errors += 1
@@ -177,6 +184,38 @@ def render_all(diags: list[Diagnostic], source: SourceFile | None) -> str:
         parts.append(f"error: could not compile `{diags[0].file}` due to {errors} previous error{s}"
                      + (f"; {warnings} warning{'s' if warnings != 1 else ''} emitted" if warnings else ""))
     return "\n\n".join(parts)
+
+
+_ANSI = {"error": "\x1b[1;31m", "warning": "\x1b[1;33m", "note": "\x1b[1;32m", "help": "\x1b[1;36m",
+         "gutter": "\x1b[1;34m", "bold": "\x1b[1m", "reset": "\x1b[0m"}
+_HEAD = re.compile(r"^(error|warning|note)(\[XG\d{4}\])?(:)(.*)$")
+_GUTTER = re.compile(r"^( *(?:\d+ )?)(\||-->|=)( ?)(.*)$")
+
+
+def colorize(text: str) -> str:
+    """Rendered diagnostics with rustc's colours (ANSI): the severity and message bold and
+    coloured, the gutter blue, carets in the severity's colour. The CLI applies it only on a
+    terminal, and not under NO_COLOR."""
+    a, out, level = _ANSI, [], "error"
+    for line in text.split("\n"):
+        head = _HEAD.match(line)
+        if head:
+            level = head.group(1)
+            out.append(f"{a[level]}{head.group(1)}{head.group(2) or ''}{a['reset']}{a['bold']}:{head.group(4)}{a['reset']}")
+            continue
+        gut = _GUTTER.match(line)
+        if not gut:
+            out.append(line)
+            continue
+        lead, mark, space, rest = gut.groups()
+        if mark == "|" and rest.lstrip().startswith("^"):
+            pad = len(rest) - len(rest.lstrip())
+            rest = f"{rest[:pad]}{a[level]}{rest[pad:]}{a['reset']}"
+        elif mark == "=" and ":" in rest:
+            kind, _, body = rest.partition(":")
+            rest = f"{a['bold']}{kind}{a['reset']}:{body}"
+        out.append(f"{a['gutter']}{lead}{mark}{a['reset']}{space}{rest}")
+    return "\n".join(out)
 
 
 def explain(code: str) -> str | None:

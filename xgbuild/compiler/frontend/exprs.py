@@ -46,6 +46,20 @@ def expr_key(e: A.Expr | A.Slice | None) -> str:
     return f"#{e.nid}"    # anything else is never assumed equal to another node
 
 
+# Keyword names other array libraries use for XG's (numpy/JAX `axis`, `keepdims`, ...).
+KWARG_ALIASES = {"axis": "dim", "axes": "dim", "keepdims": "keepdim", "dims": "dim", "dimension": "dim",
+                 "type": "dtype", "dt": "dtype"}
+
+
+def kwarg_guess(name: str, allowed: list[str]) -> str | None:
+    """The accepted keyword the user probably meant: a known alias, else the closest spelling."""
+    alias = KWARG_ALIASES.get(name.lower())
+    if alias in allowed:
+        return alias
+    close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 class ExprChecker:
     """Expression rules; expects the host class to provide diags, subst, scope, funcs, types …"""
 
@@ -64,7 +78,7 @@ class ExprChecker:
         if isinstance(ty, ResultType):
             self.diags.error(RESULT_AS_VALUE, e.span, found=ty, inner=ty.inner,
                              label="this is a `Result`, not its value",
-                             help="take it apart first: `match r { Ok(v) => ..., Err(e) => ... }` or `r.unwrap_or(...)`")
+                             help=self.unwrap_help(e))
             self.mark_handled(e)
             return ERROR, R.ANY
         return ty, sign
@@ -241,7 +255,7 @@ class ExprChecker:
             return TensorType("bool", shape), R.ANY
         if dtype == "bool":
             self.diags.error(NOT_CALLABLE, e.op_span, detail=f"operator `{e.op}` cannot be applied to `bool` values",
-                             help="use `and`, `or`, `not`, or `cast(x, int32)` first")
+                             help=f"use `and`, `or`, `not`, or `cast({self.snippet(e.left)}, int32)` first")
             return ERROR, R.ANY
         if e.op in ("/", "%"):
             self.check_divisor(e.right, rs)
@@ -306,13 +320,25 @@ class ExprChecker:
             return
         text = self.snippet(divisor)
         if isinstance(divisor, A.Name) and self.is_scalar_var(divisor.id):
-            help = f"guard it first: `if {divisor.id} == 0 {{ return DivByZero }}`"
+            help = self.guard_help(divisor.id)
         elif isinstance(divisor, (A.IntLit, A.FloatLit)):
             help = "dividing by a zero constant is never valid"
         else:
             help = ("divide by something provably nonzero: a guarded scalar, or a positive value such as "
                     "`exp(...)`, `softmax(...)`, `x * x + eps`, or a sum of positives")
         self.diags.error(DIV_UNSAFE, divisor.span, divisor=text, label="this divisor may be zero", help=help)
+
+    def guard_help(self, name: str) -> str:
+        """How to guard a scalar divisor in this function: returning an error only where the
+        function returns a `Result` (anywhere else that is XG0403)."""
+        ret = self.deref(self.sig.ret) if self.sig.declared_ret else None
+        if isinstance(ret, ResultType):
+            return f"guard it first: `if {name} == 0 {{ return DivByZero }}`"
+        inside = f"divide inside `if {name} != 0 {{ ... }}` (or return early from `if {name} == 0 {{ ... }}`)"
+        if ret is None or self.is_main:
+            return inside
+        return (f"{inside}; to report the error instead, declare `{self.fn.name}` to return "
+                f"`Result[{ret}]` and guard with `if {name} == 0 {{ return DivByZero }}`")
 
     def is_scalar_var(self, name: str) -> bool:
         found = self.scope.get(name)
@@ -352,7 +378,7 @@ class ExprChecker:
             self.diags.error(MATMUL_SHAPE, e.op_span, left=fmt_shape(a), right=fmt_shape(b),
                              label=f"{self.subst.dim(ka)} (columns of the left) != {self.subst.dim(kb)} (rows of the right)",
                              help="the left operand's last dim must equal the right operand's second-to-last; "
-                                  "`transpose(b)` swaps the last two dims")
+                                  f"`transpose({self.snippet(e.right)})` swaps the last two dims of the right")
             return ERROR, R.ANY
         batch_a, batch_b = a[:-2], b[:-2]
         batch: tuple[Dim, ...] = ()
@@ -403,7 +429,7 @@ class ExprChecker:
         if isinstance(ty, ResultType) and not isinstance(want, ResultType):
             self.diags.error(RESULT_AS_VALUE, node.span, found=ty, inner=ty.inner,
                              label="this is a `Result`, not its value",
-                             help="take it apart first: `match r { Ok(v) => ..., Err(e) => ... }` or `r.unwrap_or(...)`")
+                             help=self.unwrap_help(node))
             return
         if isinstance(want, ResultType) and not isinstance(ty, (ResultType, ErrorValue)):
             self.diags.error(code, node.span, expected=want, found=ty, **fmt,
@@ -467,8 +493,11 @@ class ExprChecker:
 
     def bad_kwarg(self, kw: A.Keyword, detail: str, allowed) -> None:
         from .codes import BAD_KWARG
-        allowed = ", ".join(f"`{a}`" for a in allowed) or "none"
-        self.diags.error(BAD_KWARG, kw.span, detail=detail, help=f"accepted: {allowed}")
+        allowed = list(allowed)
+        listed = ", ".join(f"`{a}`" for a in allowed) or "none"
+        guess = kwarg_guess(kw.name, allowed)
+        hint = f"did you mean `{guess}`? " if guess and guess != kw.name else ""
+        self.diags.error(BAD_KWARG, kw.span, detail=detail, help=f"{hint}accepted: {listed}")
 
     def check_Call(self, e: A.Call, expected: Type | None) -> Val:
         if isinstance(e.func, A.Call):
@@ -688,6 +717,13 @@ class ExprChecker:
                                  found=ty)
                 return ERROR, R.ANY
         return ShapeValue(tuple(dims)), R.ANY
+
+    def unwrap_help(self, node: A.Node) -> str:
+        """Taking a `Result` apart, written with the user's own expression."""
+        text = self.snippet(node)
+        if not isinstance(node, (A.Name, A.Call, A.MethodCall)):
+            text = f"({text})"
+        return f"take it apart first: `match {text} {{ Ok(v) => v, Err(e) => ... }}` or `{text}.unwrap_or(...)`"
 
     def snippet(self, node: A.Node) -> str:
         text = self.source.snippet(node.span)

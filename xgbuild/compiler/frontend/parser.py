@@ -66,19 +66,30 @@ class Parser:
     def at_kw(self, text: str) -> bool:
         return self.tok.kind is T.KEYWORD and self.tok.text == text
 
-    def fail(self, message: str, tok: Token | None = None, *, label: str = "", help: str = "") -> None:
+    def fail(self, message: str, tok: Token | None = None, *, label: str = "", help: str = "",
+             notes: tuple[str, ...] = ()) -> None:
         tok = tok or self.tok
         # One syntax error per line: a second one on the same line is almost always a consequence.
         if self.diags.source.line_col(tok.span.start)[0] not in self.diags.error_lines:
-            self.diags.error(SYNTAX, tok.span, detail=message, label=label, help=help)
+            self.diags.error(SYNTAX, tok.span, detail=message, label=label, help=help, notes=notes)
         else:
             self.suppressed += 1
         raise _Sync
 
-    def expect_op(self, text: str, context: str = "") -> Token:
+    def expect_op(self, text: str, context: str = "", opener: Token | None = None) -> Token:
+        """The next token, which must be `text`; for a closing delimiter, `opener` is the token
+        it closes, and the error's note points there (the error itself lands where parsing
+        stopped, often the next line)."""
         if not self.at_op(text):
             where = f" {context}" if context else ""
-            self.fail(f"expected `{text}`{where}, found {self.tok.describe()}", label=f"expected `{text}`")
+            notes = ()
+            if opener is not None:
+                line, col = self.diags.source.line_col(opener.span.start)
+                shown = self.diags.source.line_text(line).strip()
+                shown = shown if len(shown) <= 60 else shown[:57] + "..."
+                notes = (f"the `{opener.text}` at line {line}, column {col} is never closed: `{shown}`",)
+            self.fail(f"expected `{text}`{where}, found {self.tok.describe()}", label=f"expected `{text}`",
+                      notes=notes)
         return self.advance()
 
     def expect_name(self, what: str) -> Token:
@@ -181,7 +192,7 @@ class Parser:
     def parse_def(self) -> A.FuncDef:
         start = self.advance()
         name = self.expect_name("a function name")
-        self.expect_op("(", "after the function name")
+        open_tok = self.expect_op("(", "after the function name")
         params: list[A.Param] = []
         self.skip_newlines()
         while not self.at_op(")"):
@@ -191,7 +202,7 @@ class Parser:
             if not self.at_op(","):
                 break
             self.advance()
-        self.expect_op(")", "to close the parameter list")
+        self.expect_op(")", "to close the parameter list", open_tok)
         ret = None
         if self.at_op("->"):
             self.advance()
@@ -215,7 +226,7 @@ class Parser:
                 if self.at_op(")"):
                     break
                 items.append(self.parse_type())
-            end = self.expect_op(")", "to close the tuple type")
+            end = self.expect_op(")", "to close the tuple type", tok)
             return A.TupleTypeExpr(self.nid(), tok.span.to(end.span), items)
         name = self.expect_name("a type")
         if name.text == "Tensor" and self.at_op("["):
@@ -457,7 +468,7 @@ class Parser:
                 return expr
 
     def parse_args(self) -> tuple[list[A.Expr], list[A.Keyword], Token]:
-        self.advance()  # (
+        open_tok = self.advance()  # (
         args: list[A.Expr] = []
         kwargs: list[A.Keyword] = []
         while not self.at_op(")"):
@@ -474,18 +485,18 @@ class Parser:
             if not self.at_op(","):
                 break
             self.advance()
-        end = self.expect_op(")", "to close the argument list")
+        end = self.expect_op(")", "to close the argument list", open_tok)
         return args, kwargs, end
 
     def parse_index(self, base: A.Expr) -> A.Expr:
-        self.advance()  # [
+        open_tok = self.advance()  # [
         items: list[A.Expr | A.Slice] = []
         while not self.at_op("]"):
             items.append(self.parse_index_item())
             if not self.at_op(","):
                 break
             self.advance()
-        end = self.expect_op("]", "to close the index")
+        end = self.expect_op("]", "to close the index", open_tok)
         if not items:
             self.diags.error(SYNTAX, end.span, detail="empty index `[]`", label="expected an index or a slice")
             raise _Sync
@@ -541,7 +552,7 @@ class Parser:
                 if self.at_op(")"):
                     break
                 items.append(self.parse_expr())
-            end = self.expect_op(")", "to close the parenthesis")
+            end = self.expect_op(")", "to close the parenthesis", tok)
             return A.TupleExpr(self.nid(), tok.span.to(end.span), items)
         if tok.is_op("["):
             self.advance()
@@ -551,7 +562,7 @@ class Parser:
                 if not self.at_op(","):
                     break
                 self.advance()
-            end = self.expect_op("]", "to close the list")
+            end = self.expect_op("]", "to close the list", tok)
             return A.ListExpr(self.nid(), tok.span.to(end.span), items)
         self.fail(f"expected an expression, found {tok.describe()}", label="expected an expression")
         raise AssertionError  # unreachable: fail() raises

@@ -249,8 +249,8 @@ def import_onnx(path: Path | str, *, target: str = "H100", num_gpu: int = 1, dim
     if t.unsupported:
         raise UnsupportedOps(f"{name}", t.unsupported)
     graph = t.b.build(output)
-    from onnx import helper
-    source = helper.printable_graph(model.graph)
+    from onnx import printer        # helper.printable_graph is deprecated (a DeprecationWarning per import)
+    source = printer.to_text(model.graph)
     return finish(graph, name=f"{name}.txt", source=source, weights=t.weights, inputs=t.inputs, ranges=t.ranges,
                   example_dims=dict(dims or {}), target=target, num_gpu=num_gpu, verify_each=verify_each,
                   profile=profile)

@@ -3,7 +3,7 @@
 The lattice and its arithmetic; each op's own sign fact is in its `OpDef.sign`.
 
 A `Sign` is the set of possible signs of every element of a value. The rules are those of exact
-arithmetic (DESIGN.md: `exp` is positive, `x * x + eps` with `eps > 0` is positive, sums of
+arithmetic (`exp` is positive, `x * x + eps` with `eps > 0` is positive, sums of
 positives are positive); the checker combines them with the facts that `if` guards establish.
 """
 
