@@ -26,6 +26,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    # Under pytest-xdist (`-n N --dist loadgroup`, as tools/test runs): a file's tests stay on one
+    # worker (its module fixtures are built once), and every Bazel test shares one worker (one
+    # Bazel server and output base at a time).
+    for item in items:
+        group = "bazel" if "bazel" in item.keywords else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture
