@@ -26,3 +26,16 @@ class InputError(XGError):
 
 class ExecutionError(XGError):
     """Running an engine failed: a check found NaN/Inf, a run-time index was out of bounds, …"""
+
+
+def user_stacklevel() -> int:
+    """The `stacklevel` that makes `warnings.warn(..., stacklevel=user_stacklevel())` name the first
+    frame outside XG's own packages (`xg`, `xgbuild`): the user's line that called into XG."""
+    import os
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    roots = (here + os.sep, os.path.join(os.path.dirname(here), "xg") + os.sep)
+    frame, level = sys._getframe(1), 1          # level 1: the line calling warnings.warn
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(roots):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..compiler.frontend import CheckOptions
-from ..errors import XGError
+from ..errors import XGError, user_stacklevel
 from ..hw import GpuProfile, HardwareProfileError, UnknownTargetError
 from ..runtime.engine import Engine
 from ..settings import RunSettings, Settings
@@ -103,7 +103,7 @@ def _warn_if_nothing_split(plan: dict | None) -> None:
     warnings.warn(f"num_gpu={n}: the plan splits nothing: each of the {n} GPUs gets every input "
                   "whole and computes the whole model (nothing is sharded in a model imported from PyTorch or "
                   "ONNX); build with num_gpu=1 and run one engine per GPU, or write the model in XG with "
-                  "`shard(...)` to split it", stacklevel=2)
+                  "`shard(...)` to split it", stacklevel=user_stacklevel())
 
 
 def compile_model(model_or_fn: Any, example_inputs: Any, target: str, num_gpu: int, settings: Settings,

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError, XGError
+from ..errors import InputError, XGError, user_stacklevel
 from ..settings import RunSettings
 from .engine import Engine
 
@@ -254,7 +254,7 @@ class LazyModelEngine:
         import warnings
         warnings.warn(f"engine.save keeps the latest of {len(self._engines)} input signatures only "
                       f"({', '.join(_sig_text(s) for s in last.signature)}): {reason}; pass example_inputs and "
-                      "dynamic_shapes to xg.compile for one engine of every size", stacklevel=2)
+                      "dynamic_shapes to xg.compile for one engine of every size", stacklevel=user_stacklevel())
         return last.save(path)
 
     @property

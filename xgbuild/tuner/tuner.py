@@ -274,7 +274,7 @@ class Compiler:
             if self.cache is not None:
                 try:
                     self.cache.store(key, kb.metadata(), {"cubin": kb.cubin, "ptx": ptx.encode()})
-                except XGError:
+                except (XGError, CacheError, OSError):
                     pass      # a cache that cannot be written slows the next build, never this one
             out.set_result((kb, ptx))
         fut.add_done_callback(finish)

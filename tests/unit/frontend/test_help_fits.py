@@ -46,3 +46,12 @@ def test_bool_arithmetic_help_names_the_operand() -> None:
     prog = "def main() {\n    flag = 1 < 2\n    return flag + flag\n}\n"
     texts = " ".join(helps(prog).values())
     assert "cast(flag, int32)" in texts and "cast(x," not in texts, texts
+
+
+def test_chained_comparison_help_uses_the_users_operands() -> None:
+    prog = "def between(float32 lo, float32 x, float32 hi) -> bool {\n    return lo < x <= hi\n}\n" \
+           "def main() {\n    return between(1.0, 2.0, 3.0)\n}\n"
+    help = helps(prog)["XG0001"]
+    assert help == "combine them with `and`: `lo < x and x <= hi`", help
+    fixed = prog.replace("lo < x <= hi", "lo < x and x <= hi")
+    assert check_source(fixed).ok, check_source(fixed).render()

@@ -85,14 +85,16 @@ def test_save_warns_when_it_cannot_keep_every_signature(tmp_path) -> None:
     engine = xg.compile(MyTorchModel().eval(), kernels=False)
     engine(torch.randn(3, 12))
     engine(torch.randn(2, 3, 12))            # another rank: no one engine takes both
-    with pytest.warns(UserWarning, match="keeps the latest of 2 input signatures only"):
+    with pytest.warns(UserWarning, match="keeps the latest of 2 input signatures only") as caught:
         engine.save(tmp_path / "m.xge")
+    assert {w.filename for w in caught} == {__file__}           # the warning names the user's line
     assert xg.load_model_engine(tmp_path / "m.xge").signature[0]["shape"] == [2, 3, 12]
 
 
 def test_a_plan_that_splits_nothing_over_many_gpus_warns() -> None:
-    with pytest.warns(UserWarning, match="num_gpu=1024: the plan splits nothing: each of the 1024 GPUs"):
+    with pytest.warns(UserWarning, match="num_gpu=1024: the plan splits nothing: each of the 1024 GPUs") as caught:
         xg.compile(MyTorchModel().eval(), (torch.randn(3, 12),), target="GB200", num_gpu=1024, kernels=False)
+    assert {w.filename for w in caught} == {__file__}           # the warning names the user's line
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -311,3 +311,24 @@ def test_a_strict_miss_prints_the_full_key_its_parts_and_the_nearest_stored_keys
     assert f"nearest stored key {stale.digest} differs in: toolchain" in text
     assert '        toolchain.triton:\n          - "' in text and '          + "0.0-other"' in text
     cache.close()
+
+
+def test_a_cache_that_cannot_store_a_cubin_slows_the_next_build_not_this_one(job) -> None:
+    """A full disk under the cache (sqlite's "database or disk is full" is a CacheError, not an
+    XGError) must not fail the compile that produced the cubin (issue 25)."""
+    from xgbuild.cache.errors import CacheError
+    from xgbuild.compiler.codegen.templates import emit
+    from xgbuild.tuner.space import default_config
+
+    class FullDisk:
+        def lookup(self, key):
+            return None
+
+        def store(self, *args, **kwargs):
+            raise CacheError("database or disk is full")
+    compiler = Compiler(90, cache=FullDisk())
+    cfg = default_config(job.problem)
+    em = emit(job.spec, cfg, job.fast_variant(cfg))
+    kb, _ptx = compiler.submit(em, cfg["num_warps"], cfg["num_stages"]).result(timeout=120)
+    compiler.close()
+    assert kb.cubin and compiler.compiled == 1

@@ -436,8 +436,13 @@ class Parser:
             right = self.parse_expr(bp)
             if bp == _COMPARISON_BP and self.tok.text in _BINARY and _BINARY[self.tok.text] == _COMPARISON_BP \
                     and self.tok.kind is T.OP:
+                src = self.diags.source
+                first, middle = src.snippet(left.span), src.snippet(right.span)
+                after = self.peek()
+                last = after.text if after.kind in (T.NAME, T.INT, T.FLOAT) else "..."
                 self.fail("comparisons cannot be chained", label="second comparison",
-                          help="combine them with `and`: `a < b and b < c`")
+                          help=f"combine them with `and`: `{first} {text} {middle} and {middle} {self.tok.text} "
+                               f"{last}`")
             left = A.Binary(self.nid(), left.span.to(right.span), text, left, right, op.span)
         self.leave()
         return left

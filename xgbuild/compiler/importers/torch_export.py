@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ...errors import XGError
+from ...errors import XGError, user_stacklevel
 from ...hw import GpuProfile
 from ..frontend.codes import MODEL_DTYPE, MODEL_INPUT, MODEL_OUTPUT, MODEL_TRAINING, NOT_CAPTURED
 from ..frontend.diagnostics import plain_error
@@ -470,7 +470,7 @@ def _import(model_or_fn: Any, example_inputs: Any, example_kwargs: Any, dynamic_
             raise UnsupportedOps(f"model {name}", report)
         warnings.warn(f"xg.compile: {len(t.fallbacks)} op{'s' if len(t.fallbacks) != 1 else ''} of model {name} "
                       "run in PyTorch eager (fallback='eager'), between XG's kernels: "
-                      + "; ".join(f"{u.op} at {u.where}" for u in t.fallbacks), stacklevel=4)
+                      + "; ".join(f"{u.op} at {u.where}" for u in t.fallbacks), stacklevel=user_stacklevel())
     elif t.unsupported:
         raise UnsupportedOps(f"model {name}", report)
     graph = t.b.build(output)
