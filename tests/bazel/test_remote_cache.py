@@ -13,7 +13,7 @@ import pytest
 
 from bazel_helpers import explain, summary
 
-pytestmark = pytest.mark.timeout(2400)
+pytestmark = [pytest.mark.timeout(2400), pytest.mark.slow]       # two clean Bazel builds each: CI runs them
 
 TARGET = "//models:train_engine"
 

@@ -108,6 +108,7 @@ def test_sharded_programs_match_float64_on_gloo_ranks(tmp_path: Path, rand: Rand
         assert_close(got[f"out_{k}"], ref, 1e-5, rand, what=f"output {k} on {nproc} ranks")
 
 
+@pytest.mark.slow
 def test_each_rank_runs_the_engines_own_kernels(tmp_path: Path, rand: Rand) -> None:
     """An engine with kernels (cross-compiled for H100): each rank runs them on its local shapes,
     collectives between kernels, under Triton's interpreter here (on GPUs: the cubins, with NCCL)."""
@@ -162,6 +163,7 @@ BLOCKED = src_text("""
 """)
 
 
+@pytest.mark.slow
 def test_all_reduced_matmuls_run_in_row_blocks(tmp_path: Path, rand: Rand) -> None:
     """XG_COMM_BLOCKS=3: a matmul whose partial sums are all-reduced (one with an epilogue that
     reads a whole operand) runs in blocks of rows, each block's all-reduce in place on its rows as
@@ -373,6 +375,7 @@ def test_training_step_matches_the_single_process_float64_step(tmp_path: Path, r
         assert_close(got[name], want.numpy(), 1e-4, rand, what=f"{name} after a step on {nproc} ranks ({plan})")
 
 
+@pytest.mark.slow
 def test_tensor_parallel_step_with_kernels_in_row_blocks(tmp_path: Path, rand: Rand) -> None:
     """The training step scaled up (T=256, D=64, F=256), tensor parallel on 2 ranks running the
     engine's kernels (Triton's interpreter): with XG_COMM_BLOCKS=4 its reduce-scattered products
@@ -503,6 +506,7 @@ def test_python_api_runs_ranks(tmp_path: Path, rand: Rand) -> None:
         xg.run_engine(engine, inputs, nproc=4)
 
 
+@pytest.mark.slow
 def test_a_batch_the_pieces_do_not_divide_fails_every_rank_with_the_reason(tmp_path: Path) -> None:
     # 2 stages of 2 GPUs, 4 microbatches each: 8 pieces of a symbolic batch of 1 row. Every rank
     # says so (an input error, exit 1) before slicing its share.

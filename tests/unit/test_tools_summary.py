@@ -13,12 +13,15 @@ def test_tools_test_ends_with_one_summary_line(tmp_path) -> None:
     (tmp_path / "test_some.py").write_text(
         "import pytest\n\ndef test_a():\n    assert False\n\ndef test_b():\n    pass\n\n"
         "@pytest.mark.skip\ndef test_c():\n    pass\n")
-    proc = subprocess.run([str(REPO / "tools" / "test"), str(tmp_path / "test_some.py"), "--rootdir", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
-    last = proc.stdout.strip().splitlines()[-1]
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert re.fullmatch(r"tools/test: FAILED \(pytest: 1 passed, 1 failed, 1 skipped; "
-                        r"import contracts: \d+ kept, 0 broken\) in \d+m\d\ds", last), last
+    import os
+    for slow, note in (("1", ""), ("0", " (slow tests left out: XG_TEST_SLOW=1 runs them)")):
+        proc = subprocess.run([str(REPO / "tools" / "test"), str(tmp_path / "test_some.py"), "--rootdir",
+                               str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+                              env={**os.environ, "XG_TEST_SLOW": slow})
+        last = proc.stdout.strip().splitlines()[-1]
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert re.fullmatch(r"tools/test: FAILED \(pytest: 1 passed, 1 failed, 1 skipped" + re.escape(note)
+                            + r"; import contracts: \d+ kept, 0 broken\) in \d+m\d\ds", last), last
 
 
 def test_run_examples_promises_a_summary_line() -> None:
