@@ -18,7 +18,6 @@ import argparse
 import copy
 import gc
 import json
-import math
 import sys
 import time
 import warnings
@@ -28,10 +27,10 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import xg  # noqa: E402
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from bench_torch_models import DTYPES, local_target, rel_err  # noqa: E402  (the same target and error rules)
 
 
 def build(name: str, layers: int) -> torch.nn.Module:
@@ -55,20 +54,6 @@ def output(result) -> torch.Tensor:
         if v is not None:
             return v
     return result[0] if isinstance(result, (tuple, list)) else result
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    if not torch.isfinite(out).all():
-        return math.inf
-    return ((out.double() - ref).norm() / ref.norm()).item()
-
-
-def local_target() -> str:
-    name = torch.cuda.get_device_name(0)
-    for target in ("H200", "H100", "B200", "A100", "L40S"):
-        if target in name:
-            return target
-    raise SystemExit(f"no hw/ profile for {name}")
 
 
 def run(args, name: str, dtype_name: str) -> dict:

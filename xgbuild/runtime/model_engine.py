@@ -70,9 +70,11 @@ class ModelEngine:
         """The call's tensors by input name; each misfit an InputError naming the argument."""
         sig = self.signature
         names = [s["name"] for s in sig]
-        takes = f"the engine takes {len(sig)} input{'s' if len(sig) != 1 else ''} ({', '.join(_sig_text(s) for s in sig)})"
+
+        def takes() -> str:            # built only for an error: the happy path formats nothing
+            return f"the engine takes {len(sig)} input{'s' if len(sig) != 1 else ''} ({', '.join(map(_sig_text, sig))})"
         if len(args) > len(self.params):
-            raise InputError(f"{takes}, got {len(args)} positional arguments")
+            raise InputError(f"{takes()}, got {len(args)} positional arguments")
         bound: dict[str, Any] = {}
         where: dict[str, str] = {}
         for i, (name, value) in enumerate(zip(self.params, args)):
@@ -81,7 +83,7 @@ class ModelEngine:
             if name in bound:
                 raise InputError(f"input `{name}` is given twice: as {where[name]} and by keyword")
             if name not in names and name not in self.fixed:
-                raise InputError(f"unknown keyword argument `{name}`; {takes}")
+                raise InputError(f"unknown keyword argument `{name}`; {takes()}")
             bound[name], where[name] = value, "a keyword argument"
         for name, value in bound.items():
             if name in self.fixed:
@@ -90,7 +92,7 @@ class ModelEngine:
         if missing:
             given = sum(1 for n in names if n in bound)
             raise InputError(f"missing input{'s' if len(missing) > 1 else ''} "
-                             f"{', '.join(f'`{m}`' for m in missing)}: {takes}, got {given}")
+                             f"{', '.join(f'`{m}`' for m in missing)}: {takes()}, got {given}")
         devices = set()
         for spec in sig:
             x = bound[spec["name"]]

@@ -136,15 +136,22 @@ def test_measure_without_a_gpu_of_the_target_model_refuses(graph) -> None:
         build_kernels(graph, load_profile("H100"), policy="measure", dims=DIMS)
 
 
-def test_measured_winner_is_cached_then_reused(job, tmp_path: Path) -> None:
-    profile = load_profile("H100")
-    cache = Cache.open(Settings(cache_dir=tmp_path / "c"))
+def _measuring_tuner(profile, job, cache):
+    """A measuring tuner over the job's first two candidates, the second faster (a fake measurer),
+    compiling for real through `cache`: (tuner, measurer, candidates, their keys)."""
     cands = _configs(Tuner(profile), job)[:2]
     keys = [config_key(c) for c in cands]
     fake = FakeMeasurer({keys[0]: 0.9, keys[1]: 0.1})
-    compiler = Compiler(90, cache)
-    tuner = Tuner(profile, policy="measure", measurer=fake, compiler=compiler, cache=cache)
+    tuner = Tuner(profile, policy="measure", measurer=fake, compiler=Compiler(90, cache), cache=cache)
     tuner.candidates = lambda j: cands
+    return tuner, fake, cands, keys
+
+
+def test_measured_winner_is_cached_then_reused(job, tmp_path: Path) -> None:
+    profile = load_profile("H100")
+    cache = Cache.open(Settings(cache_dir=tmp_path / "c"))
+    tuner, fake, cands, keys = _measuring_tuner(profile, job, cache)
+    compiler = tuner.compiler
     first = tuner.tune(job)
     assert first.source == "measured" and config_key(first.config) == keys[1]
     again = Tuner(profile, policy="strict", cache=cache)
@@ -274,12 +281,8 @@ def test_measuring_replaces_a_recorded_prediction(job, tmp_path: Path) -> None:
     profile = load_profile("H100")
     cache = Cache.open(Settings(cache_dir=tmp_path / "c"))
     Tuner(profile, policy="predict", cache=cache).tune(job)
-    cands = _configs(Tuner(profile), job)[:2]
-    keys = [config_key(c) for c in cands]
-    fake = FakeMeasurer({keys[0]: 0.9, keys[1]: 0.1})
-    compiler = Compiler(90, cache)
-    tuner = Tuner(profile, policy="measure", measurer=fake, compiler=compiler, cache=cache)
-    tuner.candidates = lambda j: cands
+    tuner, fake, cands, keys = _measuring_tuner(profile, job, cache)
+    compiler = tuner.compiler
     measured = tuner.tune(job)           # a prediction in the cache is not a tuned hit: it measures
     assert measured.source == "measured" and fake.seen
     record = cache.get_record(measured.key)

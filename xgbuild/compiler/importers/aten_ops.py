@@ -103,27 +103,27 @@ def _binary(t, node, args, kwargs):
     return t.b.binary(o, a, b, dtype=None if o in (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE) else out_dtype(node))
 
 
+def _as_bool(t, v):
+    return t.b.cast(v, "bool") if is_node(v) else t.b.const(bool(v), "bool")
+
+
 def _logical(t, name: str, o: Op, a, b):
-    """and / or: logical on any dtype; the bitwise forms only where they agree (bool operands)."""
+    """and / or / xor (o: AND, OR, NE of bools): logical on any dtype; the bitwise forms only where
+    they agree (bool operands)."""
     if not name.startswith("aten.logical_"):
         for v in (a, b):
             if (t.b.dtype(v) if is_node(v) else ("bool" if isinstance(v, bool) else "int64")) != "bool":
                 raise TranslationError(f"{name} of integer tensors (bitwise; XG has logical and/or on bool)")
     if not is_node(a) and not is_node(b):
-        return (a and b) if o is Op.AND else (a or b)
-    as_bool = [t.b.cast(v, "bool") if is_node(v) else t.b.const(bool(v), "bool") for v in (a, b)]
-    return t.b.op(o, as_bool)
+        return {Op.AND: operator.and_, Op.OR: operator.or_, Op.NE: operator.ne}[o](bool(a), bool(b))
+    return t.b.op(o, [_as_bool(t, a), _as_bool(t, b)])
 
 
 @op("aten.__and__", "aten.__or__", "aten.__xor__", "aten.bitwise_xor", "aten.logical_xor")
 def _bool_ops(t, node, args, kwargs):
     name = str(node.target.overloadpacket)
-    a, b = args[0], args[1]
-    if "xor" in name:
-        _logical(t, name, Op.AND, a, b)               # the same dtype rule
-        return t.b.op(Op.NE, [t.b.cast(a, "bool") if is_node(a) else t.b.const(bool(a), "bool"),
-                              t.b.cast(b, "bool") if is_node(b) else t.b.const(bool(b), "bool")])
-    return _logical(t, name, Op.AND if "and" in name else Op.OR, a, b)
+    o = Op.NE if "xor" in name else (Op.AND if "and" in name else Op.OR)
+    return _logical(t, name, o, args[0], args[1])
 
 
 @op("aten.__invert__")

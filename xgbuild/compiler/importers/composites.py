@@ -351,8 +351,7 @@ def cumsum(b: IRBuilder, x: Ref, dim: int, exclusive: bool = False, reverse: boo
 
 def reduce_bool(b: IRBuilder, x: Ref, dims: Sequence[int] | None, keepdim: bool, kind: str) -> Ref:
     """any / all over `dims`: MAX / MIN of the values as 0/1 integers, compared back to bool."""
-    as_int = b.cast(b.compare(Op.NE, x, False if b.dtype(x) == "bool" else 0) if b.dtype(x) != "bool" else x,
-                    "int32")
+    as_int = b.cast(x if b.dtype(x) == "bool" else b.compare(Op.NE, x, 0), "int32")
     red = b.reduce(Op.MAX if kind == "any" else Op.MIN, as_int, dims, keepdim)
     return b.compare(Op.NE, red, 0)
 
