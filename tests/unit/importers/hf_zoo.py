@@ -143,6 +143,9 @@ def _build(name: str) -> HFModel:
         cfg = T.BartConfig(vocab_size=VOCAB, d_model=128, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                            decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256, max_position_embeddings=64)
         return HFModel(name, T.BartModel(cfg).encoder, _text(), True)
+    if name == "bloom":          # ALiBi positions
+        m = T.BloomModel(T.BloomConfig(vocab_size=VOCAB, hidden_size=128, n_layer=2, n_head=4))
+        return HFModel(name, m, _text(), True)
     if name == "swin":
         cfg = T.SwinConfig(image_size=32, patch_size=4, embed_dim=32, depths=[1, 1], num_heads=[2, 4], window_size=4)
         return HFModel(name, T.SwinModel(cfg), _image(), False)
@@ -157,7 +160,7 @@ def _build(name: str) -> HFModel:
 
 REQUIRED = ("gpt2", "bert", "llama", "whisper", "vit", "resnet")
 OTHERS = ("mobilenetv2", "convnext", "t5", "mistral", "qwen2", "roberta", "distilbert")
-MORE = ("gpt_neox", "gemma", "phi", "deberta_v2", "bart_encoder", "swin", "clip_vision", "wav2vec2")
+MORE = ("gpt_neox", "gemma", "phi", "deberta_v2", "bart_encoder", "bloom", "swin", "clip_vision", "wav2vec2")
 
 
 def build(name: str, seed: int = 0) -> HFModel:

@@ -59,6 +59,10 @@ CASES = {
     "weight_norm_conv1d": (lambda x: F.conv1d(x, torch._weight_norm(WN_V, WN_G, 2), None, padding=1), (r(2, 4, 7),)),
     "adaptive_avg_pool1d": (lambda x: F.adaptive_avg_pool1d(x, 1) + F.adaptive_avg_pool1d(x, 2).sum(-1, keepdim=True),
                             (r(2, 3, 8),)),
+    # ALiBi (Bloom): a constant base to tensor powers, and baddbmm
+    "pow_tensor_exponent": (lambda p: torch.pow(0.5, p) + torch.pow(2, p.float()) + torch.pow(torch.full([], 0.25), p),
+                            (ints(1, 9, 4),)),
+    "baddbmm": (lambda c, a, b: torch.baddbmm(c, a, b, beta=0.5, alpha=2.0), (r(2, 3, 4), r(2, 3, 5), r(2, 5, 4))),
     # sin / cos (RoPE)
     "rope": (lambda x, p: x * torch.cos(p) + torch.cat([-x[..., 2:], x[..., :2]], dim=-1) * torch.sin(p),
              (r(2, 3, 4), r(3, 4))),

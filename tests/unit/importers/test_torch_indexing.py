@@ -99,7 +99,8 @@ def test_dynamic_sequence_gathers_and_scans() -> None:
     (lambda x, m: x[m], (torch.randn(4, 3), torch.rand(4) > 0.5), "aten.index"),
     (lambda x: F.pad(x, (1, 1), mode="circular"), (torch.randn(1, 2, 5),), "circular"),
     (lambda x, w: F.conv_transpose1d(x, w), (torch.randn(1, 2, 5), torch.randn(2, 3, 3)), "conv"),
-], ids=["bitwise_int", "bool_mask_index", "circular_pad", "conv_transpose"])
+    (lambda x, p: torch.pow(x, p), (torch.randn(4), torch.randn(4)), "a positive constant base"),
+], ids=["bitwise_int", "bool_mask_index", "circular_pad", "conv_transpose", "pow_tensor_base"])
 def test_refused_with_a_reason(fn, inputs, reason: str) -> None:
     with pytest.raises((UnsupportedOps, xg.CompileError)) as info:
         xg.compile(fn, inputs, kernels=False)

@@ -9,6 +9,7 @@ shape, source, convolution and pooling ops are in aten_shape_ops.py.
 
 from __future__ import annotations
 
+import math
 import operator
 
 from ..ir.graph import Op
@@ -141,11 +142,31 @@ def _reciprocal(t, node, args, kwargs):
     return t.b.binary(Op.DIV, 1.0, args[0])
 
 
+def _constant_scalar(t, ref, default=None):
+    """The value of a 0-d constant (a `torch.full([], 0.25)`, a lifted `torch.tensor(2.0)` weight),
+    else `default`: it broadcasts like a Python number."""
+    n = t.b.node(ref)
+    if n.shape:
+        return default
+    if n.op in (Op.FULL, Op.CONST):
+        return n.attr("value")
+    value = t.weights.get(n.attr("name")) if n.op is Op.INPUT else None
+    if value is None:
+        return default
+    return value.item()
+
+
 @op("aten.pow")
 def _pow(t, node, args, kwargs):
     x, e = args[0], args[1]
+    if is_node(x) and is_node(e):
+        x = _constant_scalar(t, x, default=x)           # a lifted constant base (Bloom's ALiBi)
+    if not is_node(x) and is_node(e) and isinstance(x, (int, float)) and x > 0:
+        # a positive constant to tensor powers (ALiBi's slopes): exp(e * ln x), exact in form
+        return t.b.unary(Op.EXP, t.b.binary(Op.MUL, t.b.cast(e, out_dtype(node)), math.log(x)))
     if not is_node(x) or is_node(e):
-        raise TranslationError("pow with a tensor exponent (only a constant exponent is supported)")
+        raise TranslationError("pow with a tensor exponent (supported: a constant exponent, or a positive "
+                               "constant base)")
     if e == 2:
         return t.b.binary(Op.MUL, x, x)
     if e == 1:
@@ -216,8 +237,9 @@ def _matmul(t, node, args, kwargs):
     return C.matmul(t.b, args[0], args[1])
 
 
-@op("aten.addmm")
+@op("aten.addmm", "aten.baddbmm")
 def _addmm(t, node, args, kwargs):
+    """beta * bias + alpha * (x @ w), batched for baddbmm."""
     bias, x, w = args[:3]
     beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
     out = C.matmul(t.b, x, w)
