@@ -147,7 +147,7 @@ class RunSettings:
     runtime. The SPMD values stay raw text: the runtime checks them on every rank of a run, so a
     bad value on one rank stops all of them, naming it."""
 
-    cuda_graphs: bool = False            # XG_CUDA_GRAPHS=1: later runs replay a captured CUDA graph
+    cuda_graphs: bool = True             # XG_CUDA_GRAPHS=0: no capture (later runs replay a captured CUDA graph)
     spmd_kernels: str = ""               # XG_SPMD_KERNELS: "" or 1 (kernels), 0 (torch ops), interpret
     comm_blocks: str = "auto"            # XG_COMM_BLOCKS: auto or N row blocks of a reduced matmul
     triton_interpret: bool = False       # TRITON_INTERPRET=1: Triton was imported in interpreter mode
@@ -155,7 +155,7 @@ class RunSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "RunSettings":
         env = os.environ if env is None else env
-        return cls(cuda_graphs=env.get("XG_CUDA_GRAPHS", "0") == "1", spmd_kernels=env.get("XG_SPMD_KERNELS", ""),
+        return cls(cuda_graphs=env.get("XG_CUDA_GRAPHS", "1") != "0", spmd_kernels=env.get("XG_SPMD_KERNELS", ""),
                    comm_blocks=env.get("XG_COMM_BLOCKS", "auto"), triton_interpret=env.get("TRITON_INTERPRET") == "1")
 
 

@@ -43,10 +43,11 @@ def _outputs(graph: Graph, value: Values, shared: dict) -> dict[int, torch.Tenso
     return out
 
 
-def check_gather_indices(graph: Graph, value: Values) -> None:
-    """Range-check the indices of each GATHER that the program computes (an engine input was checked
-    before the run): on the GPU an out-of-range one reads zeros, on the CPU it is an error."""
-    checks = []
+def gather_index_bounds(graph: Graph, value: Values) -> tuple[list[tuple[Node, int]], torch.Tensor | None]:
+    """The GATHERs whose indices the program computes (an engine input was checked before the run),
+    each with its table's rows, and one device tensor of their indices' [min, max]: queued, never
+    synchronised, so a run captured as a CUDA graph computes them on every replay."""
+    checks, bounds = [], []
     for n in graph.nodes:
         if n.op is not Op.GATHER:
             continue
@@ -56,15 +57,26 @@ def check_gather_indices(graph: Graph, value: Values) -> None:
         if src.op is not Op.INPUT:
             idx = value(n.inputs[1])
             if idx.numel():
-                checks.append((n, graph.node(n.inputs[0]).shape[0], torch.stack(torch.aminmax(idx))))
-    if not checks:
+                checks.append((n, graph.node(n.inputs[0]).shape[0]))
+                bounds.append(torch.stack(torch.aminmax(idx)))
+    return checks, (torch.stack(bounds) if bounds else None)
+
+
+def raise_out_of_bounds(checks: list[tuple[Node, int]], bounds: torch.Tensor | None) -> None:
+    """An ExecutionError naming the first computed index outside its table (one sync for all)."""
+    if bounds is None:
         return
-    bounds = torch.stack([c[2] for c in checks]).tolist()       # one sync for all of them
-    for (n, rows, _), (lo, hi) in zip(checks, bounds):
+    for (n, rows), (lo, hi) in zip(checks, bounds.tolist()):
         if lo < 0 or hi >= rows:
             line = f" at {src_text(n.src)}" if n.src else ""
             raise ExecutionError(f"index {lo if lo < 0 else hi} is out of bounds for a table of {rows} rows{line} "
                                  "(computed by the program; on the GPU the lookup read zeros)")
+
+
+def check_gather_indices(graph: Graph, value: Values) -> None:
+    """Range-check the indices of each GATHER that the program computes: on the GPU an out-of-range
+    one reads zeros, on the CPU it is an error."""
+    raise_out_of_bounds(*gather_index_bounds(graph, value))
 
 
 class KernelExecutor:
@@ -97,6 +109,7 @@ class KernelExecutor:
         # Check mode: a GATHER whose indices the program computed (no input check saw them) has
         # them range-checked after the run (one device sync), where a kernel would read zeros.
         self.check_indices = False
+        self.deferred: tuple | None = None      # set while capturing: the index bounds, checked after each replay
         self._replays: dict[tuple, Replay] = {}
         self._dynamic: dict[int, tuple[Graph, bool]] = {}
         self._consts: dict[tuple, torch.Tensor] = {}
@@ -155,7 +168,9 @@ class KernelExecutor:
         outputs = _outputs(graph, value, self._consts)
         for nid in list(value.pending):
             value(nid)                  # every rank finishes every collective it issued
-        if self.check_indices:
+        if self.deferred is not None:
+            self.deferred = gather_index_bounds(graph, value)
+        elif self.check_indices:
             check_gather_indices(graph, value)
         return outputs
 
@@ -333,6 +348,7 @@ class Captured:
     inputs: dict[str, torch.Tensor]     # the tensors the graph reads: its own copies, and stable inputs
     copied: tuple[str, ...]             # inputs copied in before each replay
     outputs: dict[int, torch.Tensor]    # the graph's output buffers (cloned out after each replay)
+    bounds: tuple = ([], None)          # computed gather indices' tables and [min, max], filled by each replay
 
 
 class CudaExecutor:
@@ -343,7 +359,7 @@ class CudaExecutor:
     launch, the outputs cloned out (so that results never alias a later run's). `stable` names
     the inputs whose tensors persist between runs (an engine's weights): the graph reads them in
     place. Graphs with run-time indices, or whose capture fails, keep launching kernel by kernel.
-    Capture is opt-in (`XG_CUDA_GRAPHS=1`, or `graphs=True`) until it has run on a GPU in CI."""
+    Engines run this way by default (`XG_CUDA_GRAPHS=0` turns capture off; `graphs=` here)."""
     name = "cuda"
 
     def __init__(self, plans: list[KernelPlan], check: bool = True, graphs: bool = False) -> None:
@@ -369,8 +385,8 @@ class CudaExecutor:
         self.kernels.check_indices = self.check
         values = self._values(graph, inputs)
         if self.check:
-            bad = [nid for nid, v in values.items() if v.dtype.is_floating_point and not bool(torch.isfinite(v).all())]
-            if bad:
+            bad = self._nonfinite(values)
+            if bad is not None:
                 # Fused kernels keep intermediates in registers: trace the origin on the CPU reference,
                 # which computes the same program op by op.
                 cpu_inputs = {k: v.cpu() for k, v in inputs.items()}
@@ -378,12 +394,23 @@ class CudaExecutor:
                     CpuExecutor(check=True, timings=False).run(graph, cpu_inputs)
                 except ExecutionError as exc:
                     raise ExecutionError(f"{exc} (seen on the GPU, traced on the CPU reference)") from None
-                raise ExecutionError(f"check failed: an output holds NaN/Inf on the GPU (node %{bad[0]}) but not on the "
+                raise ExecutionError(f"check failed: an output holds NaN/Inf on the GPU (node %{bad}) but not on the "
                                      "CPU reference: the GPU result is wrong")
         if wait:
             torch.cuda.synchronize(self.device)
         return RunOutput(values, [{"op": "kernels", "launches": len(self.plans),
                                    "ms": (time.perf_counter() - t0) * 1e3}])
+
+    @staticmethod
+    def _nonfinite(values: dict[int, torch.Tensor]) -> int | None:
+        """The first floating-point output holding NaN or Inf, or None: each output read once
+        (its min and max, which NaN and Inf reach), one device sync for all of them."""
+        floats = [(nid, v) for nid, v in values.items() if v.dtype.is_floating_point and v.numel()]
+        if not floats:
+            return None
+        ends = torch.stack([torch.stack(torch.aminmax(v)).float() for _, v in floats])
+        finite = torch.isfinite(ends).all(dim=1).tolist()
+        return next((nid for (nid, _), ok in zip(floats, finite) if not ok), None)
 
     def _values(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
         key = self.kernels._key(graph, inputs) if self.graphs else None
@@ -411,12 +438,14 @@ class CudaExecutor:
             self._captured[key] = cap
             return self._replay(cap, inputs)
 
-    @staticmethod
-    def _replay(cap: Captured, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
+    def _replay(self, cap: Captured, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
         for n in cap.copied:
             cap.inputs[n].copy_(inputs[n])
         cap.cuda_graph.replay()
-        return {nid: t.clone() for nid, t in cap.outputs.items()}
+        outputs = {nid: t.clone() for nid, t in cap.outputs.items()}
+        if self.check:
+            raise_out_of_bounds(*cap.bounds)
+        return outputs
 
     def _capture(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> Captured | None:
         copied = tuple(sorted(n for n in inputs if n not in self.stable))
@@ -425,12 +454,15 @@ class CudaExecutor:
         static = {n: (t.clone() if n in copied else t) for n, t in inputs.items()}
         cuda_graph = torch.cuda.CUDAGraph()
         replay, self.kernels.replay = self.kernels.replay, False
+        self.kernels.deferred = ()      # computed indices: their bounds captured too, checked after each replay
         try:
             with torch.cuda.graph(cuda_graph, capture_error_mode="thread_local"):
                 outputs = self.kernels.run(graph, static)
+            bounds = self.kernels.deferred or ([], None)
         except (RuntimeError, XGError):
             torch.cuda.synchronize(self.device)
             return None             # something in the run cannot be captured: launch kernel by kernel
         finally:
             self.kernels.replay = replay
-        return Captured(graph, cuda_graph, static, copied, outputs)
+            self.kernels.deferred = None
+        return Captured(graph, cuda_graph, static, copied, outputs, bounds)

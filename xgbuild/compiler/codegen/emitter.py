@@ -115,7 +115,7 @@ class Emitter:
     def int_param(self, name: str, hint16: bool = False) -> str:
         if name not in dict(self.params):
             self.params.append((name, self.ity))
-            if hint16 and self.variant.aligned:
+            if hint16 and self.variant.hinted(name):
                 self.div16.append(name)
         return name
 
