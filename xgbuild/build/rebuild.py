@@ -77,9 +77,10 @@ def _forced_kernels(compiled: Any, profile: Any, manifest: Mapping[str, Any], di
         idents = {job.ident for job in jobs}
         missing, extra = sorted(idents - set(recorded)), sorted(set(recorded) - idents)
         if missing or extra:
-            raise RebuildError(f"{where}: the rebuilt program has {len(jobs)} kernel jobs, {len(missing)} of them "
-                               f"not in the engine's kernel table, which has {len(extra)} others (first: "
-                               f"{(missing or extra)[0]}); was it tuned at other sizes? pass them with --dim NAME=SIZE")
+            raise RebuildError(f"{where} does not rebuild: its sources give {len(jobs)} kernel jobs, {len(missing)} "
+                               f"of them not in the engine's kernel table, which has {len(extra)} others (first: "
+                               f"{(missing or extra)[0]}): its sources and its kernels disagree (were they tuned "
+                               "at other sizes? pass them with --dim NAME=SIZE)")
         keyer = Tuner(profile, policy=Policy.PREDICT)     # only for each job's cache key
         winners = {}
         for job in jobs:
