@@ -72,15 +72,17 @@ def compile(model_or_fn: Any, example_inputs: Any = None, target: str = "H100", 
                                 tune=tune, kernels=kernels, dims=dims, fallback=fallback)
 
 
-def load_model_engine(path: Path | str) -> ModelEngine:
+def load_model_engine(path: Path | str, *, allow_fallback: bool = False) -> ModelEngine:
     """Load an engine built by `xg.compile` (or `xgc model.onnx`), called with tensors, positionally
-    in its input order (`engine.signature`) or by input name."""
-    return ModelEngine.load(path, RunSettings.from_env())
+    in its input order (`engine.signature`) or by input name. One built with `fallback="eager"`
+    (it calls PyTorch operators) loads only with `allow_fallback=True`: opt in for files you trust."""
+    return ModelEngine.load(path, RunSettings.from_env(), allow_fallback=allow_fallback)
 
 
-def load_engine(path: Path | str) -> Engine:
-    """Load and verify an `.xge` engine file (raises `EngineError`)."""
-    return Engine.load(path, RunSettings.from_env())
+def load_engine(path: Path | str, *, allow_fallback: bool = False) -> Engine:
+    """Load and verify an `.xge` engine file (raises `EngineError`); `allow_fallback` as for
+    `load_model_engine`."""
+    return Engine.load(path, RunSettings.from_env(), allow_fallback=allow_fallback)
 
 
 def run_engine(engine: Engine, external_values: Mapping[str, Any] | None = None, *, device: str = "cpu",

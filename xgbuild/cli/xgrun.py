@@ -2,7 +2,7 @@
 
     xgrun ENGINE [--inputs FILE] [--output FILE] [--device cpu|cuda] [--check|--no-check]
                  [--seed N] [--dim NAME=SIZE ...] [--json]
-                 [--nproc N] [--timeout S] [--output-per-rank]
+                 [--nproc N] [--timeout S] [--output-per-rank] [--allow-fallback]
 
 Without `--inputs`, every external gets seeded random values; symbolic dims take `--dim` sizes
 (default 16). `--nproc N` runs the engine's sharding plan on N ranks of this host (gloo on CPU,
@@ -10,6 +10,9 @@ NCCL with `--device cuda`); under torchrun or SLURM (RANK / WORLD_SIZE / MASTER_
 set) each process is one rank of a run that may span hosts. Outputs are gathered to rank 0, which
 prints and writes them. Exit codes: 0 ok, 1 a bad engine, bad inputs, a failed check or a failed
 rank, 2 usage.
+
+An engine built with `fallback="eager"` calls PyTorch operators between its kernels; from a file,
+it runs only with `--allow-fallback` (the calls are checked against XG's allow-list either way).
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ def main_cmd(
                                   "or go silent, before the whole run fails"),
     output_per_rank: bool = typer.Option(False, "--output-per-rank", help="with --output F.ext: each rank "
                                          "writes its own pieces of the outputs to F.rankK.ext"),
+    allow_fallback: bool = typer.Option(False, "--allow-fallback", help="run an engine that calls PyTorch "
+                                        "operators (built with fallback='eager'); only for engines you trust"),
     version: bool = version_option("xgrun"),
 ) -> None:
     """Run ENGINE and print each output's shape, dtype and checksum."""
@@ -67,7 +72,7 @@ def main_cmd(
                  f"{denv.world_size} (RANK/WORLD_SIZE are set): drop --nproc under torchrun or srun", EXIT_USAGE)
         from ..runtime.launch import launch
         try:       # refuse a rank count the plan was not made for before starting any rank
-            planned = Engine.load(engine).manifest["num_gpu"]
+            planned = Engine.load(engine, allow_fallback=allow_fallback).manifest["num_gpu"]
         except XGError as exc:
             fail(str(exc))
         if planned != nproc:
@@ -77,17 +82,19 @@ def main_cmd(
                  "--check" if check else "--no-check", "--seed", str(seed), "--timeout", str(timeout),
                  *(["--inputs", str(inputs)] if inputs else []), *(["--output", str(output)] if output else []),
                  *[a for d in dim for a in ("--dim", d)], *(["--json"] if json_out else []),
-                 *(["--output-per-rank"] if output_per_rank else [])]
+                 *(["--output-per-rank"] if output_per_rank else []),
+                 *(["--allow-fallback"] if allow_fallback else [])]
         result = launch(child, nproc, timeout, child_env())
         if not result.ok:
             fail(result.message)
         return
     if denv is not None and denv.world_size > 1:
-        _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, timeout, output_per_rank)
+        _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, timeout, output_per_rank,
+                  allow_fallback)
         return
     t_load = time.perf_counter()
     try:
-        eng = Engine.load(engine, RunSettings.from_env())
+        eng = Engine.load(engine, RunSettings.from_env(), allow_fallback=allow_fallback)
         load_ms = (time.perf_counter() - t_load) * 1e3
         values = _inputs_for(eng, inputs, seed, dim)
         if device == "cuda":
@@ -127,12 +134,13 @@ def _report(engine, eng, device: str, check: bool, load_ms: float, result, outpu
     out.write(f"load {load_ms:.1f} ms, run {summary['run_ms']:.1f} ms{tail}\n")
 
 
-def _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, timeout, per_rank) -> None:
+def _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, timeout, per_rank,
+              allow_fallback: bool) -> None:
     """One rank of a distributed run: its shards in, whole outputs to rank 0 (which reports)."""
     from ..runtime.distributed import check_world, init_group, leave_group, rank_slices, run_spmd
     t_load = time.perf_counter()
     try:
-        eng = Engine.load(engine, RunSettings.from_env())
+        eng = Engine.load(engine, RunSettings.from_env(), allow_fallback=allow_fallback)
         load_ms = (time.perf_counter() - t_load) * 1e3
         check_world(eng, denv.world_size)        # before joining: a wrong count would wait for peers
         whole = None

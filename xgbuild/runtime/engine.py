@@ -24,6 +24,7 @@ from ..packager.engine_file import EngineFile, read_engine, save_engine_file
 from ..packager.weights import load_weights
 from ..settings import RunSettings
 from .cpu import CpuExecutor
+from .extern import admit
 from .summary import RunMetadata, engine_summary
 from ..dtypes import XG_NAMES
 
@@ -69,8 +70,14 @@ class Engine:
 
     # --- storing ---------------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: Path | str, settings: RunSettings | None = None) -> "Engine":
-        return cls(read_engine(Path(path)), settings or RunSettings())
+    def load(cls, path: Path | str, settings: RunSettings | None = None, *,
+             allow_fallback: bool = False) -> "Engine":
+        """The engine in `path`, verified. One that calls PyTorch operators (`fallback="eager"`)
+        is refused unless `allow_fallback`: a file is only as trustworthy as whoever could write it
+        (runtime/extern.py `admit`); its calls are checked against XG's allow-list either way."""
+        file = read_engine(Path(path))
+        admit(file.graph, allow_fallback, f"engine {path}")
+        return cls(file, settings or RunSettings())
 
     def save(self, path: Path | str) -> str:
         return save_engine_file(self.file, Path(path))

@@ -47,8 +47,9 @@ class ModelEngine:
         self.fixed = dict(fixed or {})
 
     @classmethod
-    def load(cls, path: Path | str, settings: RunSettings | None = None) -> "ModelEngine":
-        return cls(Engine.load(path, settings))
+    def load(cls, path: Path | str, settings: RunSettings | None = None, *,
+             allow_fallback: bool = False) -> "ModelEngine":
+        return cls(Engine.load(path, settings, allow_fallback=allow_fallback))
 
     def save(self, path: Path | str) -> str:
         """Write the `.xge` (weights inside); `xgrun` runs it. Returns the bundle digest."""
