@@ -31,8 +31,8 @@ from xgbuild.cache.blobfiles import DigestMismatch
 from xgbuild.cache.canonical import JSONValue, thaw
 from xgbuild.cache.digests import check_digest
 from xgbuild.cache.errors import (CacheError, CorruptEntryError, MissingBlobsError,
-                                  RejectedDownloadError, RemoteAuthError, RemoteUnavailableError,
-                                  StoreFullError)
+                                  ReadOnlyStoreError, RejectedDownloadError, RemoteAuthError,
+                                  RemoteUnavailableError, StoreFullError)
 from xgbuild.cache.keys import CacheKey
 from xgbuild.cache.local import LocalStore
 from xgbuild.cache.records import BlobRef, Record, check_blob_name, decode_record
@@ -288,6 +288,9 @@ class Cache:
         except (RemoteUnavailableError, RemoteAuthError) as exc:
             self._remote_failed(exc)
             return False
+        except (StoreFullError, ReadOnlyStoreError) as exc:
+            self._warn(f"{exc}; remote hits are not being kept locally")
+            return False
         return ref is not None
 
     def _blob(self, ref: BlobRef, size_known: bool = True) -> tuple[bytes | None, bool]:
@@ -309,7 +312,7 @@ class Cache:
         # turn a verified hit into an error.
         try:
             put(*args)
-        except StoreFullError as exc:
+        except (StoreFullError, ReadOnlyStoreError) as exc:
             self._warn(f"{exc}; remote hits are not being kept locally")
 
     # -- the remote, and what to do when it misbehaves -------------------------------------
