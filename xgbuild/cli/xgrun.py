@@ -2,7 +2,7 @@
 
     xgrun ENGINE [--inputs FILE] [--output FILE] [--device cpu|cuda] [--check|--no-check]
                  [--seed N] [--dim NAME=SIZE ...] [--json]
-                 [--nproc N] [--timeout S] [--output-per-rank]
+                 [--nproc N] [--timeout S] [--output-per-rank] [--allow-fallback]
                  [--trusted-keys DIR] [--expect-digest HEX]
 
 Without `--inputs`, every external gets seeded random values; symbolic dims take `--dim` sizes
@@ -12,11 +12,11 @@ set) each process is one rank of a run that may span hosts. Outputs are gathered
 prints and writes them. Exit codes: 0 ok, 1 a bad engine, bad inputs, a failed check or a failed
 rank, 2 usage.
 
-`--trusted-keys DIR` (default: XG_TRUSTED_KEYS) refuses an engine that no key in DIR signed
-(unsigned, signed by another key, a signature that does not verify, or one made for another
-engine); `--expect-digest HEX` refuses any engine but the one of that bundle digest. Both are
-checked before anything in the engine is used. With `--nproc`, the ranks pin the digest the
-launcher verified, so a file swapped meanwhile is refused.
+                 [--nproc N] [--timeout S] [--output-per-rank]
+                 [--trusted-keys DIR] [--expect-digest HEX]
+
+An engine built with `fallback="eager"` calls PyTorch operators between its kernels; from a file,
+it runs only with `--allow-fallback` or a trusted signature (the calls are checked against XG's allow-list either way).
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ def main_cmd(
                                                 "signed by one of these .pub keys (default: XG_TRUSTED_KEYS)"),
     expect_digest: Optional[str] = typer.Option(None, "--expect-digest", metavar="HEX", help="run only the "
                                                 "engine of this bundle digest"),
+    allow_fallback: bool = typer.Option(False, "--allow-fallback", help="run an engine that calls PyTorch "
+                                        "operators (built with fallback='eager'); only for engines you trust"),
     version: bool = version_option("xgrun"),
 ) -> None:
     """Run ENGINE and print each output's shape, dtype and checksum."""
@@ -86,7 +88,7 @@ def main_cmd(
                  f"{denv.world_size} (RANK/WORLD_SIZE are set): drop --nproc under torchrun or srun", EXIT_USAGE)
         from ..runtime.launch import launch
         try:       # refuse a rank count the plan was not made for (and an untrusted engine) before any rank
-            checked = Engine.load(engine, run_settings, expect_digest=expect_digest)
+            checked = Engine.load(engine, run_settings, expect_digest=expect_digest, allow_fallback=allow_fallback)
         except XGError as exc:
             fail(str(exc))
         planned = checked.manifest["num_gpu"]
@@ -99,18 +101,19 @@ def main_cmd(
                  *[a for d in dim for a in ("--dim", d)], *(["--json"] if json_out else []),
                  *(["--output-per-rank"] if output_per_rank else []),
                  # The ranks load the file again: pin the digest checked here, trusted or not.
-                 "--expect-digest", checked.digest]
+                 "--expect-digest", checked.digest,
+                 *(["--allow-fallback"] if allow_fallback or checked.trust is not None else [])]
         result = launch(child, nproc, timeout, child_env())
         if not result.ok:
             fail(result.message)
         return
     if denv is not None and denv.world_size > 1:
         _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, timeout, output_per_rank,
-                  run_settings, expect_digest)
+                  run_settings, expect_digest, allow_fallback)
         return
     t_load = time.perf_counter()
     try:
-        eng = Engine.load(engine, run_settings, expect_digest=expect_digest)
+        eng = Engine.load(engine, run_settings, expect_digest=expect_digest, allow_fallback=allow_fallback)
         load_ms = (time.perf_counter() - t_load) * 1e3
         values = _inputs_for(eng, inputs, seed, dim)
         if device == "cuda":
@@ -151,12 +154,12 @@ def _report(engine, eng, device: str, check: bool, load_ms: float, result, outpu
 
 
 def _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, timeout, per_rank,
-              run_settings, expect_digest) -> None:
+              run_settings, expect_digest, allow_fallback: bool) -> None:
     """One rank of a distributed run: its shards in, whole outputs to rank 0 (which reports)."""
     from ..runtime.distributed import check_world, init_group, leave_group, rank_slices, run_spmd
     t_load = time.perf_counter()
     try:
-        eng = Engine.load(engine, run_settings, expect_digest=expect_digest)
+        eng = Engine.load(engine, run_settings, expect_digest=expect_digest, allow_fallback=allow_fallback)
         load_ms = (time.perf_counter() - t_load) * 1e3
         check_world(eng, denv.world_size)        # before joining: a wrong count would wait for peers
         whole = None

@@ -26,6 +26,7 @@ from ..packager.signing import (Envelope, SigningError, Trust, TrustedKeys, dige
 from ..packager.weights import load_weights
 from ..settings import RunSettings
 from .cpu import CpuExecutor
+from .extern import admit
 from .summary import RunMetadata, engine_summary
 from ..dtypes import XG_NAMES
 
@@ -82,10 +83,14 @@ class Engine:
     # --- storing ---------------------------------------------------------------------------------
     @classmethod
     def load(cls, path: Path | str, settings: RunSettings | None = None, *,
-             trusted_keys: Path | str | TrustedKeys | None = None, expect_digest: str | None = None) -> "Engine":
+             trusted_keys: Path | str | TrustedKeys | None = None, expect_digest: str | None = None,
+             allow_fallback: bool = False) -> "Engine":
         """Load and verify an engine file. `trusted_keys` (default: the settings', XG_TRUSTED_KEYS):
         a directory of `.pub` keys, one of which must have signed the engine; `expect_digest`: the
-        bundle digest the engine must have. Either refusal is an EngineError naming the reason."""
+        bundle digest the engine must have. Either refusal is an EngineError naming the reason.
+        One that calls PyTorch operators (`fallback="eager"`) is refused unless `allow_fallback`
+        or a trusted key signed it: a file is only as trustworthy as whoever could write it
+        (runtime/extern.py `admit`); its calls are checked against XG's allow-list either way."""
         settings = settings or RunSettings()
         file = read_engine(Path(path))
         where = f"engine {path}"
@@ -102,6 +107,7 @@ class Engine:
             trust = engine_trust(file, trusted_keys, where)
             if not trust.trusted:
                 raise EngineError(trust.problem)
+        admit(file.graph, allow_fallback or trust is not None, where)
         return cls(file, settings, trust=trust)
 
     def check_trust(self, trusted_keys: Path | str | TrustedKeys, where: str = "engine") -> Trust:
