@@ -53,6 +53,7 @@ DEFAULT_MAX_TOTAL_SIZE = 4 * 2**30          # uncompressed tar stream, headers i
 DEFAULT_MAX_ENTRY_SIZE = 2**30
 DEFAULT_MAX_RATIO = 64
 RATIO_FLOOR = 32 * 2**20                    # below this, any ratio: too small to hurt as a bomb
+MAX_INDEX_SIZE = 16 * 2**20                 # ~150k entries; read whole before any entry is admitted
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)    # POSIX only
 _O_BINARY = getattr(os, "O_BINARY", 0)      # Windows only
 
@@ -223,6 +224,8 @@ def _unpack(reader: frame.FrameReader, where: str,
         if index is None:
             if name != INDEX_NAME:
                 raise bad_layout(where, f"its first entry is {shown(name)}, not the index {INDEX_NAME}")
+            if size > MAX_INDEX_SIZE:
+                raise too_large(where, f"its index is {size} bytes, over the cap of {MAX_INDEX_SIZE}")
             return
         if name in entries or name == INDEX_NAME:
             raise bad_layout(where, f"entry {shown(name)} appears twice")

@@ -16,6 +16,7 @@ import triton
 
 from .. import __version__
 from ..compiler.ir.graph import Graph
+from ..compiler.ir.verify import shape_problem
 from ..dtypes import TORCH_DTYPES
 from ..errors import EngineError
 from ..hw import GpuProfile
@@ -130,18 +131,23 @@ def check_manifest(manifest: dict, graph: Graph, entries: set[str], where: str) 
         if node is None or (spec.get("dtype"), spec.get("shape")) != (node.dtype, list(node.shape)):
             raise bad(f"weights declare {str(name)[:40]!r} as {spec.get('dtype')}{spec.get('shape')}, "
                       "which is not an input of the program")
-    _check_memory(graph, memory * num_gpu, where)
+    check_sizes(graph, manifest, where)
     for path in _paths(manifest):
         if not isinstance(path, str) or path not in entries:
             raise bad(f"it names {str(path)[:80]!r}, which is not an entry of the bundle")
 
 
-def _check_memory(graph: Graph, limit: int, where: str) -> None:
-    # xgc refuses a plan that overflows the target's memory, so no tensor of a real engine is larger
-    # than all of its GPUs together; a forged shape is refused here, before anything allocates it.
+def check_sizes(graph: Graph, manifest: dict, where: str) -> None:
+    """Refuse a node whose dims are not sizes, or whose fixed dims make it larger than all the
+    target's GPUs together (`manifest` checked already). xgc refuses a plan that overflows the
+    target's memory, so no real engine has one; a forged shape is refused here before anything
+    allocates it. The runtime calls it again once symbolic dims take the inputs' sizes."""
+    limit = manifest["target_profile"]["hbm_bytes"] * manifest["num_gpu"]
     for n in graph.nodes:
-        fixed = math.prod(d for d in n.shape if isinstance(d, int))
-        size = fixed * TORCH_DTYPES[n.dtype].itemsize
+        problem = shape_problem(n.shape)
+        if problem:
+            raise EngineError(f"{where}: node %{n.id} ({n.op.value}) has a malformed shape ({problem})")
+        size = math.prod(d for d in n.shape if isinstance(d, int)) * TORCH_DTYPES[n.dtype].itemsize
         if size > limit:
             raise EngineError(f"{where}: node %{n.id} ({n.op.value}) is {n.dtype}{list(n.shape)}, "
                               f"{size} bytes, more than the {limit} bytes of memory of the target's GPUs")

@@ -21,6 +21,7 @@ from ..compiler.ir.lower import ERROR_CODES
 from ..compiler.passes.specialize import SpecializationError, bind_symbols, specialize
 from ..errors import EngineError, ExecutionError, InputError
 from ..packager.engine_file import EngineFile, read_engine, save_engine_file
+from ..packager.manifest import check_sizes
 from ..packager.weights import load_weights
 from ..settings import RunSettings
 from .cpu import CpuExecutor
@@ -148,9 +149,12 @@ class Engine:
         if not cached:
             try:
                 env = bind_symbols(self.graph, {n: tuple(t.shape) for n, t in inputs.items()})
-                self._specialised[key] = (specialize(self.graph, env), env)
+                graph = specialize(self.graph, env)
             except SpecializationError as exc:
                 raise InputError(str(exc)) from None
+            # Sizes computed from symbols are checked as the file's were, before anything allocates.
+            check_sizes(graph, self.manifest, f"engine {self.digest[:12]} with these inputs")
+            self._specialised[key] = (graph, env)
         graph, env = self._specialised[key]
         return graph, env, cached
 
