@@ -78,9 +78,11 @@ def safetensors_header(head: bytes, file_size: int) -> tuple[int, list[TensorSpe
         if problem:
             raise ValueError(f"tensor {name!r} has a malformed shape ({problem})")
         shape = tuple(record["shape"])
-        if begin != cursor or end - begin != math.prod(shape) * size:
-            raise ValueError(f"tensor {name!r} {dtype}{list(shape)} has data offsets [{begin}, {end}), "
-                             f"which do not follow the previous tensor with {math.prod(shape) * size} bytes")
+        if begin != cursor:
+            raise ValueError(f"tensor {name!r}'s data starts at {begin}, not where the previous one ends ({cursor})")
+        if end - begin != math.prod(shape) * size:
+            raise ValueError(f"tensor {name!r} is {dtype}{list(shape)}, {math.prod(shape) * size} bytes, but its "
+                             f"data offsets give {end - begin}")
         specs.append(TensorSpec(name, dtype, shape, begin, end))
         cursor = end
     if 8 + length + cursor != file_size:

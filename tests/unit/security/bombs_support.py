@@ -50,7 +50,7 @@ class Forger:
         return json.loads(self.entries["program.json"])
 
     def write(self, path: Path, *, manifest: dict | None = None, program: dict | bytes | None = None,
-              raw_manifest: bytes | None = None, **extra: bytes) -> Path:
+              raw_manifest: bytes | None = None, files: dict[str, bytes] | None = None) -> Path:
         """The engine with these parts replaced, digests in the manifest updated to match, sealed."""
         entries = dict(self.entries)
         manifest = json.loads(json.dumps(manifest if manifest is not None else self.manifest()))
@@ -58,7 +58,7 @@ class Forger:
             blob = program if isinstance(program, bytes) else json.dumps(program).encode()
             entries["program.json"] = blob
             manifest["program"]["sha256"] = sha256(blob)
-        entries.update({name.replace("__", "/"): data for name, data in extra.items()})
+        entries.update(files or {})
         entries["manifest.json"] = raw_manifest if raw_manifest is not None else canonical_json(manifest)
         write_bundle(path, entries)
         return path
