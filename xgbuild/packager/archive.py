@@ -24,6 +24,7 @@ writes, never follows a link inside the archive (none is allowed) and reads noth
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import stat
@@ -185,6 +186,10 @@ def _read_file(path: Path, where: str, limit: int) -> bytes:
     except FileNotFoundError:
         raise unreadable(where, "does not exist") from None
     except OSError as err:
+        # A socket cannot be opened at all (ENXIO): say what it is rather than the errno.
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.stat(path).st_mode):
+                raise unreadable(where, "is not a regular file (a socket)") from None
         raise unreadable(where, f"cannot be opened ({err.strerror or err})") from None
     try:
         info = os.fstat(fd)

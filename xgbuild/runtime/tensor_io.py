@@ -153,6 +153,10 @@ def _open_regular(path: Path, role: str) -> BinaryIO:
     except FileNotFoundError:
         raise TensorIOError(f"{role} {path} does not exist") from None
     except OSError as e:
+        # A socket cannot be opened at all (ENXIO): say what it is rather than the errno.
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.stat(path).st_mode):
+                raise TensorIOError(f"{role} {path} is not a regular file (a socket)") from None
         raise TensorIOError(f"cannot read {role} {path}: {e.strerror or e}") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
