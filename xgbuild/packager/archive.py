@@ -47,7 +47,8 @@ from xgbuild.packager.digest import (
 __all__ = [
     "Bundle", "BundleCorruptError", "BundleEntryError", "BundleError", "BundleFormatError",
     "BundleReadError", "BundleTooLargeError", "DEFAULT_MAX_ENTRY_SIZE", "DEFAULT_MAX_RATIO",
-    "DEFAULT_MAX_TOTAL_SIZE", "INDEX_NAME", "RATIO_FLOOR", "bundle_digest_of", "read_bundle", "write_bundle",
+    "DEFAULT_MAX_TOTAL_SIZE", "INDEX_NAME", "RATIO_FLOOR", "bundle_digest_of", "read_bundle",
+    "write_bundle",
 ]
 
 DEFAULT_MAX_TOTAL_SIZE = 4 * 2**30          # uncompressed tar stream, headers included

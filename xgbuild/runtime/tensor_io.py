@@ -161,9 +161,8 @@ def _open_regular(path: Path, role: str) -> BinaryIO:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        kind = next((name for test, name in _KIND_NAMES if test(mode)), "not a regular file")
-        raise TensorIOError(f"{role} {path} is not a regular file ({kind})" if kind != "not a regular file"
-                            else f"{role} {path} is not a regular file")
+        kind = next((f" ({name})" for test, name in _KIND_NAMES if test(mode)), "")
+        raise TensorIOError(f"{role} {path} is not a regular file{kind}")
     if _O_NONBLOCK:
         os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
