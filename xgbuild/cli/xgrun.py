@@ -197,8 +197,8 @@ def _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, 
 
 
 def _inputs_for(eng: Engine, inputs, seed: int, dim: list[str]) -> dict:
-    if inputs is not None:
-        return load_tensors(inputs)
+    if inputs is not None:       # headers checked against the signature before data is read
+        return load_tensors(inputs, expected={s["name"]: (s["dtype"], tuple(s["shape"])) for s in eng.signature})
     sizes = _dims(dim)
     sig = {}
     for spec in eng.signature:

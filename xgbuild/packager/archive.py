@@ -18,13 +18,15 @@ zstd library version (bundled with the `zstandard` package); the digest does not
 
 `read_bundle` returns only after checking everything: a regular file within the caps; the seal
 against every compressed byte; the frame's header, block structure and declared size against the caps
-before anything is allocated; the zstd checksum; every tar header byte for byte against what the
-writer produces; every name; every entry against the index; the digest against the seal. It never
+and the compression ratio before anything is decompressed; every tar header byte for byte against
+what the writer produces, and against the index's name and size, before its data is decompressed;
+every name; every entry against the index; the zstd checksum; the digest against the seal. It never
 writes, never follows a link inside the archive (none is allowed) and reads nothing but `path`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import stat
@@ -40,25 +42,30 @@ from xgbuild.packager.archive_errors import (
     unreadable,
 )
 from xgbuild.packager.digest import (
-    INDEX_NAME, digest_of_index, index_bytes, index_mismatch, name_conflict, name_problem,
+    INDEX_NAME, digest_of_index, index_bytes, index_mismatch, listing_of, name_conflict,
+    name_problem,
 )
 
 __all__ = [
     "Bundle", "BundleCorruptError", "BundleEntryError", "BundleError", "BundleFormatError",
-    "BundleReadError", "BundleTooLargeError", "DEFAULT_MAX_ENTRY_SIZE", "DEFAULT_MAX_TOTAL_SIZE",
-    "INDEX_NAME", "bundle_bytes", "bundle_digest_of", "bundle_from_bytes", "read_bundle",
-    "read_bundle_file", "write_bundle",
+    "BundleReadError", "BundleTooLargeError", "DEFAULT_MAX_ENTRY_SIZE", "DEFAULT_MAX_RATIO",
+    "DEFAULT_MAX_TOTAL_SIZE", "INDEX_NAME", "RATIO_FLOOR", "bundle_bytes", "bundle_digest_of",
+    "bundle_from_bytes", "read_bundle", "read_bundle_file", "write_bundle",
 ]
 
 DEFAULT_MAX_TOTAL_SIZE = 4 * 2**30          # uncompressed tar stream, headers included
 DEFAULT_MAX_ENTRY_SIZE = 2**30
+DEFAULT_MAX_RATIO = 64
+RATIO_FLOOR = 32 * 2**20                    # below this, any ratio: too small to hurt as a bomb
+MAX_INDEX_SIZE = 16 * 2**20                 # ~150k entries; read whole before any entry is admitted
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)    # POSIX only
 _O_BINARY = getattr(os, "O_BINARY", 0)      # Windows only
 
 
 @dataclass(frozen=True)
 class Bundle:
-    """A verified engine bundle: its digest and its entries (the index left out) in name order.
+    """A verified engine bundle: its digest and its entries (the index left out) in name order,
+    with each entry's sha256 (as the index lists it, checked against the bytes).
 
     The digest determines the entries, so two Bundles are equal, and hash alike, when their digests
     are equal.
@@ -66,12 +73,14 @@ class Bundle:
 
     digest: str
     entries: Mapping[str, bytes] = field(compare=False, repr=False)
+    sha256s: Mapping[str, str] = field(compare=False, repr=False, default_factory=dict)
     trailer: bytes | None = field(default=None, compare=False, repr=False)   # its body: JSON, unchecked
     sealed_size: int = field(default=0, compare=False, repr=False)          # bytes up to the seal's end
 
     def __post_init__(self) -> None:
         # A read-only view of a private dict: what was verified cannot be edited through the Bundle.
         object.__setattr__(self, "entries", MappingProxyType(dict(sorted(self.entries.items()))))
+        object.__setattr__(self, "sha256s", MappingProxyType(dict(self.sha256s)))
 
     def names(self) -> tuple[str, ...]:
         """The entry names, sorted."""
@@ -192,6 +201,10 @@ def _read_file(path: Path, where: str, limit: int) -> bytes:
     except FileNotFoundError:
         raise unreadable(where, "does not exist") from None
     except OSError as err:
+        # A socket cannot be opened at all (ENXIO): say what it is rather than the errno.
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.stat(path).st_mode):
+                raise unreadable(where, "is not a regular file (a socket)") from None
         raise unreadable(where, f"cannot be opened ({err.strerror or err})") from None
     try:
         info = os.fstat(fd)
@@ -215,29 +228,61 @@ def _read_file(path: Path, where: str, limit: int) -> bytes:
     return data
 
 
-def _unpack(stream: bytes, where: str, max_entry_size: int) -> tuple[bytes, dict[str, bytes]]:
-    """(index bytes, other entries) of a tar stream laid out as the writer lays it out."""
-    members = ustar.parse(stream, where, max_entry_size=max_entry_size, name_problem=name_problem)
-    if not members:
-        raise bad_layout(where, f"it holds no entries, not even the index {INDEX_NAME}")
-    if members[0].name != INDEX_NAME:
-        raise bad_layout(where, f"its first entry is {shown(members[0].name)}, "
-                                f"not the index {INDEX_NAME}")
+def _unpack(reader: frame.FrameReader, where: str,
+            max_entry_size: int) -> tuple[bytes, dict[str, tuple[str, int]], dict[str, bytes]]:
+    """(index bytes, its listing, other entries) of a tar stream laid out as the writer lays it out.
+
+    Once the index is read, every other header must name an entry it lists, in order, with the
+    size it lists, before that entry's data is read: memory follows what the index declares.
+    """
+    index: bytes | None = None
+    listing: dict[str, tuple[str, int]] = {}
     entries: dict[str, bytes] = {}
     previous = ""
-    for member in members[1:]:
-        if member.name in entries or member.name == INDEX_NAME:
-            raise bad_layout(where, f"entry {shown(member.name)} appears twice")
-        if member.name < previous:
-            raise bad_layout(where, f"entry {shown(member.name)} comes after {shown(previous)}; "
+
+    def admit(name: str, size: int) -> None:
+        if index is None:
+            if name != INDEX_NAME:
+                raise bad_layout(where, f"its first entry is {shown(name)}, not the index {INDEX_NAME}")
+            if size > MAX_INDEX_SIZE:
+                raise too_large(where, f"its index is {size} bytes, over the cap of {MAX_INDEX_SIZE}")
+            return
+        if name in entries or name == INDEX_NAME:
+            raise bad_layout(where, f"entry {shown(name)} appears twice")
+        if name < previous:
+            raise bad_layout(where, f"entry {shown(name)} comes after {shown(previous)}; "
                                     "XG writes entries in sorted order")
-        entries[member.name] = stream[member.start:member.start + member.size]
-        previous = member.name
+        if name not in listing:
+            raise corrupt(where, f"entry {shown(name)} is not in the index")
+        if size != listing[name][1]:
+            raise corrupt(where, f"entry {shown(name)} is {size} bytes but the index says "
+                                 f"{listing[name][1]}")
+
+    for name, data in ustar.read_members(reader, where, max_entry_size=max_entry_size,
+                                         name_problem=name_problem, admit=admit):
+        if index is None:
+            index, parsed = data, listing_of(data)
+            if isinstance(parsed, str):
+                raise BundleFormatError(f"{where} has an index ({INDEX_NAME}) XG cannot use: {parsed}")
+            listing = parsed
+            continue
+        entries[name] = data
+        previous = name
+    if index is None:
+        raise bad_layout(where, f"it holds no entries, not even the index {INDEX_NAME}")
+    reader.finish()
     conflict = name_conflict([INDEX_NAME, *entries])
     if conflict:
         raise bad_layout(where, f"entry {shown(conflict[0])} is also a directory "
                                 f"(of {shown(conflict[1])})")
-    return stream[members[0].start:members[0].start + members[0].size], entries
+    return index, listing, entries
+
+
+def _distinct(a: str, b: str) -> tuple[str, str]:
+    """Prefixes of two different digests long enough to tell them apart (at least 16 digits)."""
+    differ = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    cut = max(16, differ + 8)
+    return (a if cut >= len(a) else a[:cut] + "…"), (b if cut >= len(b) else b[:cut] + "…")
 
 
 def _file_limit(max_total_size: int) -> int:
@@ -255,34 +300,44 @@ def read_bundle_file(path: Path, *, max_total_size: int = DEFAULT_MAX_TOTAL_SIZE
 
 
 def bundle_from_bytes(data: bytes, where: str, *, max_total_size: int = DEFAULT_MAX_TOTAL_SIZE,
-                      max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE) -> Bundle:
+                      max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE, max_ratio: int = DEFAULT_MAX_RATIO) -> Bundle:
     """`read_bundle` of bytes already read; `where` names them in errors ("engine PATH")."""
     sealed, trailer = frame.split_trailer(data, where)
     compressed, sealed_digest = frame.unseal(sealed, where)
-    stream = frame.decompress(compressed, where, max_total_size)
     sealed_size = len(sealed)
-    del sealed, compressed
-    index, entries = _unpack(stream, where, max_entry_size)
-    del stream
+    reader = frame.open_frame(compressed, where, max_total_size)
+    ratio_cap = max(RATIO_FLOOR, max_ratio * len(compressed))
+    if reader.size > ratio_cap:
+        raise too_large(where, f"it declares {reader.size} uncompressed bytes from "
+                               f"{len(compressed)} compressed, over {max_ratio} times as many "
+                               "(refused as a decompression bomb; read_bundle's max_ratio "
+                               "raises the cap)")
+    index, listing, entries = _unpack(reader, where, max_entry_size)
+    del sealed, compressed, reader
     if index != index_bytes(entries):
         raise index_mismatch(index, entries, where)
     digest = digest_of_index(index)
     if digest != sealed_digest:
-        raise corrupt(where, f"its seal records digest {sealed_digest[:16]}… but its contents "
-                             f"have {digest[:16]}…")
-    return Bundle(digest, entries, trailer, sealed_size)
+        recorded, actual = _distinct(sealed_digest, digest)
+        raise corrupt(where, f"its seal records digest {recorded} but its contents have {actual}")
+    return Bundle(digest, entries, MappingProxyType({name: listing[name][0] for name in entries}),
+                  trailer, sealed_size)
 
 
 def read_bundle(path: Path, *, max_total_size: int = DEFAULT_MAX_TOTAL_SIZE,
-                max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE) -> Bundle:
+                max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE,
+                max_ratio: int = DEFAULT_MAX_RATIO) -> Bundle:
     """Read and verify the engine bundle at `path`; raise a `BundleError` unless all of it is sound.
 
-    `max_total_size` caps the uncompressed tar stream and `max_entry_size` each entry; both are
-    checked against declared sizes before anything that large is allocated. Peak memory is about
-    the file plus twice the uncompressed size. A trailer is split off and its layout checked; its
-    body is returned unparsed (`Bundle.trailer`).
+    `max_total_size` caps the uncompressed tar stream and `max_entry_size` each entry; past
+    `RATIO_FLOOR` bytes, the stream may be at most `max_ratio` times the compressed frame (real
+    engines, cubins, JSON and float weights, compress 1-20 times; a bomb, thousands). All three
+    are checked against declared sizes before any of it is decompressed, and each entry's header
+    against the index before its data is: peak memory is about the file plus the entries. A
+    trailer (signatures, provenance) is split off and its layout checked; its body is returned
+    unparsed (`Bundle.trailer`).
     """
     path = Path(path)
     data = read_bundle_file(path, max_total_size=max_total_size)
     return bundle_from_bytes(data, f"engine {path}", max_total_size=max_total_size,
-                             max_entry_size=max_entry_size)
+                             max_entry_size=max_entry_size, max_ratio=max_ratio)

@@ -82,7 +82,7 @@ def digest_of_index(index: bytes) -> str:
     return hashlib.sha256(index).hexdigest()
 
 
-def _listing(raw: bytes) -> dict[str, tuple[str, int]] | str:
+def listing_of(raw: bytes) -> dict[str, tuple[str, int]] | str:
     """The index's entries as {name: (sha256, size)}, or why it is not an XG index."""
     try:
         document = json.loads(raw.decode("ascii"))
@@ -117,7 +117,7 @@ def index_mismatch(raw: bytes, entries: Mapping[str, bytes], where: str) -> Bund
 
     Called only once `raw != index_bytes(entries)`; the first difference found is reported.
     """
-    listing = _listing(raw)
+    listing = listing_of(raw)
     if isinstance(listing, str):
         return BundleFormatError(f"{where} has an index ({INDEX_NAME}) XG cannot use: {listing}")
     for name in sorted(entries):

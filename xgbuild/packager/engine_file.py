@@ -7,17 +7,17 @@ and sources are the ones the manifest names. Nothing from the file is used befor
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..compiler.ir.graph import Graph
-from ..compiler.ir.serialize import loads
+from ..compiler.ir.serialize import bounded_json, loads
 from ..compiler.ir.verify import IRError, verify
 from ..errors import EngineError
 from .archive import Bundle, BundleError, bundle_digest_of, read_bundle, write_bundle
-from .manifest import FORMAT_VERSION, canonical_json, sha256
+from .manifest import FORMAT_VERSION, canonical_json, check_manifest, sha256
 from .signing import Envelope, SigningError, parse_envelope
+from .weights import check_weights
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,14 @@ def save_engine_file(engine: EngineFile, path: Path, envelope: Envelope | None =
 
 
 def read_engine(path: Path) -> EngineFile:
+    """The verified engine at `path`; any way it is wrong is one `EngineError` line.
+
+    In order, each step bounded by the one before: the bundle (every byte against its digest,
+    within the size and ratio caps), the manifest (nesting and size capped before parsing), the
+    entries it names against their digests (from the bundle's index: hashed once, whatever the
+    manifest repeats), the program (capped the same way, then verified: dims, rank, node count),
+    the manifest against the program, and the weights' header against the manifest.
+    """
     try:
         bundle = read_bundle(path)
     except BundleError as exc:
@@ -65,7 +73,7 @@ def read_engine(path: Path) -> EngineFile:
 
 def engine_from_bundle(bundle: Bundle, where: str) -> EngineFile:
     """The engine in a verified bundle (`read_engine` of bytes already read and verified)."""
-    entries = dict(bundle.entries)
+    entries, hashes = dict(bundle.entries), bundle.sha256s
     try:
         envelope = parse_envelope(bundle.trailer, where) if bundle.trailer is not None else None
     except SigningError as exc:
@@ -74,11 +82,11 @@ def engine_from_bundle(bundle: Bundle, where: str) -> EngineFile:
     if raw is None:
         raise EngineError(f"{where} has no manifest.json: it is not an XG engine")
     try:
-        manifest = json.loads(raw)
+        manifest = bounded_json(raw, "manifest.json")
     except ValueError as exc:
-        raise EngineError(f"{where}: manifest.json is not JSON ({exc})") from None
+        raise EngineError(f"{where}: {exc}") from None
     version = manifest.get("format_version") if isinstance(manifest, dict) else None
-    if not isinstance(version, int):
+    if type(version) is not int:
         raise EngineError(f"{where}: manifest has no format_version")
     if version > FORMAT_VERSION:
         raise EngineError(f"{where} has format version {version}, newer than this XG reads ({FORMAT_VERSION}); "
@@ -88,28 +96,30 @@ def engine_from_bundle(bundle: Bundle, where: str) -> EngineFile:
                           "rebuild it with xgc")
     try:
         program = manifest["program"]
-        blob = entries[program["path"]]
-        if sha256(blob) != program["sha256"]:
+        if hashes[program["path"]] != program["sha256"]:
             raise EngineError(f"{where}: program.json does not match the digest in the manifest")
         for src in manifest["sources"]:
-            if sha256(entries[src["path"]]) != src["sha256"]:
+            if hashes[src["path"]] != src["sha256"]:
                 raise EngineError(f"{where}: source {src['path']} does not match the digest in the manifest")
         for k in manifest.get("kernels", []):
             for v in k["variants"]:
                 for what in ("cubin", "ptx"):
-                    if sha256(entries[v[what]]) != v[f"{what}_sha256"]:
+                    if hashes[v[what]] != v[f"{what}_sha256"]:
                         raise EngineError(f"{where}: {v[what]} does not match the digest in the manifest")
         weights = manifest.get("weights")
-        if weights is not None and sha256(entries[weights["path"]]) != weights["sha256"]:
+        if weights is not None and hashes[weights["path"]] != weights["sha256"]:
             raise EngineError(f"{where}: {weights['path']} does not match the digest in the manifest")
-        graph = loads(blob)
+        graph = loads(entries[program["path"]])
         verify(graph)
+        check_manifest(manifest, graph, set(entries), where)
+        if weights is not None:
+            check_weights(entries[weights["path"]], weights["tensors"], where)
         sources = {s["path"].split("/", 1)[1]: entries[s["path"]] for s in manifest["sources"]}
     except EngineError:
         raise
     except IRError as exc:
         raise EngineError(f"{where}: invalid program: {exc}") from None
-    except (KeyError, TypeError, IndexError, AttributeError) as exc:
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as exc:
         raise EngineError(f"{where}: malformed manifest ({type(exc).__name__}: {exc})") from None
     return EngineFile(manifest, graph, sources, entries, bundle.digest, envelope)
 

@@ -24,8 +24,9 @@ skippable frame and skips it. `split_trailer` refuses a trailer that is cut shor
 not laid out this way; what its body says is checked by `signing.py`.
 
 The decompressor only runs on a sealed frame that declares its content size within the caller's cap,
-and decompresses in one shot into a buffer of exactly that size: a decompression bomb is refused
-before anything is allocated, and a frame that understates its size fails instead of growing.
+and streams: the reader asks for each piece after checking it against what the frame and the tar
+headers declare, so a bomb is refused before its bytes are inflated, and a frame that understates
+its size fails instead of growing.
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def _frame_header(frame: bytes | memoryview, where: str, max_size: int) -> int:
     if len(frame) < length:
         raise truncated(where, "the zstd frame header is cut short")
     size = int.from_bytes(frame[length - fcs_length:length], "little") + (256 if fcs_code == 1 else 0)
-    # The bomb guard: the one-shot decoder allocates the declared size and never more.
+    # The first bomb guard: the size the caller allows, checked before anything is decoded.
     if size > max_size:
         raise too_large(where, f"it declares {size} uncompressed bytes, over the cap of {max_size}")
     return length
@@ -182,18 +183,55 @@ def _frame_end(frame: bytes | memoryview, position: int, where: str) -> int:
             return position + 4
 
 
-def decompress(frame: bytes | memoryview, where: str, max_size: int) -> bytes:
-    """The tar stream in `frame`, which must be exactly one zstd frame of at most `max_size` bytes."""
+class FrameReader:
+    """Reads the tar stream out of one checked zstd frame, a piece at a time, never past the size
+    the frame declares: memory follows what the caller asks for, not what the frame claims."""
+
+    def __init__(self, frame: bytes | memoryview, where: str, size: int) -> None:
+        self.where, self.size, self.position = where, size, 0
+        # The window is capped (zstd's own default limit, said out loud): a frame asking for more is
+        # refused instead of allocating it. XG's level-9 frames use 8 MiB at most.
+        decompressor = zstandard.ZstdDecompressor(max_window_size=1 << 27)
+        self._reader = decompressor.stream_reader(frame, read_across_frames=False)
+
+    def read(self, n: int) -> bytes:
+        """The next `n` bytes of the stream; the caller has checked `n` against `remaining`."""
+        if n > self.size - self.position:
+            raise RuntimeError("internal error: read past the frame's declared size")
+        parts, left = [], n
+        while left:
+            part = self._decode(left)
+            if not part:
+                raise corrupt(self.where, f"the zstd frame ends after {self.position} of the "
+                                          f"{self.size} bytes it declares")
+            parts.append(part)
+            left -= len(part)
+            self.position += len(part)
+        return b"".join(parts) if len(parts) != 1 else parts[0]
+
+    @property
+    def remaining(self) -> int:
+        return self.size - self.position
+
+    def finish(self) -> None:
+        """Check that the frame ends where it says, and its checksum (zstd checks it at the end)."""
+        if self.position != self.size or self._decode(1):
+            raise corrupt(self.where, "the zstd frame does not give the size it declares")
+
+    def _decode(self, n: int) -> bytes:
+        try:
+            return self._reader.read(n)
+        except zstandard.ZstdError as err:
+            reason = " ".join(str(err).split())
+            raise corrupt(self.where, f"the zstd frame does not decode ({reason})") from None
+
+
+def open_frame(frame: bytes | memoryview, where: str, max_size: int) -> FrameReader:
+    """A reader of the tar stream in `frame`, which must be exactly one zstd frame declaring at
+    most `max_size` bytes. Nothing is decompressed yet."""
     end = _frame_end(frame, _frame_header(frame, where, max_size), where)
     if end > len(frame):
         raise truncated(where, "the zstd frame ends before its checksum")
     if end < len(frame):
         raise bad_layout(where, f"{len(frame) - end} bytes follow the zstd frame")
-    try:
-        stream = zstandard.ZstdDecompressor().decompress(frame, allow_extra_data=False)
-    except zstandard.ZstdError as err:
-        reason = " ".join(str(err).split())
-        raise corrupt(where, f"the zstd frame does not decode ({reason})") from None
-    if len(stream) != zstandard.frame_content_size(frame):
-        raise corrupt(where, "the zstd frame does not give the size it declares")
-    return stream
+    return FrameReader(frame, where, zstandard.frame_content_size(frame))

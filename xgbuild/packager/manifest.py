@@ -1,19 +1,24 @@
 """The engine manifest: what an engine is, in one canonical JSON document.
 
 Everything in it is a pure function of the sources, the options and the toolchain: no paths,
-times, users or host names, so two builds of the same inputs give the same bytes.
+times, users or host names, so two builds of the same inputs give the same bytes. `check_manifest`
+is the reading side: what a manifest from an untrusted file must hold before the runtime uses it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
 
 import triton
 
 from .. import __version__
 from ..compiler.ir.graph import Graph
+from ..compiler.ir.verify import shape_problem
+from ..dtypes import TORCH_DTYPES
+from ..errors import EngineError
 from ..hw import GpuProfile
 
 FORMAT_VERSION = 1
@@ -72,3 +77,90 @@ def build_manifest(*, graph: Graph, program_blob: bytes, profile: GpuProfile, nu
     if weights:
         manifest["weights"] = weights
     return manifest
+
+
+# --- reading: what a manifest from an untrusted file must hold before anything uses it -----------
+
+MAX_GPUS = 1 << 16
+MAX_GPU_MEMORY = 1 << 44         # bytes of one GPU's memory: 16 TiB, far past any made
+
+
+def check_manifest(manifest: dict, graph: Graph, entries: set[str], where: str) -> None:
+    """Refuse, as an `EngineError`, a manifest that disagrees with its program or that declares
+    what no build makes: the entry signature must be the program's inputs (less the weights it
+    binds, which must be inputs too), every tensor no larger than the target's memory, every path
+    an entry of the bundle. `graph` is verified already, so its shapes are sound."""
+    def bad(detail: str) -> EngineError:
+        return EngineError(f"{where}: malformed manifest ({detail})")
+
+    num_gpu = manifest.get("num_gpu")
+    if type(num_gpu) is not int or not 1 <= num_gpu <= MAX_GPUS:
+        raise bad(f"num_gpu is {str(num_gpu)[:40]}, not an integer in [1, {MAX_GPUS}]")
+    profile = manifest.get("target_profile")
+    memory = profile.get("hbm_bytes") if isinstance(profile, dict) else None
+    if type(memory) is not int or not 0 < memory <= MAX_GPU_MEMORY:
+        raise bad(f"the target's hbm_bytes is {str(memory)[:40]}, not an integer in [1, {MAX_GPU_MEMORY}]")
+    weights = manifest.get("weights")
+    bound = {}
+    if weights is not None:
+        if not isinstance(weights, dict) or not isinstance(weights.get("tensors"), list):
+            raise bad("weights is not an object with a list of tensors")
+        bound = {t.get("name"): t for t in weights["tensors"] if isinstance(t, dict)}
+        if len(bound) != len(weights["tensors"]):
+            raise bad("the weights' tensors are not distinct objects with names")
+    entry = manifest.get("entry")
+    declared = entry.get("inputs") if isinstance(entry, dict) else None
+    if not isinstance(declared, list):
+        raise bad("entry.inputs is not a list")
+    free = [(name, nid) for name, nid in graph.inputs if name not in bound]
+    if len(declared) != len(free):
+        raise bad(f"entry.inputs lists {len(declared)} inputs, the program takes {len(free)}")
+    for spec, (name, nid) in zip(declared, free):
+        node = graph.node(nid)
+        if not isinstance(spec, dict) or (spec.get("name"), spec.get("dtype"), spec.get("shape")) != \
+                (name, node.dtype, list(node.shape)):
+            raise bad(f"entry.inputs declares {str(spec)[:80]}, the program's input is "
+                      f"{name}: {node.dtype}{list(node.shape)}")
+        span = spec.get("range")
+        if span is not None and not (isinstance(span, list) and len(span) == 2
+                                     and all(type(v) is int for v in span) and span[0] < span[1]):
+            raise bad(f"input {name!r} has a malformed range")
+    inputs = dict(graph.inputs)
+    for name, spec in bound.items():
+        node = graph.node(inputs[name]) if name in inputs else None
+        if node is None or (spec.get("dtype"), spec.get("shape")) != (node.dtype, list(node.shape)):
+            raise bad(f"weights declare {str(name)[:40]!r} as {spec.get('dtype')}{spec.get('shape')}, "
+                      "which is not an input of the program")
+    check_sizes(graph, manifest, where)
+    for path in _paths(manifest):
+        if not isinstance(path, str) or path not in entries:
+            raise bad(f"it names {str(path)[:80]!r}, which is not an entry of the bundle")
+
+
+def check_sizes(graph: Graph, manifest: dict, where: str) -> None:
+    """Refuse a node whose dims are not sizes, or whose fixed dims make it larger than all the
+    target's GPUs together (`manifest` checked already). xgc refuses a plan that overflows the
+    target's memory, so no real engine has one; a forged shape is refused here before anything
+    allocates it. The runtime calls it again once symbolic dims take the inputs' sizes."""
+    limit = manifest["target_profile"]["hbm_bytes"] * manifest["num_gpu"]
+    for n in graph.nodes:
+        problem = shape_problem(n.shape)
+        if problem:
+            raise EngineError(f"{where}: node %{n.id} ({n.op.value}) has a malformed shape ({problem})")
+        size = math.prod(d for d in n.shape if isinstance(d, int)) * TORCH_DTYPES[n.dtype].itemsize
+        if size > limit:
+            raise EngineError(f"{where}: node %{n.id} ({n.op.value}) is {n.dtype}{list(n.shape)}, "
+                              f"{size} bytes, more than the {limit} bytes of memory of the target's GPUs")
+
+
+def _paths(manifest: dict) -> list:
+    """Every entry path the manifest names (the program, sources, kernels, weights)."""
+    try:
+        paths = [manifest["program"]["path"]]
+        paths += [s["path"] for s in manifest["sources"]]
+        paths += [v[what] for k in manifest.get("kernels", []) for v in k["variants"] for what in ("cubin", "ptx")]
+        if manifest.get("weights") is not None:
+            paths.append(manifest["weights"]["path"])
+    except (KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise ValueError(f"{type(exc).__name__}: {exc}") from None
+    return paths

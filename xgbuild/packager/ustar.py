@@ -20,8 +20,7 @@ The parser accepts exactly these bytes. Anything else is refused, naming the mem
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator, Protocol
 
 from xgbuild.packager.archive_errors import bad_layout, bad_name, shown, too_large
 
@@ -48,15 +47,6 @@ _KINDS = {
     b"7": "a contiguous file", b"x": "a pax extended header", b"g": "a pax global header",
     b"L": "a GNU long-name record", b"K": "a GNU long-link record",
 }
-
-
-@dataclass(frozen=True)
-class Member:
-    """One member of a parsed stream: its name and where its data lies."""
-
-    name: str
-    start: int
-    size: int
 
 
 def split_name(name: str) -> tuple[str, str] | None:
@@ -116,10 +106,18 @@ def _first_difference(block: bytes, expected: bytes) -> str:
     return "chksum"
 
 
-def _member(stream: bytes, pos: int, where: str, max_entry_size: int,
-            name_problem: Callable[[str], str | None]) -> Member:
-    """Parse and check the header at `pos`, in the order that gives the clearest message."""
-    block = stream[pos:pos + BLOCK]
+class Reader(Protocol):
+    """What `read_members` reads from: `frame.FrameReader`, a stream of known length."""
+
+    remaining: int
+
+    def read(self, n: int) -> bytes: ...
+
+
+def _header(block: bytes, pos: int, where: str, max_entry_size: int,
+            name_problem: Callable[[str], str | None]) -> tuple[str, int]:
+    """(name, size) of the header `block` at `pos`, checked in the order that gives the clearest
+    message; only the header is looked at, so nothing of the data has been read yet."""
     posix = block[257:265] == b"ustar\x0000"
     if not posix and block[257:265] != b"ustar  \x00":       # a GNU header is refused below, by kind
         raise bad_layout(where, f"the tar header at offset {pos} is not a POSIX ustar header")
@@ -144,39 +142,46 @@ def _member(stream: bytes, pos: int, where: str, max_entry_size: int,
         field = _first_difference(block, expected)
         raise bad_layout(where, f"entry {shown(name)} has a tar header XG does not write "
                                 f"(field {field})")
-    start = pos + BLOCK
-    end = start + size + _padding(size)
-    if end > len(stream):
-        raise bad_layout(where, f"entry {shown(name)} runs past the end of the tar stream")
-    if stream[start + size:end].count(0) != end - start - size:
-        raise bad_layout(where, f"entry {shown(name)} is followed by non-zero padding")
-    return Member(name, start, size)
+    return name, size
 
 
-def _check_end(stream: bytes, pos: int, where: str) -> None:
+def _check_end(reader: Reader, pos: int, where: str) -> None:
+    """The zero block at `pos` has been read: the rest must be zeros up to the record's end."""
     end = pos + 2 * BLOCK + -(pos + 2 * BLOCK) % RECORD
-    if len(stream) != end:
-        raise bad_layout(where, f"the tar stream is {len(stream)} bytes, but with its end marker at "
+    total = pos + BLOCK + reader.remaining
+    if total != end:
+        raise bad_layout(where, f"the tar stream is {total} bytes, but with its end marker at "
                                 f"offset {pos} XG writes {end}")
-    if stream[pos:end].count(0) != end - pos:
+    rest = reader.read(reader.remaining)
+    if rest.count(0) != len(rest):
         raise bad_layout(where, "non-zero bytes follow the end-of-archive marker")
 
 
-def parse(stream: bytes, where: str, *, max_entry_size: int,
-          name_problem: Callable[[str], str | None]) -> list[Member]:
-    """The members of a canonical stream, in stream order; any departure raises a `BundleError`.
+def read_members(reader: Reader, where: str, *, max_entry_size: int,
+                 name_problem: Callable[[str], str | None],
+                 admit: Callable[[str, int], None]) -> Iterator[tuple[str, bytes]]:
+    """The (name, data) of each member of a canonical stream, in stream order; any departure raises
+    a `BundleError`.
 
-    `name_problem` gives the reason a name is not allowed, or None; `max_entry_size` is checked
-    against each header before its data is looked at.
+    Each header is checked (`name_problem` gives the reason a name is not allowed, or None) and its
+    size against `max_entry_size` and the bytes left in the stream, then `admit(name, size)` may
+    refuse it by raising, all before its data is read: a lying header costs 512 bytes, not its size.
     """
-    members: list[Member] = []
     pos = 0
     while True:
-        if pos + BLOCK > len(stream):
+        if reader.remaining < BLOCK:
             raise bad_layout(where, f"the tar stream ends at offset {pos} without an end marker")
-        if stream[pos:pos + BLOCK] == _ZERO_BLOCK:
-            _check_end(stream, pos, where)
-            return members
-        member = _member(stream, pos, where, max_entry_size, name_problem)
-        members.append(member)
-        pos = member.start + member.size + _padding(member.size)
+        block = reader.read(BLOCK)
+        if block == _ZERO_BLOCK:
+            _check_end(reader, pos, where)
+            return
+        name, size = _header(block, pos, where, max_entry_size, name_problem)
+        pad = _padding(size)
+        if size + pad > reader.remaining:
+            raise bad_layout(where, f"entry {shown(name)} runs past the end of the tar stream")
+        admit(name, size)
+        data = reader.read(size)
+        if reader.read(pad).count(0) != pad:
+            raise bad_layout(where, f"entry {shown(name)} is followed by non-zero padding")
+        yield name, data
+        pos += BLOCK + size + pad

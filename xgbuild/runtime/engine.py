@@ -23,6 +23,7 @@ from ..errors import EngineError, ExecutionError, InputError
 from ..packager.engine_file import EngineFile, read_engine, save_engine_file
 from ..packager.signing import (Envelope, SigningError, Trust, TrustedKeys, digest_problem, load_trusted_keys, normal_digest,
                                 trust_verdict)
+from ..packager.manifest import check_sizes
 from ..packager.weights import load_weights
 from ..settings import RunSettings
 from .cpu import CpuExecutor
@@ -193,9 +194,12 @@ class Engine:
         if not cached:
             try:
                 env = bind_symbols(self.graph, {n: tuple(t.shape) for n, t in inputs.items()})
-                self._specialised[key] = (specialize(self.graph, env), env)
+                graph = specialize(self.graph, env)
             except SpecializationError as exc:
                 raise InputError(str(exc)) from None
+            # Sizes computed from symbols are checked as the file's were, before anything allocates.
+            check_sizes(graph, self.manifest, f"engine {self.digest[:12]} with these inputs")
+            self._specialised[key] = (graph, env)
         graph, env = self._specialised[key]
         return graph, env, cached
 

@@ -6,8 +6,11 @@ Owns what `xgrun --inputs FILE --output FILE` and `xg.run_engine` read and write
   with `allow_pickle=False`, `.pt` with `torch.load(weights_only=True)`. Every way a file can be
   wrong (not the format its suffix says, truncated, an object array, a pickled payload, a name that
   is not an XG identifier, a dtype XG lacks) is one `TensorIOError` line naming the file.
+  Only a regular file is read (a FIFO or a device is refused without blocking), and each format's
+  headers come first: shapes and dtypes against the caller's signature, sizes against the
+  container's (a zip member's, the file's) and the host's memory, before any data is inflated.
 - `save_tensors` writes atomically and byte-for-byte deterministically, so output files can be
-  compared and cached by digest.
+  compared and cached by digest; it replaces only a regular file, never a FIFO, device or link.
 - `random_inputs` makes seeded inputs that are the same bits on every machine; `describe` gives the
   shape, dtype and a content checksum of a tensor for logs and `--json`.
 """
@@ -16,9 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import re
 import secrets
+import stat
 import sys
 import warnings
 import zipfile
@@ -30,7 +35,8 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from ..dtypes import TORCH_DTYPES, XG_NAMES as _XG_NAMES, xg_dtype  # noqa: F401 (re-exported)
+from ..dtypes import TORCH_DTYPES, XG_NAMES, xg_dtype  # noqa: F401 (re-exported)
+from ..packager.weights import MAX_HEADER, SAFETENSORS_DTYPES, TensorSpec, safetensors_header
 
 SUFFIXES = (".npz", ".safetensors", ".pt", ".pth")
 _FORMAT_NAMES = {".npz": ".npz archive", ".safetensors": "safetensors file",
@@ -52,29 +58,122 @@ class TensorIOError(Exception):
 
 # ---------------------------------------------------------------------------------------- reading
 
-def load_tensors(path: Path, *, role: str = "inputs file") -> dict[str, torch.Tensor]:
+# {name: (XG dtype, shape)}, symbols (str) standing for any size: what the caller will accept.
+Expected = Mapping[str, tuple[str, tuple]]
+
+
+def load_tensors(path: Path, *, role: str = "inputs file", expected: Expected | None = None,
+                 max_bytes: int | None = None) -> dict[str, torch.Tensor]:
     """Read `path` into `{name: tensor}`: CPU, contiguous, in the file's dtype, names in file order.
 
-    `role` only words the error messages ("inputs file", "expected outputs file", ...).
+    `role` only words the error messages ("inputs file", "expected outputs file", ...). Every
+    format's headers are read first: with `expected`, a name it lacks or a dtype, rank or fixed dim
+    that differs is refused before any data is read, as is a total over `max_bytes` (default: this
+    host's memory) or a header that disagrees with the container's sizes (a zip member's, the file's).
     """
     path = Path(path)
     suffix = _suffix(path, role)
-    if not path.is_file():
-        raise TensorIOError(f"{role} {path} " + ("is not a regular file" if path.exists() else "does not exist"))
-    invalid = f"{role} {path} is not a valid {_FORMAT_NAMES[suffix]}"
-    try:
-        if path.stat().st_size == 0:
+    where = f"{role} {path}"
+    invalid = f"{where} is not a valid {_FORMAT_NAMES[suffix]}"
+    with _open_regular(path, role) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
             raise TensorIOError(f"{invalid}: the file is empty")
-        raw = _READERS[suffix](path)
-    except TensorIOError:
-        raise
+        budget = _Budget(where, expected, _host_memory() if max_bytes is None else max_bytes)
+        try:
+            raw = _READERS[suffix](f, size, budget)
+        except TensorIOError:
+            raise
+        except OSError as e:
+            raise TensorIOError(f"cannot read {where}: {e.strerror or e}") from None
+        # Parsers fail in many ways (ValueError, RuntimeError, UnpicklingError, SafetensorError, ...);
+        # the user needs to know the file is bad and why, not the parser's traceback.
+        except Exception as e:  # noqa: BLE001
+            raise TensorIOError(f"{invalid}: {_summarize(e)}{_hint(f, suffix)}") from None
+    out: dict[str, torch.Tensor] = {}
+    for name, t in raw:
+        if name in out:
+            raise TensorIOError(f"{where}: name {name!r} appears twice")
+        if isinstance(t, torch.Tensor) and t.device.type != "cpu":      # a .pt may hold a meta tensor
+            raise TensorIOError(f"{where}: tensor {name!r} is on device {t.device.type}"
+                                + (", which holds no data" if t.device.type == "meta" else ""))
+        out[name] = _checked(where, name, t)
+        if suffix in (".pt", ".pth"):                  # the pickle gave shapes only now
+            budget.admit(name, XG_NAMES.get(t.dtype, str(t.dtype)), tuple(t.shape))
+    return out
+
+
+class _Budget:
+    """Checks each tensor a header declares, before its data is read: against the caller's
+    expected signature and against a total byte budget."""
+
+    def __init__(self, where: str, expected: Expected | None, max_bytes: int) -> None:
+        self.where, self.expected, self.left, self.max_bytes = where, expected, max_bytes, max_bytes
+
+    def admit(self, name: object, dtype: str, shape: tuple) -> None:
+        if self.expected is not None and isinstance(name, str):
+            if name not in self.expected:
+                raise TensorIOError(f"{self.where}: unknown input `{name}`; the engine takes "
+                                    f"{', '.join(f'`{n}`' for n in self.expected) or 'no inputs'}")
+            want_dtype, want_shape = self.expected[name]
+            if dtype in TORCH_DTYPES and dtype != want_dtype:
+                raise TensorIOError(f"{self.where}: input `{name}` has dtype {dtype}, the engine expects "
+                                    f"{want_dtype} (XG never converts implicitly)")
+            if len(shape) != len(want_shape):
+                raise TensorIOError(f"{self.where}: input `{name}` must have rank {len(want_shape)} "
+                                    f"(shape {list(want_shape)}), got shape {list(shape)}")
+            for axis, (w, d) in enumerate(zip(want_shape, shape)):
+                if isinstance(w, int) and w != d:
+                    raise TensorIOError(f"{self.where}: input `{name}` must have shape {list(want_shape)}, "
+                                        f"got {list(shape)} (dimension {axis} must be {w})")
+        if dtype in TORCH_DTYPES:
+            self.left -= math.prod(shape) * TORCH_DTYPES[dtype].itemsize
+            if self.left < 0:
+                raise TensorIOError(f"{self.where}: its tensors declare more than {self.max_bytes} bytes "
+                                    "(this host's memory); refused before reading them")
+
+
+def _host_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):     # not POSIX: no budget beyond the file's own
+        return 1 << 62
+
+
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_KIND_NAMES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _open_regular(path: Path, role: str) -> BinaryIO:
+    """`path` opened for reading, once it is known to be a regular file. O_NONBLOCK keeps a FIFO
+    from blocking the open; the check is on the opened file, so a swap after it changes nothing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        raise TensorIOError(f"{role} {path} does not exist") from None
     except OSError as e:
+        # A socket cannot be opened at all (ENXIO): say what it is rather than the errno.
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.stat(path).st_mode):
+                raise TensorIOError(f"{role} {path} is not a regular file (a socket)") from None
         raise TensorIOError(f"cannot read {role} {path}: {e.strerror or e}") from None
-    # Parsers fail in many ways (ValueError, RuntimeError, UnpicklingError, SafetensorError, ...);
-    # the user needs to know the file is bad and why, not the parser's traceback.
-    except Exception as e:  # noqa: BLE001
-        raise TensorIOError(f"{invalid}: {_summarize(e)}{_hint(path, suffix)}") from None
-    return {name: _checked(f"{role} {path}", name, t) for name, t in raw}
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = next((f" ({name})" for test, name in _KIND_NAMES if test(mode)), "")
+        raise TensorIOError(f"{role} {path} is not a regular file{kind}")
+    if _O_NONBLOCK:
+        os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def _fd_path(f: BinaryIO) -> str:
+    """A path that opens the very file `f` has open (Linux's /proc), for libraries that take a path."""
+    proc = f"/proc/self/fd/{f.fileno()}"
+    if not os.path.exists(proc):
+        raise TensorIOError("sliced loading needs /proc/self/fd (Linux)")
+    return proc
 
 
 def load_tensor_shards(path: Path, split: dict[str, int], rank: int, world: int, *,
@@ -98,40 +197,38 @@ def load_tensor_shards(path: Path, split: dict[str, int], rank: int, world: int,
             whole = {k: (v if k in only else torch.empty(v.shape, dtype=v.dtype, device="meta"))
                      for k, v in whole.items()}
         return whole, shapes
-    if not path.is_file():
-        raise TensorIOError(f"{role} {path} " + ("is not a regular file" if path.exists() else "does not exist"))
     out, shapes = {}, {}
-    try:
-        with safetensors.safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                if only is not None and name not in only:
+    with _open_regular(path, role) as file:
+        try:
+            _safetensors_specs(file, os.fstat(file.fileno()).st_size)      # its header, checked first
+            with safetensors.safe_open(_fd_path(file), framework="pt") as f:
+                for name in f.keys():
+                    if only is not None and name not in only:
+                        view = f.get_slice(name)
+                        dtype = _SAFETENSORS_DTYPES.get(view.get_dtype())
+                        if dtype is None:
+                            raise TensorIOError(f"{role} {path}: tensor {name!r} has dtype {view.get_dtype()}, "
+                                                f"which XG does not support (XG dtypes: {', '.join(TORCH_DTYPES)})")
+                        out[name] = torch.empty(tuple(view.get_shape()), dtype=dtype, device="meta")
+                        continue
+                    if name not in split:
+                        out[name] = _checked(f"{role} {path}", name, f.get_tensor(name))
+                        continue
                     view = f.get_slice(name)
-                    dtype = _SAFETENSORS_DTYPES.get(view.get_dtype())
-                    if dtype is None:
-                        raise TensorIOError(f"{role} {path}: tensor {name!r} has dtype {view.get_dtype()}, which XG "
-                                            f"does not support (XG dtypes: {', '.join(TORCH_DTYPES)})")
-                    out[name] = torch.empty(tuple(view.get_shape()), dtype=dtype, device="meta")
-                    continue
-                if name not in split:
-                    out[name] = _checked(f"{role} {path}", name, f.get_tensor(name))
-                    continue
-                view = f.get_slice(name)
-                shape = tuple(view.get_shape())
-                lo, hi = _bounds(f"{role} {path}", name, shape, split[name], rank, world)
-                index = (slice(None),) * split[name] + (slice(lo, hi),)
-                out[name] = _checked(f"{role} {path}", name, view[index])
-                shapes[name] = shape
-    except TensorIOError:
-        raise
-    except Exception as e:  # noqa: BLE001  (the parser's many error types, as in load_tensors)
-        raise TensorIOError(f"{role} {path} is not a valid safetensors file: {_summarize(e)}") from None
+                    shape = tuple(view.get_shape())
+                    lo, hi = _bounds(f"{role} {path}", name, shape, split[name], rank, world)
+                    index = (slice(None),) * split[name] + (slice(lo, hi),)
+                    out[name] = _checked(f"{role} {path}", name, view[index])
+                    shapes[name] = shape
+        except TensorIOError:
+            raise
+        except Exception as e:  # noqa: BLE001  (the parser's many error types, as in load_tensors)
+            raise TensorIOError(f"{role} {path} is not a valid safetensors file: {_summarize(e)}") from None
     return out, shapes
 
 
 # safetensors' dtype names (the header's) for the dtypes XG reads.
-_SAFETENSORS_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
-                       "I32": torch.int32, "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16,
-                       "F32": torch.float32, "F64": torch.float64}
+_SAFETENSORS_DTYPES = {code: TORCH_DTYPES[name] for code, (name, _) in SAFETENSORS_DTYPES.items()}
 
 
 def _bounds(where: str, name: str, shape: tuple[int, ...], dim: int, rank: int, world: int) -> tuple[int, int]:
@@ -148,33 +245,79 @@ def _slice_of(where: str, name: str, t: torch.Tensor, dim: int, rank: int, world
     return t.narrow(dim, lo, hi - lo)
 
 
-def _read_npz(path: Path) -> list[tuple[str, torch.Tensor]]:
-    out = []
-    with zipfile.ZipFile(path) as zf:
-        for info in zf.infolist():
+_NPY_MAX_HEADER = 10000          # numpy's own default
+
+
+def _read_npz(f: BinaryIO, size: int, budget: _Budget) -> list[tuple[str, torch.Tensor]]:
+    with zipfile.ZipFile(f) as zf:
+        infos = zf.infolist()
+        # Every member's .npy header first: its dtype and shape, checked against the caller's
+        # signature, and the size they imply against the size the zip records (which bounds what
+        # inflating it can produce), before any array is inflated.
+        for info in infos:
             if not info.filename.endswith(".npy"):
                 raise ValueError(f"entry {info.filename!r} is not a .npy array")
-            with zf.open(info) as f:
-                array = np.lib.format.read_array(f, allow_pickle=False)
-            if array.dtype.name not in TORCH_DTYPES:  # also catches strings, structs, datetimes
-                raise ValueError(f"array {info.filename[:-4]!r} has dtype {array.dtype}, which XG lacks")
+            with zf.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = read_header(member, max_header_size=_NPY_MAX_HEADER)
+                offset = member.tell()
+            name = info.filename[:-4]
+            if dtype.hasobject:
+                raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
+            if dtype.name not in TORCH_DTYPES:  # also catches strings, structs, datetimes
+                raise ValueError(f"array {name!r} has dtype {dtype}, which XG lacks")
+            if offset + math.prod(shape) * dtype.itemsize != info.file_size:
+                raise ValueError(f"array {name!r} is {dtype}{list(shape)} by its header, "
+                                 f"{math.prod(shape) * dtype.itemsize} bytes, but its zip entry holds "
+                                 f"{info.file_size - offset}")
+            budget.admit(name, dtype.name, tuple(shape))
+        out = []
+        for info in infos:
+            with zf.open(info) as member:
+                array = np.lib.format.read_array(member, allow_pickle=False, max_header_size=_NPY_MAX_HEADER)
             if not array.dtype.isnative:
                 array = array.astype(array.dtype.newbyteorder("="))
             out.append((info.filename[:-4], torch.from_numpy(array)))
     return out
 
 
-def _read_safetensors(path: Path) -> list[tuple[str, torch.Tensor]]:
+def _safetensors_specs(f: BinaryIO, size: int) -> list[TensorSpec]:
+    head = f.read(8)
+    length = int.from_bytes(head, "little") if len(head) == 8 else 0
+    head += f.read(min(length, MAX_HEADER, max(size - 8, 0)))
+    return safetensors_header(head, size)[1]
+
+
+def _read_safetensors(f: BinaryIO, size: int, budget: _Budget) -> list[tuple[str, torch.Tensor]]:
+    for spec in _safetensors_specs(f, size):
+        if spec.dtype not in TORCH_DTYPES:
+            raise ValueError(f"tensor {spec.name!r} has dtype {spec.dtype}, which XG does not support")
+        budget.admit(spec.name, spec.dtype, spec.shape)
     # Read the bytes rather than mmap: the file may be replaced while the engine runs.
-    return list(safetensors.torch.load(path.read_bytes()).items())
+    f.seek(0)
+    return list(safetensors.torch.load(f.read(size)).items())
 
 
-def _read_pt(path: Path) -> list[tuple[str, torch.Tensor]]:
+def _read_pt(f: BinaryIO, size: int, budget: _Budget) -> list[tuple[str, torch.Tensor]]:
+    # Only torch's zip format (torch.save's since 1.6): the legacy format allocates each storage at
+    # the size its pickle claims before reading it, so a small file could claim gigabytes. In the
+    # zip, every record must be stored (not compressed) and lie within the file: what loading
+    # allocates is then bounded by the file's own size. Shapes come from the pickle, once loaded.
+    if not zipfile.is_zipfile(f):
+        raise ValueError("it is not in torch's zip format (torch.save writes it since PyTorch 1.6)")
+    with zipfile.ZipFile(f) as zf:
+        for info in zf.infolist():
+            if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size \
+                    or info.header_offset + info.file_size > size:
+                raise ValueError(f"record {info.filename!r} is compressed or claims more bytes than the file has")
+    f.seek(0)
     # weights_only=True: a .pt file is a pickle, and a pickle can run arbitrary code when loaded.
     with warnings.catch_warnings():
         # torch warns about pickle protocols it did not write; the load itself decides what is safe.
         warnings.filterwarnings("ignore", message="Detected pickle protocol")
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch.load(f, map_location="cpu", weights_only=True)
     if not isinstance(obj, dict):
         raise ValueError(f"it holds a {type(obj).__name__}, not a dict of name -> tensor")
     for name, value in obj.items():
@@ -193,7 +336,7 @@ def _checked(where: str, name: object, t: torch.Tensor) -> torch.Tensor:
                             "(letters, digits and `_`, not starting with a digit, not a keyword)")
     if t.layout != torch.strided:
         raise TensorIOError(f"{where}: tensor {name!r} has layout {t.layout}; only dense tensors are supported")
-    if t.dtype not in _XG_NAMES:
+    if t.dtype not in XG_NAMES:
         raise TensorIOError(f"{where}: tensor {name!r} has dtype {t.dtype}, which XG does not support "
                             f"(XG dtypes: {', '.join(TORCH_DTYPES)})")
     return _compact(t.detach().cpu())
@@ -214,14 +357,14 @@ def _suffix(path: Path, role: str) -> str:
     return suffix
 
 
-def _hint(path: Path, suffix: str) -> str:
+def _hint(f: BinaryIO, suffix: str) -> str:
     """" (it looks like ...)" when the first bytes point to another format; a guess, never an error."""
     actual = None
     with contextlib.suppress(Exception):
-        with open(path, "rb") as f:
-            head = f.read(9)
+        f.seek(0)
+        head = f.read(9)
         if head.startswith(b"PK\x03\x04"):
-            with zipfile.ZipFile(path) as zf:
+            with zipfile.ZipFile(f) as zf:
                 names = zf.namelist()
             actual = (".pt" if any(n.endswith("data.pkl") for n in names)
                       else ".npz" if names and all(n.endswith(".npy") for n in names) else None)
@@ -259,6 +402,7 @@ def save_tensors(path: Path, tensors: Mapping[str, torch.Tensor | float | int | 
     path = Path(path)
     suffix = _suffix(path, role)
     where = f"{role} {path}"
+    _check_output(path, where)
     prepared: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
     for name in sorted(tensors, key=str):
@@ -311,6 +455,24 @@ _WRITERS: dict[str, Callable[[BinaryIO, Mapping[str, torch.Tensor]], object]] = 
 }
 
 
+def _check_output(path: Path, where: str) -> None:
+    """Refuse to replace anything but a regular file: the new file would take the place of a FIFO,
+    a device or a link (never write through it, as os.replace swaps names), which is not what a
+    user who named one meant; a directory would fail late."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise TensorIOError(f"cannot write {where}: {e.strerror or e}") from None
+    if stat.S_ISLNK(mode):
+        raise TensorIOError(f"cannot write {where}: it is a symbolic link; XG replaces output files "
+                            "whole and does not replace links (name the link's target, or remove it)")
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KIND_NAMES if test(mode)), "not a regular file")
+        raise TensorIOError(f"cannot write {where}: it is {kind}, not a regular file")
+
+
 def _write_atomic(path: Path, where: str, write: Callable[[BinaryIO], None]) -> None:
     # Write a temp file in the same directory and os.replace it over the target: a reader (or a
     # crash) sees the old file or the new one, never half of one. os.open with mode 0o666 lets the
@@ -343,7 +505,13 @@ def random_inputs(signature: Mapping[str, tuple[str, tuple[int, ...]]], seed: in
     [0, 16)); bools fair coin flips. Each input has its own generator, seeded from sha256 of
     (seed, name), so adding or renaming one input leaves the others' values unchanged. An integer
     input with a range [lo, hi) in `ranges` (indices into a table) is drawn uniformly from it.
+    Refused, before anything is allocated, when they would not fit in this host's memory.
     """
+    total = sum(math.prod(shape) * TORCH_DTYPES[dtype].itemsize for dtype, shape in signature.values()
+                if dtype in TORCH_DTYPES)
+    if total > _host_memory():
+        raise TensorIOError(f"random inputs for this engine would take {total} bytes, more than this host's "
+                            f"memory ({_host_memory()}); pass --inputs, or smaller --dim sizes")
     out = {}
     for name, (dtype_name, shape) in signature.items():
         if dtype_name not in TORCH_DTYPES:

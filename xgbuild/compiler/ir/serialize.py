@@ -1,17 +1,22 @@
 """IR as text (for `--emit=ir`), JSON (engines and tools) and Graphviz DOT.
 
 JSON is canonical: the same graph gives the same bytes. `from_json` reads untrusted input (an
-engine file) and raises `IRError` on anything malformed, never another exception.
+engine file) and raises `IRError` on anything malformed, never another exception. `bounded_json`
+is how untrusted JSON is parsed here and in the packager: its nesting and item count are measured
+without recursion and capped before `json.loads` builds anything (Python's parser recurses, and
+a few megabytes of `[[],[],…]` become gigabytes of lists).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+from itertools import accumulate
 from typing import Any
 
 from .graph import Graph, Node, Op, Program, tree_ids
-from .verify import IRError
+from .verify import MAX_NODES, IRError, shape_problem
 
 FORMAT = 1
 
@@ -51,6 +56,31 @@ def _tree_text(tree: dict) -> str:
 def program_text(program: Program) -> str:
     parts = [to_text(g) for _, g in sorted(program.functions.items())]
     return "\n".join(parts + [to_text(program.main)])
+
+
+MAX_JSON_DEPTH = 64          # XG's own documents nest 8 deep at most (an output tree of tuples, more)
+MAX_JSON_ITEMS = 1 << 22     # values and containers: about 150k IR nodes, a few hundred MB as Python objects
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
+_DEPTH_STEP = tuple(1 if c in b"[{" else -1 if c in b"]}" else 0 for c in range(256))
+
+
+def bounded_json(blob: bytes, what: str, *, max_depth: int = MAX_JSON_DEPTH,
+                 max_items: int = MAX_JSON_ITEMS) -> Any:
+    """`json.loads(blob)`, refused with a `ValueError` naming `what` when `blob` nests deeper than
+    `max_depth` or holds more than `max_items` values, both measured before parsing, in C loops."""
+    bare = _JSON_STRING.sub(b"", bytes(blob))        # brackets inside strings are not structure
+    brackets = _NOT_BRACKET.sub(b"", bare)
+    items = bare.count(b",") + (len(brackets) + 1) // 2 + 1
+    if items > max_items:
+        raise ValueError(f"{what} holds about {items} JSON values, over the limit of {max_items}")
+    depth = max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
+    if depth > max_depth:
+        raise ValueError(f"{what} nests {depth} levels deep, over the limit of {max_depth}")
+    try:
+        return json.loads(blob)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(f"{what} is not JSON ({exc})") from None
 
 
 _NON_FINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
@@ -116,10 +146,13 @@ def from_json(data: Any) -> Graph:
             raise IRError(f"program IR has format {data.get('format') if isinstance(data, dict) else '?'}, "
                           f"this XG reads format {FORMAT}")
         nodes = []
+        if len(data["nodes"]) > MAX_NODES:
+            raise IRError(f"program IR has {len(data['nodes'])} nodes, over the limit of {MAX_NODES}")
         for raw in data["nodes"]:
             shape = tuple(raw["shape"])
-            if not all(isinstance(d, (int, str)) and not isinstance(d, bool) for d in shape):
-                raise IRError(f"node %{raw.get('id')}: malformed shape")
+            problem = shape_problem(shape)
+            if problem:
+                raise IRError(f"node %{raw.get('id')}: malformed shape ({problem})")
             src = raw.get("src")
             nodes.append(Node(int(raw["id"]), Op(raw["op"]), tuple(int(i) for i in raw["inputs"]), str(raw["dtype"]),
                               shape, tuple((str(k), _freeze(v)) for k, v in raw["attrs"]),
@@ -150,9 +183,9 @@ def where(src: tuple | None) -> str:
 
 def loads(blob: bytes) -> Graph:
     try:
-        data = json.loads(blob)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise IRError(f"program IR is not JSON: {exc}") from None
+        data = bounded_json(blob, "program IR")
+    except ValueError as exc:
+        raise IRError(str(exc)) from None
     return from_json(data)
 
 
