@@ -94,12 +94,23 @@ def _unindex(e: Emitter, k: int, n) -> str:
     src: list[str] = []                   # the input's index along each of its dims
     for a, item in enumerate(items):
         if item[0] == "s":
-            lo, st, cnt, rev = (e.int_param(f"u{k}_{a}_{x}") for x in ("lo", "st", "n", "rev"))
-            d, q = w.tmp("d"), w.tmp("q")
+            # The step (and so its size and direction) is the slice's own, known here: only where it
+            # starts and how many it takes depend on the run's sizes. A whole dim (`:`) is the identity.
+            step = item[3] if item[3] is not None else 1
+            if step == 1 and item[1] in (None, 0) and item[2] is None:
+                src.append(f"i{a}")
+                continue
+            lo, cnt = e.int_param(f"u{k}_{a}_lo"), e.int_param(f"u{k}_{a}_n")
+            st = abs(int(step))
+            d, q = w.tmp("ud"), w.tmp("uq")          # (not `d2`, `q3`: those name parameters)
             w.line(f"{d} = i{a} - {lo}")
-            w.line(f"{inside} = {inside} & ({d} >= 0) & ({d} % {st} == 0) & ({d} < {cnt} * {st})")
-            w.line(f"{q} = {d} // {st}")
-            src.append(f"tl.where({rev} != 0, {cnt} - 1 - {q}, {q})")
+            if st == 1:
+                w.line(f"{inside} = {inside} & ({d} >= 0) & ({d} < {cnt})")
+                w.line(f"{q} = {d}")
+            else:
+                w.line(f"{inside} = {inside} & ({d} >= 0) & ({d} % {st} == 0) & ({d} < {cnt} * {st})")
+                w.line(f"{q} = {d} // {st}")
+            src.append(f"({cnt} - 1 - {q})" if step < 0 else q)
         else:
             w.line(f"{inside} = {inside} & (i{a} == {e.int_param(f'u{k}_{a}_at')})")
     src += [f"i{a}" for a in range(len(items), spec.rank)]
