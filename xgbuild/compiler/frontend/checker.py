@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from . import ast as A
 from ..ops import sign as R
 from .builtins import SPECS, BuiltinChecker
-from .codes import (BAD_DECL, BAD_DIM, BAD_NUM_GPU, COND_NOT_BOOL, DEFAULT_DTYPE, DUPLICATE, MAIN_PARAMS,
+from .codes import (BAD_CHAR, BAD_DECL, BAD_DIM, INDENT, SYNTAX, TOO_DEEP, TOO_LARGE, BAD_NUM_GPU, COND_NOT_BOOL, DEFAULT_DTYPE, DUPLICATE, MAIN_PARAMS,
                     MISSING_RETURN, NO_ENTRY, NO_MAIN, NOT_CALLABLE, OVERRIDE, RECURSION, RESULT_UNUSED,
                     RETURN_MISMATCH, SHARD_BAD, SHARD_CONFLICT, SHARD_INDIVISIBLE, SHARD_UNKNOWN, UNKNOWN_TARGET,
                     UNKNOWN_TYPE, UNREACHABLE, UNUSED_VAR)
@@ -506,7 +506,10 @@ class ProgramChecker:
         self.hardware(target_decl, num_decl)
         entry = self.options.entry
         main = self.funcs.get(entry)
-        if main is None and not self.options.lib:
+        # A syntax error may be the reason `main` was not seen (a broken `def main(` line): then the
+        # syntax error is the one to fix, and "no `main`" would only mislead.
+        syntax_errors = any(d.code in _SYNTAX_CODES and d.severity.value == "error" for d in self.diags.items)
+        if main is None and not self.options.lib and not syntax_errors:
             if entry == "main":
                 self.diags.error(NO_MAIN, Span(0, 0), path=self.diags.source.name,
                                  help="add an entry point: `def main() { ... }`")
@@ -635,24 +638,45 @@ class ProgramChecker:
         return ERROR if any(isinstance(i, ErrorType) for i in items) else TupleType(items)
 
     def recursion(self) -> None:
-        state: dict[str, int] = {}
+        """Report call cycles, and call chains deeper than MAX_CALL_DEPTH, by a depth-first walk
+        with its own stack (a chain of 10,000 functions is a 10,000-deep walk)."""
+        state: dict[str, int] = {}       # 1: on the current path, 2: finished
         reported: set[str] = set()
-
-        def visit(name: str, path: list[str]) -> None:
-            state[name] = 1
-            for callee in sorted(self.calls.get(name, ())):
+        below: dict[str, int] = {}       # the longest chain of calls under each finished function
+        for root in sorted(self.funcs):
+            if root in state:
+                continue
+            path = [root]
+            state[root] = 1
+            todo = [iter(sorted(self.calls.get(root, ())))]
+            while todo:
+                callee = next(todo[-1], None)
+                if callee is None:
+                    todo.pop()
+                    name = path.pop()
+                    state[name] = 2
+                    below[name] = 1 + max((below.get(c, 0) for c in self.calls.get(name, ())), default=0)
+                    continue
                 if state.get(callee) == 1 and callee not in reported:
                     cycle = path[path.index(callee):] + [callee]
                     reported.update(cycle)
                     self.diags.error(RECURSION, self.funcs[callee].node.name_span, name=callee,
                                      path=" -> ".join(f"`{c}`" for c in cycle))
-                elif state.get(callee) is None:
-                    visit(callee, path + [callee])
-            state[name] = 2
+                elif state.get(callee) is None and callee in self.funcs:
+                    state[callee] = 1
+                    path.append(callee)
+                    todo.append(iter(sorted(self.calls.get(callee, ()))))
+        deepest = max(self.funcs, key=lambda n: below.get(n, 0), default=None)
+        if deepest is not None and below.get(deepest, 0) > MAX_CALL_DEPTH and not reported:
+            node = self.funcs[deepest].node
+            span = node.name_span if node.origin is None else node.origin.import_span
+            self.diags.error(TOO_DEEP, span, what=f"calls from `{deepest}` nest", limit=f"{MAX_CALL_DEPTH:,}",
+                             label=f"a chain of {below[deepest]:,} calls starts here",
+                             help="XG inlines every call; flatten the chain into fewer functions")
 
-        for name in sorted(self.funcs):
-            if name not in state:
-                visit(name, [name])
+
+MAX_CALL_DEPTH = 1000      # calls nested through functions; lowering inlines them all
+_SYNTAX_CODES = frozenset({SYNTAX.code, BAD_CHAR.code, INDENT.code, TOO_DEEP.code, TOO_LARGE.code})
 
 
 def _targets_help(name: str, hw_dir) -> str:
