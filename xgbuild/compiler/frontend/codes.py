@@ -76,7 +76,7 @@ file is refused before anything is read from it.
 """)
 TOO_LARGE = _code("XG0008", "program too large", "the program has more than {limit} {what}", """
 XG bounds the size of what one check reads, so that a hostile or runaway generated source costs
-seconds and bounded memory, never minutes and gigabytes: a file may hold at most 1,048,576
+seconds and bounded memory, never minutes and gigabytes: a file may hold at most 262,144
 tokens (names, numbers, operators). Split a larger program into modules, or compute with tensors
 instead of unrolling a computation into code. The lexer stops at the limit; nothing else is
 reported for the file.

@@ -609,10 +609,10 @@ class Parser:
         """An integer literal's value; one outside `int64` is an error (and reads as 0). Its digits
         are ASCII: the lexer takes no other digits."""
         negated, self.negated = self.negated, False
-        if len(tok.text) > 40:      # int() of a 100,000-digit literal is slow and the answer is known
-            value = INT64_MAX + 2
-        else:
-            value = int(tok.text.replace("_", ""))
+        digits = tok.text.replace("_", "").lstrip("0") or "0"
+        # Past 19 digits the answer is known; int() of 5,000 digits would even raise (CPython's
+        # limit on converting long digit strings).
+        value = INT64_MAX + 2 if len(digits) > 19 else int(digits)
         if value > INT64_MAX + (1 if negated else 0):
             self.diags.error(LITERAL_RANGE, tok.span, literal=tok.describe()[1:-1], dtype="int64",
                              label="larger than 9223372036854775807",

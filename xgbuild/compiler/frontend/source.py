@@ -43,7 +43,7 @@ def read_source(path: Path | str, limit: int = MAX_SOURCE_BYTES) -> bytes:
         if not stat.S_ISREG(mode):
             kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
                     else "a socket" if stat.S_ISSOCK(mode) else "not a file")
-            raise UnreadableSource(f"not a regular file ({kind}); sources must be regular files")
+            raise UnreadableSource(f"not a regular file ({kind}); XG reads only regular files")
         chunks: list[bytes] = []
         size = 0
         while size <= limit:
