@@ -3,16 +3,18 @@
 Each test forges what an attacker controls (a source, a module beside it, a link, a FIFO) and
 asserts a clear refusal: XG diagnostics with a code and a place, or one `cannot read` line, exit 1
 (2 for an unreadable main file, as `xgc` documents), no traceback, no internal error, within
-seconds and bounded memory. Subprocess runs are timed and their peak memory read with wait4.
+seconds and bounded memory. Subprocess runs are killed past their time limit and run under an
+address-space limit (RLIMIT_AS): going past it is a MemoryError, a traceback, a failed test.
+(Peak RSS from wait4 would not do: it counts the pytest process the child was forked from.)
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +29,8 @@ from xgbuild.compiler.frontend.source import MAX_SOURCE_BYTES
 
 REPO = Path(__file__).resolve().parents[3]
 HEADER = "extern Tensor[float32, 4, 4] A\n"
-MAX_RSS_MB = 1500      # every refusal here stays far below this
+CHECK_MEMORY_MB = 1024     # address space for `xgc --check` (no torch): a refusal needs far less
+BUILD_MEMORY_MB = None     # builds import torch, whose libraries map gigabytes of address space
 
 
 @dataclass
@@ -36,42 +39,42 @@ class Run:
     stdout: str
     stderr: str
     seconds: float
-    max_rss_mb: float
 
 
-def run_bounded(args: list[str], timeout: float = 60, cwd: Path = REPO) -> Run:
-    """Run a command with a wall-clock limit (killed past it) and report its peak memory."""
+def run_bounded(args: list[str], timeout: float, memory_mb: int | None) -> Run:
+    """Run a command killed past `timeout` seconds, with at most `memory_mb` of address space."""
+    def limit() -> None:
+        if memory_mb is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.monotonic()
-        proc = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=cwd,
-                                env={**os.environ, "PYTHONPATH": str(REPO)})
-        timer = threading.Timer(timeout, proc.kill)
-        timer.start()
+        proc = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=REPO,
+                                env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=limit)
         try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)     # reaped here, not by Popen
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"{args} ran past {timeout} s (killed)")
         seconds = time.monotonic() - start
         out.seek(0)
         err.seek(0)
-        result = Run(proc.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
-                     seconds, usage.ru_maxrss / 1024)
-    assert seconds < timeout, f"{args} ran past {timeout} s (killed)"
-    return result
+        return Run(proc.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"), seconds)
 
 
-def xgc(*args: str, timeout: float = 60, cwd: Path = REPO) -> Run:
-    return run_bounded([sys.executable, "-m", "xgbuild.cli.xgc", *args], timeout, cwd)
+def xgc(*args: str, timeout: float = 60) -> Run:
+    check_only = "--check" in args
+    return run_bounded([sys.executable, "-m", "xgbuild.cli.xgc", *args], timeout,
+                       CHECK_MEMORY_MB if check_only else BUILD_MEMORY_MB)
 
 
 def assert_refused(run: Run, code: int, *needles: str) -> None:
     assert run.returncode == code, run.stderr[-3000:]
     for stream in (run.stdout, run.stderr):
-        assert "Traceback" not in stream and "internal" not in stream, stream[-3000:]
+        assert "Traceback" not in stream and "internal" not in stream and "MemoryError" not in stream, stream[-3000:]
     for needle in needles:
         assert needle in run.stderr, run.stderr[-3000:]
-    assert run.max_rss_mb < MAX_RSS_MB, f"peak memory {run.max_rss_mb:.0f} MB"
 
 
 def codes(result) -> list[str]:
@@ -114,7 +117,6 @@ def test_module_linked_to_an_endless_device_is_refused(tmp_path: Path, device: s
     main.write_text("import evil\n" + program("    return A\n"))
     run = xgc(str(main), "--check", timeout=30)
     assert_refused(run, 1, "XG0016", "not a regular file (a device)")
-    assert run.max_rss_mb < 300
 
 
 @pytest.mark.timeout(60)
@@ -132,7 +134,6 @@ def test_huge_module_is_refused_by_the_main_file_cap(tmp_path: Path) -> None:
     main.write_text("import huge\n" + program("    return A\n"))
     run = xgc(str(main), "--check", timeout=30)
     assert_refused(run, 1, "XG0016", f"larger than {MAX_SOURCE_BYTES >> 20} MiB")
-    assert run.max_rss_mb < 300
     # The same cap for the main file, with its own exit code (unreadable: 2).
     assert_refused(xgc(str(huge), "--check", timeout=30), 2, "XG0007", f"larger than {MAX_SOURCE_BYTES >> 20} MiB")
 
@@ -243,7 +244,8 @@ def test_int64_max_plus_one_never_reaches_const_fold(tmp_path: Path) -> None:
     assert not (tmp_path / "e.xge").exists()
 
 
-@pytest.mark.parametrize("literal", ["1e400", "-1e400", "1.0e309", "179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017977587207096330286416692887910946555547851940402630657488671505820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559699508093042880177904174497792.0"])
+# The last: float64's maximum written out in full, rounded up past it (float() gives inf).
+@pytest.mark.parametrize("literal", ["1e400", "-1e400", "1.0e309", "17976931348623159" + "0" * 292 + ".0"])
 def test_non_finite_float_literal_is_an_error(literal: str) -> None:
     result = check_source(program(f"    return A * {literal}\n"))
     assert codes(result) == ["XG0108"], result.render()
@@ -303,7 +305,8 @@ def test_chain_inside_a_chain_is_bounded_by_the_tree_depth() -> None:
 @pytest.mark.parametrize("opener,closer", [("(", ")"), ("f(", ")"), ("-", ""), ("not ", ""), ("A[", "]")])
 def test_nesting_above_the_limit_is_the_only_error(opener: str, closer: str) -> None:
     n = MAX_DEPTH * 3
-    src = "def f(float32 x) -> float32 {\n    return x\n}\n" + program("    return " + opener * n + "1" + closer * n + "\n")
+    body = "    return " + opener * n + "1" + closer * n + "\n"
+    src = "def f(float32 x) -> float32 {\n    return x\n}\n" + program(body)
     result = check_source(src)
     assert codes(result) == ["XG0004"], result.render()[-2000:]
 
@@ -322,10 +325,9 @@ def test_syntax_error_in_main_is_not_reported_as_missing_main() -> None:
 
 
 def _call_chain(n: int, fanout: int = 1) -> str:
-    call = " + ".join(["f{}(x)"] * fanout)
-    fs = ["def f0(Tensor[float32, 4, 4] x) -> Tensor[float32, 4, 4] {\n    return x * 2.0\n}\n"]
-    fs += [f"def f{i}(Tensor[float32, 4, 4] x) -> Tensor[float32, 4, 4] {{\n    return {call.format(*[i - 1] * fanout)}\n}}\n"
-           for i in range(1, n)]
+    sig = "(Tensor[float32, 4, 4] x) -> Tensor[float32, 4, 4]"
+    fs = [f"def f0{sig} {{\n    return x * 2.0\n}}\n"]
+    fs += [f"def f{i}{sig} {{\n    return {' + '.join([f'f{i - 1}(x)'] * fanout)}\n}}\n" for i in range(1, n)]
     return HEADER + "".join(fs) + f"def main() {{\n    return f{n - 1}(A)\n}}\n"
 
 
@@ -425,7 +427,8 @@ def test_line_endings_are_newlines(newline: str) -> None:
     src = program("    y = A * 2.0\n    return y\n").replace("\n", newline)
     result = check_source(src)
     assert result.ok, result.render()
-    bad = ("def f(float32 x) -> float32 {\n    y = x\n    return z\n}\n" + program("    return A\n")).replace("\n", newline)
+    bad = "def f(float32 x) -> float32 {\n    y = x\n    return z\n}\n" + program("    return A\n")
+    bad = bad.replace("\n", newline)
     result = check_source(bad)
     assert codes(result) == ["XG0103"], result.render()
     assert [d.line for d in result.diagnostics if d.code == "XG0103"] == [3]
@@ -446,8 +449,9 @@ def test_lone_cr_file_through_the_cli(tmp_path: Path) -> None:
 def test_mutated_hostile_sources_never_reach_an_internal_error() -> None:
     import random
     rng = random.Random(26)
-    seeds = [program("    return A * 4.0 + A[0:2, :][0:1] @ A\n"), program("    x = 9223372036854775807\n    return A\n"),
-             deep_cases(50)["slices"], _call_chain(20), "def main() {\n    return 1e308 * 10.0\n}\n"]
+    seeds = [program("    return A * 4.0 + A[0:2, :][0:1] @ A\n"),
+             program("    x = 9223372036854775807\n    return A\n"),
+             deep_cases(50)["slices"], _call_chain(20), program("    return 1e308 * 10.0\n")]
     pieces = ["\u09ea", "\uff14", "1e400", str(2 ** 63), "-", "(", ")", "[0:4]", "\r", "9223372036854775807 + 1",
               ".unwrap_or(1.0)", "import a\n", " + A" * 50]
     for _ in range(300):

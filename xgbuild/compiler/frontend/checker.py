@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 from . import ast as A
 from ..ops import sign as R
 from .builtins import SPECS, BuiltinChecker
-from .codes import (BAD_CHAR, BAD_DECL, BAD_DIM, INDENT, SYNTAX, TOO_DEEP, TOO_LARGE, BAD_NUM_GPU, COND_NOT_BOOL, DEFAULT_DTYPE, DUPLICATE, MAIN_PARAMS,
-                    MISSING_RETURN, NO_ENTRY, NO_MAIN, NOT_CALLABLE, OVERRIDE, RECURSION, RESULT_UNUSED,
-                    RETURN_MISMATCH, SHARD_BAD, SHARD_CONFLICT, SHARD_INDIVISIBLE, SHARD_UNKNOWN, UNKNOWN_TARGET,
-                    UNKNOWN_TYPE, UNREACHABLE, UNUSED_VAR)
+from .codes import (BAD_CHAR, BAD_DECL, BAD_DIM, BAD_NUM_GPU, COND_NOT_BOOL, DEFAULT_DTYPE, DUPLICATE, INDENT,
+                    MAIN_PARAMS, MISSING_RETURN, NO_ENTRY, NO_MAIN, NOT_CALLABLE, OVERRIDE, RECURSION, RESULT_UNUSED,
+                    RETURN_MISMATCH, SHARD_BAD, SHARD_CONFLICT, SHARD_INDIVISIBLE, SHARD_UNKNOWN, SYNTAX, TOO_DEEP,
+                    TOO_LARGE, UNKNOWN_TARGET, UNKNOWN_TYPE, UNREACHABLE, UNUSED_VAR)
 from .diagnostics import Diagnostics
 from .exprs import UNIT, ExprChecker
 from .scope import FuncSig, Scope, Var
@@ -284,25 +284,27 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
         elif isinstance(s.orelse, A.If):
             else_done = self.stmt_If(s.orelse)
         else_scope = self.scope
+        # The branches are overlays on `outer`; what goes on is written back into it.
         if then_done and else_done:
             self.scope = outer
         elif then_done:
-            self.scope = else_scope
+            self.scope = outer.adopt(else_scope)
         elif else_done:
-            self.scope = then_scope
+            self.scope = outer.adopt(then_scope)
         else:
             self.scope = self.merge(outer, then_scope, else_scope)
         return then_done and else_done
 
     def merge(self, outer: Scope, a: Scope, b: Scope) -> Scope:
-        merged = outer.copy()
-        for name, (va, sa) in a.vars.items():
-            found = b.get(name)
-            if found is None:
+        """Join two branches (overlays on `outer`) into `outer`: only names either one bound or
+        refined can differ from `outer`."""
+        for name in [*a.vars, *(n for n in b.vars if n not in a.vars)]:
+            found_a, found_b = a.get(name), b.get(name)
+            if found_a is None or found_b is None:
                 continue
-            vb, sb = found
+            (va, sa), (vb, sb) = found_a, found_b
             if va is vb:
-                merged.bind(va, R.union(sa, sb))
+                outer.bind(va, R.union(sa, sb))
                 continue
             ta, tb = self.subst.resolve(va.type), self.subst.resolve(vb.type)
             if ta != tb:
@@ -311,8 +313,8 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
             joined = Var(name, ta, va.span, "local", handled=va.handled and vb.handled)
             va.handled = vb.handled = True
             self.locals.append(joined)
-            merged.bind(joined, R.union(sa, sb))
-        return merged
+            outer.bind(joined, R.union(sa, sb))
+        return outer
 
     def guard_facts(self, cond: A.Expr) -> tuple[dict[str, R.Sign], dict[str, R.Sign]]:
         """What `cond` being true (then) or false (else) proves about scalar variables."""

@@ -12,9 +12,9 @@ import math
 from . import ast as A
 from ..ops import BroadcastError, broadcast
 from ..ops import sign as R
-from .codes import (BAD_MATCH, BROADCAST, CONST_OVERFLOW, DIM_CONFLICT, DIV_UNSAFE, DTYPE_MISMATCH, ERROR_OUTSIDE_RESULT,
-                    LITERAL_RANGE, MATMUL_SHAPE, NOT_CALLABLE, OUT_OF_BOUNDS, RANK, RESULT_AS_VALUE,
-                    TYPE_MISMATCH, UNKNOWN_FUNC, UNKNOWN_NAME)
+from .codes import (BAD_MATCH, BROADCAST, CONST_OVERFLOW, DIM_CONFLICT, DIV_UNSAFE, DTYPE_MISMATCH,
+                    ERROR_OUTSIDE_RESULT, LITERAL_RANGE, MATMUL_SHAPE, NOT_CALLABLE, OUT_OF_BOUNDS, RANK,
+                    RESULT_AS_VALUE, TYPE_MISMATCH, UNKNOWN_FUNC, UNKNOWN_NAME)
 from .scope import FuncSig, Var
 from .types import (DTYPES, ERROR, NAMED_ERRORS, Dim, DimVar, DTypeValue, DTypeVar, ErrorType,
                     ErrorValue, ExternVar, FloatLiteral, GradFn, IntLiteral, ResultType, ShapeValue,
@@ -131,7 +131,7 @@ class ExprChecker:
             self.root_scope.bind(var, R.ANY)
             self.scope.bind(var, R.ANY)
             return var.type, R.ANY
-        names = [n for n in self.scope.vars] + list(self.constants)
+        names = self.scope.names() + list(self.constants)
         close = difflib.get_close_matches(e.id, names, n=1)
         if e.id in self.assigned_later:
             hint = f"`{e.id}` is assigned later in `main`; move that assignment before this use"

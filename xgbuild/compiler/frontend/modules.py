@@ -72,8 +72,9 @@ class ModuleLoader:
         if name in names:
             ring = self.loading[names.index(name):]
             cycle = " -> ".join([p.name for _, p in ring] + [ring[0][1].name])
+            through = " -> ".join(f"`{n}`" for n, _ in ring[1:] + ring[:1])
             diags.error(BAD_IMPORT, imp.span, detail=f"import cycle: {cycle}",
-                        notes=(f"`{name}` imports itself through " + " -> ".join(f"`{n}`" for n, _ in ring[1:] + ring[:1]),),
+                        notes=(f"`{name}` imports itself through {through}",),
                         help="move what both modules need into a third module that imports neither")
             return []
         path = self.resolve(imp.path)

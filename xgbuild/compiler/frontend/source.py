@@ -37,13 +37,16 @@ def read_source(path: Path | str, limit: int = MAX_SOURCE_BYTES) -> bytes:
     except OSError as exc:
         raise UnreadableSource(_reason(exc)) from None
     try:
-        mode = os.fstat(fd).st_mode
+        info = os.fstat(fd)
+        mode = info.st_mode
         if stat.S_ISDIR(mode):
             raise UnreadableSource("it is a directory")
         if not stat.S_ISREG(mode):
             kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
                     else "a socket" if stat.S_ISSOCK(mode) else "not a file")
             raise UnreadableSource(f"not a regular file ({kind}); XG reads only regular files")
+        if info.st_size > limit:
+            raise UnreadableSource(_too_large(limit))
         chunks: list[bytes] = []
         size = 0
         while size <= limit:
@@ -56,9 +59,13 @@ def read_source(path: Path | str, limit: int = MAX_SOURCE_BYTES) -> bytes:
         raise UnreadableSource(_reason(exc)) from None
     finally:
         os.close(fd)
-    if size > limit:
-        raise UnreadableSource(f"larger than {limit >> 20} MiB, the most XG reads as one source")
+    if size > limit:            # it grew while it was read
+        raise UnreadableSource(_too_large(limit))
     return b"".join(chunks)
+
+
+def _too_large(limit: int) -> str:
+    return f"larger than {limit >> 20} MiB, the most XG reads as one source"
 
 
 def decode_source(data: bytes) -> str:
