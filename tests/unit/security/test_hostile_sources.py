@@ -257,6 +257,38 @@ def test_float_constant_arithmetic_overflowing_is_an_error() -> None:
     assert codes(result) == ["XG0113"], result.render()
 
 
+@pytest.mark.parametrize("expr,dtype", [("1e30", "int64"), ("300", "int8"), ("-1", "uint8"), ("1e38", "float16"),
+                                        ("1e39", "float32"), ("9223372036854775807.0 * 2.0", "int64")])
+def test_cast_of_a_literal_outside_the_target_type_is_an_error(expr: str, dtype: str) -> None:
+    result = check_source(program(f"    x = cast({expr}, {dtype})\n    return A * cast(x, float32)\n"))
+    assert codes(result) == ["XG0108"], result.render()
+    assert f"does not fit in `{dtype}`" in result.render()
+
+
+WRAPPING_DIVISION = (
+    "import torch\n"
+    "from xgbuild.compiler.driver import compile_source\n"
+    "from xgbuild.compiler.ir.graph import tree_ids\n"
+    "from xgbuild.runtime.cpu import CpuExecutor\n"
+    "src = ('extern Tensor[int64, 4] A\\ndef main() {\\n    m = cast(-9223372036854775808, int64)\\n'\n"
+    "       '    return A + m / -1, A + m % -1, A / -1\\n}\\n')\n"
+    "graph = compile_source(src).optimized.main\n"
+    "out = CpuExecutor(check=True).run(graph, {'A': torch.tensor([-1, 0, 1, -2**63])})\n"
+    "print([out.values[i].tolist() for i in tree_ids(graph.output)])\n"
+)
+
+
+@pytest.mark.timeout(120)
+def test_int64_minimum_divided_by_minus_one_wraps_instead_of_killing_the_process() -> None:
+    # x86's divide traps on INT64_MIN / -1 (SIGFPE, the process dies without a word): the CPU
+    # executor must never execute it. Two's complement wraps: INT64_MIN / -1 is INT64_MIN.
+    run = run_bounded([sys.executable, "-c", WRAPPING_DIVISION], 120, BUILD_MEMORY_MB)
+    assert run.returncode == 0, run.stderr[-3000:]
+    low = -2 ** 63
+    assert run.stdout.strip() == str([[(a + low + 2 ** 63) % 2 ** 64 - 2 ** 63 for a in (-1, 0, 1, low)],
+                                      [-1, 0, 1, low], [1, 0, -1, low]])
+
+
 def test_huge_dims_are_errors() -> None:
     result = check_source(program("    return A\n", header=f"extern Tensor[float32, {10 ** 40}, 4] A\n"))
     assert codes(result) == ["XG0108"], result.render()
