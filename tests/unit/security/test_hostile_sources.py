@@ -148,6 +148,34 @@ def test_module_that_is_a_directory_or_missing(tmp_path: Path) -> None:
     assert "it is a directory" in text and "no such module" in text
 
 
+@pytest.mark.timeout(120)
+def test_long_import_chain_is_one_clear_error(tmp_path: Path) -> None:
+    # Each module is checked with all it imports: a chain of 3,000 took minutes (quadratic).
+    from xgbuild.compiler.frontend.modules import MAX_IMPORT_DEPTH
+    n = 3000
+    for i in range(n):
+        imp = f"import m{i + 1}\n" if i + 1 < n else ""
+        (tmp_path / f"m{i}.xg").write_text(imp + f"def g{i}(float32 x) -> float32 {{\n    return x\n}}\n")
+    main = tmp_path / "main.xg"
+    main.write_text("import m0\n" + program("    return A\n"))
+    start = time.monotonic()
+    result = check_file(main)
+    assert time.monotonic() - start < 30
+    assert codes(result) == ["XG0016"], result.render()
+    assert f"imports nested deeper than {MAX_IMPORT_DEPTH} modules" in result.render()
+
+
+def test_too_many_modules_is_one_clear_error(tmp_path: Path) -> None:
+    from xgbuild.compiler.frontend.modules import MAX_MODULES
+    for i in range(MAX_MODULES + 5):
+        (tmp_path / f"m{i}.xg").write_text(f"def g{i}(float32 x) -> float32 {{\n    return x\n}}\n")
+    main = tmp_path / "main.xg"
+    main.write_text("".join(f"import m{i}\n" for i in range(MAX_MODULES + 5)) + program("    return A\n"))
+    result = check_file(main)
+    assert set(codes(result)) == {"XG0016"}, result.render()[-2000:]
+    assert f"more than {MAX_MODULES} modules" in result.render()
+
+
 def test_sharding_plan_that_is_a_fifo_is_refused(tmp_path: Path) -> None:
     from xgbuild.errors import CompileError
     from xgbuild.compiler.frontend.shard_plan import load_plan

@@ -118,8 +118,10 @@ parameters (tensors and scalars), in order, named as the parameters are.
 BAD_IMPORT = _code("XG0016", "bad import", "{detail}", """
 `import std.nn` loads `std/nn.xg` from XG's standard library; `import mylib` loads `mylib.xg`
 beside the importing file (`import a.b` loads `a/b.xg`). A module holds functions and constants
-only: no `main`, no `extern`, no `TARGET_GPU` or `NUM_GPU`. Imports may not form a cycle, and a
-module with errors cannot be imported (its diagnostics are listed as notes).
+only: no `main`, no `extern`, no `TARGET_GPU` or `NUM_GPU`. Imports may not form a cycle (the
+message names its files: `a.xg -> b.xg -> a.xg`), and a module with errors cannot be imported
+(its diagnostics are listed as notes). A module is read like a source: a regular file of at most
+16 MiB. Imports may nest at most 32 modules deep, and a program may import at most 256 modules.
 """)
 
 # --- types (XG01xx) -------------------------------------------------------------------------

@@ -26,6 +26,8 @@ from .source import SourceFile, Span, UnreadableSource, decode_source, read_sour
 
 STD_DIR = shipped_dir("std")    # `import std.nn`: the standard library XG ships
 _ID_STRIDE = 10_000_000
+MAX_IMPORT_DEPTH = 32     # modules importing modules, from the main file down
+MAX_MODULES = 256         # distinct modules in one program
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,17 @@ class ModuleLoader:
                         notes=(f"`{name}` imports itself through {through}",),
                         help="move what both modules need into a third module that imports neither")
             return []
+        # Each module is checked with everything it imports, so a chain of N modules costs N**2:
+        # bound the chain and the program's modules (std.nn and a few of one's own are typical).
+        if len(self.loading) >= MAX_IMPORT_DEPTH:
+            diags.error(BAD_IMPORT, imp.span, detail=f"imports nested deeper than {MAX_IMPORT_DEPTH} modules",
+                        notes=(" -> ".join(n for n, _ in self.loading[:3]) + " -> ... -> " + name,),
+                        help="import the modules you need from the file that needs them, not through a chain")
+            return []
+        if len(self.loaded) >= MAX_MODULES:
+            diags.error(BAD_IMPORT, imp.span, detail=f"the program imports more than {MAX_MODULES} modules",
+                        help="merge small modules")
+            return []
         path = self.resolve(imp.path)
         try:
             text = decode_source(read_source(path))
@@ -95,9 +108,13 @@ class ModuleLoader:
         if not result.ok:
             notes: list[str] = []
             for d in result.diagnostics:
-                if d.severity.value == "error":
+                if d.severity.value != "error":
+                    continue
+                # "module `m` has errors" from a module further down: its notes are the errors
+                # themselves (the cycle, the missing file), which are what to show here.
+                if not (d.code == BAD_IMPORT.code and d.notes and d.message.endswith(" has errors")):
                     notes.append(f"{d.file}:{d.line}:{d.col}: {d.message}")
-                    notes.extend(d.notes)       # a module's own module errors, e.g. the cycle
+                notes.extend(d.notes)
             notes = tuple(notes[:10])
             diags.error(BAD_IMPORT, imp.span, detail=f"module `{name}` has errors", notes=notes)
             self.loaded[name] = []
