@@ -371,6 +371,62 @@ def test_nesting_above_the_limit_is_the_only_error(opener: str, closer: str) -> 
     assert codes(result) == ["XG0004"], result.render()[-2000:]
 
 
+@pytest.mark.parametrize("opener,closer", [("Result[", "]"), ("(", ")"), ("Tensor[", "]")])
+def test_nested_types_above_the_limit_are_the_only_error(opener: str, closer: str) -> None:
+    n = 50_000
+    result = check_source("extern " + opener * n + "float32" + closer * n + " A\n" + program("    return 1\n", ""))
+    assert codes(result) in (["XG0004"], ["XG0001"]), result.render()[-2000:]     # Tensor[Tensor[: syntax
+    assert_no_internal(result)
+
+
+@pytest.mark.timeout(120)
+def test_else_if_chains_at_and_above_the_limit() -> None:
+    from xgbuild.compiler.driver import compile_source
+    chain = "".join(f"    if K == {i} {{ x = A + {i}.0 }} else " for i in range(MAX_TREE_DEPTH - 100))
+    src = "extern Tensor[float32, 4] A\nextern Tensor[int64] K\ndef main() {\n    x = A\n" + chain + "{ x = A }\n" \
+          "    return x\n}\n"
+    assert compile_source(src).optimized.main.nodes
+    result = check_source(program("if true {} else " * 20_000 + "{}\n    return 1\n"))
+    assert codes(result) == ["XG0004"] and "`else if` chain" in result.render(), result.render()[-2000:]
+
+
+@pytest.mark.timeout(120)
+def test_long_if_heavy_function_checks_in_linear_time() -> None:
+    # Every `if` copied and re-joined the whole scope: 15,000 of them took over five minutes.
+    n = 12_000
+    body = "    x0 = A\n" + "".join(f"    if true {{ x{i} = x{i - 1} + 1.0 }} else {{ x{i} = x{i - 1} }}\n"
+                                   for i in range(1, n))
+    start = time.monotonic()
+    result = check_source(program(body + f"    return x{n - 1}\n"))
+    assert result.ok, result.render()[-2000:]
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.timeout(180)
+def test_many_externals_build_in_linear_time() -> None:
+    # The shard pass recomputed the split inputs per input: 25,000 externals took minutes.
+    from xgbuild.compiler.driver import compile_source
+    src = "".join(f"extern Tensor[float32, 4] E{i}\n" for i in range(20_000)) + "def main() {\n    return E0\n}\n"
+    start = time.monotonic()
+    assert compile_source(src).optimized.main.nodes
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.timeout(180)
+def test_gradient_of_a_long_function_builds_in_linear_time() -> None:
+    # GraphBuilder.node scanned the node list: autodiff of 5,000 statements took 50 s.
+    from xgbuild.compiler.driver import compile_source
+    n = 4000
+    body = "    h0 = x * w\n" + "".join(f"    h{i} = h{i - 1} * 1.01 + w\n" for i in range(1, n))
+    src = ("extern Tensor[float32, 4, 4] X\nextern Tensor[float32, 4, 4] W\n"
+           "def loss(Tensor[float32, 4, 4] x, Tensor[float32, 4, 4] w) -> float32 {\n" + body
+           + f"    return sum(h{n - 1})\n}}\n"
+           "def main() {\n    (l, g) = value_and_grad(loss, wrt=(w))(X, W)\n    return l, g\n}\n")
+    start = time.monotonic()
+    assert compile_source(src).optimized.main.nodes
+    assert time.monotonic() - start < 60
+
+
 def test_nesting_limit_error_comes_first_and_alone() -> None:
     # No "no `main` function" before (or after) the error that stopped the parse.
     result = check_source("def main() {\n    return " + "(" * 500 + "1" + ")" * 500 + "\n}\n")

@@ -53,6 +53,7 @@ class Parser:
         self.suppressed = 0     # syntax errors not reported because their line already had one
         self._next_id = first_id   # node ids stay unique across the files of one program
         self.negated = False       # the literal being read follows a unary `-` (int64's minimum)
+        self.else_ifs = 0          # `else if`s in the chain being parsed
 
     # --- helpers --------------------------------------------------------------------------------
     def nid(self) -> int:
@@ -240,6 +241,13 @@ class Parser:
 
     # --- types ----------------------------------------------------------------------------------
     def parse_type(self) -> A.TypeExpr:
+        self.enter(self.tok)        # `Result[Result[...]]` and `((...))` nest like expressions
+        try:
+            return self.parse_type_inner()
+        finally:
+            self.leave()
+
+    def parse_type_inner(self) -> A.TypeExpr:
         tok = self.tok
         if tok.is_op("("):
             self.advance()
@@ -360,7 +368,15 @@ class Parser:
         if self.at_kw("else"):
             self.advance()
             if self.at_kw("if"):
-                orelse = self.parse_if()
+                # An `else if` chain is an `If` nested in the last one's `else`: as deep a tree
+                # (and as deep a recursion here) as it is long.
+                self.else_ifs += 1
+                if self.else_ifs > MAX_TREE_DEPTH:
+                    self.too_deep(self.tok.span, "`else if` chain", MAX_TREE_DEPTH)
+                try:
+                    orelse = self.parse_if()
+                finally:
+                    self.else_ifs -= 1
                 return A.If(self.nid(), start.span.to(orelse.span), cond, then, orelse)
             if not self.at_op("{"):
                 self.fail(f"expected `{{` or `if` after `else`, found {self.tok.describe()}")
