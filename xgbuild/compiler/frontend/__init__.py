@@ -79,7 +79,7 @@ def check_source_with_loader(text: str, name: str, options: CheckOptions, loader
         with deep_stack():
             tokens = tokenize(text, diags)
             if any(d.code in _FATAL for d in diags.items):
-                raise Diagnostics.Overflow
+                raise Diagnostics.Overflow      # stop here, as the error limit does
             module = parse(tokens, diags)
             if any(d.code in _FATAL for d in diags.items):
                 raise Diagnostics.Overflow
@@ -111,7 +111,6 @@ def check_file(path: Path | str, options: CheckOptions = CheckOptions()) -> Chec
         return CheckResult(None, [Diagnostic(NOT_UTF8.code, Severity.ERROR, NOT_UTF8.fmt(path=name, offset=exc.start),
                                              name, 1, 1, Span(0, 0), help="XG sources are UTF-8 text")], None)
     return check_source(text, name, options)
-
 
 
 def _dump_traceback(name: str) -> str:
