@@ -72,15 +72,25 @@ def compile(model_or_fn: Any, example_inputs: Any = None, target: str = "H100", 
                                 tune=tune, kernels=kernels, dims=dims, fallback=fallback)
 
 
-def load_model_engine(path: Path | str) -> ModelEngine:
+def load_model_engine(path: Path | str, *, trusted_keys: Path | str | None = None,
+                      expect_digest: str | None = None, allow_fallback: bool = False) -> ModelEngine:
     """Load an engine built by `xg.compile` (or `xgc model.onnx`), called with tensors, positionally
-    in its input order (`engine.signature`) or by input name."""
-    return ModelEngine.load(path, RunSettings.from_env())
+    in its input order (`engine.signature`) or by input name. `trusted_keys`, `expect_digest` and
+    `allow_fallback` as for `load_engine`."""
+    return ModelEngine.load(path, RunSettings.from_env(), trusted_keys=trusted_keys, expect_digest=expect_digest,
+                            allow_fallback=allow_fallback)
 
 
-def load_engine(path: Path | str) -> Engine:
-    """Load and verify an `.xge` engine file (raises `EngineError`)."""
-    return Engine.load(path, RunSettings.from_env())
+def load_engine(path: Path | str, *, trusted_keys: Path | str | None = None,
+                expect_digest: str | None = None, allow_fallback: bool = False) -> Engine:
+    """Load and verify an `.xge` engine file (raises `EngineError`). `trusted_keys` (default:
+    XG_TRUSTED_KEYS): a directory of `.pub` keys, one of which must have signed the engine;
+    `expect_digest`: the bundle digest it must have. `engine.trust` then holds the verdict
+    (`trusted`, `signer`); `engine.check_trust(keys)` gives one for any keys. One built with
+    `fallback="eager"` (it calls PyTorch operators) loads only with `allow_fallback=True` or when
+    a trusted key signed it: opt in for files you trust."""
+    return Engine.load(path, RunSettings.from_env(), trusted_keys=trusted_keys, expect_digest=expect_digest,
+                       allow_fallback=allow_fallback)
 
 
 def run_engine(engine: Engine, external_values: Mapping[str, Any] | None = None, *, device: str = "cpu",

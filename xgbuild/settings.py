@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.resources
 import os
 import re
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -105,6 +106,7 @@ class Settings:
     remote_timeout_s: float = 10.0           # XG_REMOTE_TIMEOUT: seconds per remote request
     remote_upload: bool = True               # XG_NO_REMOTE_UPLOAD=1 makes this host a reader only
     hw_dir: Path = BUILTIN_HW_DIR            # XG_HW_DIR: where the GPU profiles live
+    builder_id: str = field(default_factory=lambda: default_builder_id())   # XG_BUILDER_ID: in provenance
 
     def __post_init__(self) -> None:
         if self.remote_header is not None:
@@ -129,7 +131,13 @@ class Settings:
             remote_timeout_s=_float(env, "XG_REMOTE_TIMEOUT", 10.0),
             remote_upload=not _flag(env.get("XG_NO_REMOTE_UPLOAD")),
             hw_dir=_hw_dir(env),
+            builder_id=env.get("XG_BUILDER_ID") or default_builder_id(),
         )
+
+
+def default_builder_id() -> str:
+    """Who signed provenance says built an engine when XG_BUILDER_ID does not say: this host."""
+    return f"xg+host://{socket.gethostname() or 'localhost'}"
 
 
 def _hw_dir(env: Mapping[str, str]) -> Path:
@@ -147,16 +155,18 @@ class RunSettings:
     runtime. The SPMD values stay raw text: the runtime checks them on every rank of a run, so a
     bad value on one rank stops all of them, naming it."""
 
-    cuda_graphs: bool = False            # XG_CUDA_GRAPHS=1: later runs replay a captured CUDA graph
+    cuda_graphs: bool = True             # XG_CUDA_GRAPHS=0: no capture (later runs replay a captured CUDA graph)
     spmd_kernels: str = ""               # XG_SPMD_KERNELS: "" or 1 (kernels), 0 (torch ops), interpret
     comm_blocks: str = "auto"            # XG_COMM_BLOCKS: auto or N row blocks of a reduced matmul
     triton_interpret: bool = False       # TRITON_INTERPRET=1: Triton was imported in interpreter mode
+    trusted_keys: Path | None = None     # XG_TRUSTED_KEYS: a directory of .pub keys; engines must be signed by one
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "RunSettings":
         env = os.environ if env is None else env
-        return cls(cuda_graphs=env.get("XG_CUDA_GRAPHS", "0") == "1", spmd_kernels=env.get("XG_SPMD_KERNELS", ""),
-                   comm_blocks=env.get("XG_COMM_BLOCKS", "auto"), triton_interpret=env.get("TRITON_INTERPRET") == "1")
+        return cls(cuda_graphs=env.get("XG_CUDA_GRAPHS", "1") != "0", spmd_kernels=env.get("XG_SPMD_KERNELS", ""),
+                   comm_blocks=env.get("XG_COMM_BLOCKS", "auto"), triton_interpret=env.get("TRITON_INTERPRET") == "1",
+                   trusted_keys=Path(env["XG_TRUSTED_KEYS"]) if env.get("XG_TRUSTED_KEYS") else None)
 
 
 def child_env() -> dict[str, str]:

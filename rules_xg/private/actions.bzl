@@ -117,6 +117,12 @@ def link_action(ctx, build, inputs, results, out):
             args.add("--kernels-from", result)
     else:
         args.add("--no-kernels")
+
+    # Signing, from //rules_xg:sign_key: the key's path is on the command line (and in the key of
+    # this action), the key itself stays on the executing host. The bundle bytes do not depend on
+    # it: the signature and provenance go in the engine's trailer, after the seal.
+    if build.sign_key:
+        args.add("--sign-key", build.sign_key)
     args.add("--quiet")
     _run(
         ctx,

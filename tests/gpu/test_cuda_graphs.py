@@ -30,7 +30,7 @@ PROGRAMS = ["mlp", "norms", "attention", "contract", "safe_div"]
 
 @pytest.fixture(autouse=True)
 def graphs_on(monkeypatch) -> None:
-    monkeypatch.setenv("XG_CUDA_GRAPHS", "1")          # opt-in while capture is new
+    monkeypatch.delenv("XG_CUDA_GRAPHS", raising=False)   # the default: capture on
 
 
 def runnable(engine: Engine) -> Engine:

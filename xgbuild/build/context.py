@@ -28,9 +28,11 @@ class Tuning:
 
 
 @contextlib.contextmanager
-def tuning(profile: GpuProfile, policy: Policy, settings: Settings, workers: int | None = None) -> Iterator[Tuning]:
+def tuning(profile: GpuProfile, policy: Policy, settings: Settings, workers: int | None = None,
+           origins: Any = None) -> Iterator[Tuning]:
     """Open the cache (a cache that cannot be opened costs a warning, never the build), find the
-    measurers `policy` needs, start the compiler; close them all after."""
+    measurers `policy` needs, start the compiler; close them all after. `origins` (an
+    `origins.Origins`): note there which tier served each cache hit, for the provenance."""
     from ..cache import Cache
     from ..cache.errors import CacheError
     from ..tuner.link import new_compiler
@@ -43,6 +45,9 @@ def tuning(profile: GpuProfile, policy: Policy, settings: Settings, workers: int
     except (CacheError, OSError) as exc:
         sys.stderr.write(f"warning: the XG cache is unavailable ({exc}); building without it\n")
         cache = None
+    if cache is not None and origins is not None:
+        from .origins import Recording
+        cache = Recording(cache, origins)
     try:
         compiler = new_compiler(profile, cache, workers)
         try:

@@ -20,9 +20,11 @@ from .target import target_profile
 
 @dataclass(frozen=True)
 class Built:
-    """An engine and what linking its kernels did (None: no kernels, a CPU-only engine)."""
+    """An engine and what linking its kernels did (None: no kernels, a CPU-only engine), and
+    where the cache records it linked came from (`origins.Origins`, for its provenance)."""
     engine: Engine
     stats: dict | None
+    origins: Any = None
 
 
 def link_engine(compiled: Any, settings: Settings, *, policy: Policy | str = Policy.CACHE,
@@ -30,17 +32,19 @@ def link_engine(compiled: Any, settings: Settings, *, policy: Policy | str = Pol
                 workers: int | None = None, progress: bool = False) -> Built:
     """The engine of a compiled `.xg` program: kernels tuned and compiled for its target (or linked
     from `xgbuild tune-shard` results, `kernels_from`), then packaged."""
+    from .origins import Origins
     from .package import engine_of
     profile = target_profile(compiled.target, settings)
     dims = dict(dims or {})
     table = None
+    origins = Origins(linked=bool(kernels_from))
     if kernels_from:
         from .shards import link_results
         table = link_results(compiled, profile, dims, list(kernels_from))
     elif kernels:
         from .kernels import kernels_for
-        table = kernels_for(compiled, profile, policy, settings, dims, workers, progress)
-    return Built(engine_of(compiled, table, profile), table.stats if table is not None else None)
+        table = kernels_for(compiled, profile, policy, settings, dims, workers, progress, origins)
+    return Built(engine_of(compiled, table, profile), table.stats if table is not None else None, origins)
 
 
 def compile_file(path: Path | str, settings: Settings, *, target: str | None = None, num_gpu: int | None = None,

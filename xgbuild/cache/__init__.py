@@ -6,7 +6,7 @@ The tuner builds a `CacheKey` from named parts, opens one `Cache` per process wi
 
 from xgbuild.cache.canonical import thaw
 from xgbuild.cache.errors import (AmbiguousKeyError, CacheError, CorruptEntryError, InvalidDigestError, KeyPartError,
-                                  MissingBlobsError, RejectedDownloadError, RemoteAuthError,
+                                  MissingBlobsError, ReadOnlyStoreError, RejectedDownloadError, RemoteAuthError,
                                   RemoteConfigError, RemoteUnavailableError, SchemaError,
                                   StoreFullError)
 from xgbuild.cache.fingerprint import toolchain_fingerprint
@@ -22,7 +22,7 @@ from xgbuild.cache.tiered import Artifact, Cache
 __all__ = [
     "AmbiguousKeyError", "Artifact", "BlobRef", "Cache", "CacheError", "CacheKey", "CorruptEntryError",
     "GcReport", "InvalidDigestError", "KeyPartError", "LocalStore", "MissingBlobsError", "Neighbours",
-    "PartDiff", "Record", "RejectedDownloadError", "RemoteAuthError", "RemoteConfigError", "RemoteStore",
+    "PartDiff", "ReadOnlyStoreError", "Record", "RejectedDownloadError", "RemoteAuthError", "RemoteConfigError", "RemoteStore",
     "RemoteUnavailableError", "SchemaError", "Store", "StoreFullError", "VerifyReport", "collect",
     "describe", "diff_keys", "explain", "miss_report", "parse_size", "resolve_key", "thaw",
     "toolchain_fingerprint",

@@ -56,6 +56,12 @@ class StoreFullError(CacheError, OSError):
     docs_section = "disk-full"
 
 
+class ReadOnlyStoreError(CacheError):
+    """The cache directory (or its index) cannot be written: it is read, nothing is recorded."""
+
+    docs_section = "read-only-cache"
+
+
 class MissingBlobsError(CacheError):
     """A record was put before the blobs it names (or a gc evicted them meanwhile)."""
 

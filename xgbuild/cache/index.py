@@ -13,6 +13,12 @@ Tables (schema version `SCHEMA_VERSION`, kept in `meta`):
     stats(name, value)                                        hits, misses, remote errors, ...
     meta(name, value)                                         schema_version
 
+Two degraded modes keep reads working (docs/cache.md): on a full disk, where SQLite cannot size
+its shared-memory file (`disk I/O error`), the index is opened with `locking_mode=EXCLUSIVE`, which
+keeps the WAL index in process memory (other processes wait for this one); and a cache directory
+this process cannot write (a read-only mount, another user's cache) is opened read-only, so
+lookups work and every write raises `ReadOnlyStoreError` (bookkeeping skips it).
+
 The index must live on a local disk: SQLite's locking is unreliable on network filesystems, so a
 cluster shares results through the remote tier, never by sharing this file.
 """
@@ -31,7 +37,7 @@ from typing import Any, Iterator
 
 from sqlite_utils import Database
 
-from xgbuild.cache.errors import CacheError, SchemaError, StoreFullError
+from xgbuild.cache.errors import CacheError, ReadOnlyStoreError, SchemaError, StoreFullError
 
 SCHEMA_VERSION = 1
 INDEX_NAME = "index.sqlite"
@@ -50,6 +56,8 @@ class Index:
         self._lock = threading.RLock()
         self._db: Database | None = None
         self._pid = -1
+        self.readonly = False           # opened read-only: the directory cannot be written
+        self.exclusive = False          # opened without shared memory (a full disk)
         # Connections inherited across fork() are never used or closed by the child: SQLite
         # forbids it. They are parked here so garbage collection cannot close them either.
         self._inherited: list[Database] = []
@@ -74,13 +82,44 @@ class Index:
         return self._db
 
     def _connect(self) -> Database:
+        if self.path.exists() and not _writable(self.path):
+            return self._open_read_only()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise CacheError(
                 f"cannot create the cache directory {self.path.parent}: {exc.strerror}") from None
         with self._init_lock():
-            return self._open_and_prepare()
+            try:
+                return self._open_and_prepare()
+            except _SharedMemoryFull:
+                self.exclusive = True
+                return self._open_and_prepare()
+
+    def _open_read_only(self) -> Database:
+        """The index of a cache this process cannot write: read-only, or (when SQLite cannot
+        even read its WAL index without writing) as an immutable file."""
+        self.readonly = True
+        last: sqlite3.Error | None = None
+        for flags in ("mode=ro", "immutable=1"):
+            try:
+                conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?{flags}", uri=True,
+                                       timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False)
+            except sqlite3.Error as exc:
+                last = exc
+                continue
+            db = Database(conn)
+            try:
+                version = self._schema_version(db)
+            except sqlite3.Error as exc:
+                conn.close()
+                last = exc
+                continue
+            if version != SCHEMA_VERSION:
+                conn.close()
+                raise self._schema_error(version if version is not None else -1)
+            return db
+        raise CacheError(f"cannot read the read-only cache index {self.path}: {last}")
 
     @contextlib.contextmanager
     def _init_lock(self) -> Iterator[None]:
@@ -119,6 +158,10 @@ class Index:
             raise self.error(exc) from None
         db = Database(conn)
         try:
+            if self.exclusive:
+                # Before the first access: SQLite then never maps the -shm file (which a full
+                # disk cannot grow), keeping the WAL index in this process's memory.
+                db.execute("PRAGMA locking_mode=EXCLUSIVE")
             mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise CacheError(
@@ -129,6 +172,8 @@ class Index:
             self._ensure_schema(db)
         except sqlite3.Error as exc:
             conn.close()
+            if _is_ioerr(exc) and not self.exclusive:
+                raise _SharedMemoryFull() from None
             raise self.error(exc) from None
         return db
 
@@ -209,6 +254,9 @@ class Index:
         """A write transaction: all of its statements land, or none do."""
         with self._lock:
             db = self.db
+            if self.readonly:
+                raise ReadOnlyStoreError(f"the cache at {self.path.parent} is read-only: it is read, but nothing "
+                                         "is recorded in it")
             try:
                 db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
@@ -263,3 +311,17 @@ class Index:
         if primary in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM):
             return CacheError(f"cannot write the cache index {self.path}: {exc}")
         return CacheError(f"cache index {self.path}: {exc}")
+
+
+class _SharedMemoryFull(Exception):
+    """Opening the index failed with an I/O error (a full disk cannot grow the -shm file)."""
+
+
+def _is_ioerr(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF == sqlite3.SQLITE_IOERR
+
+
+def _writable(path: Path) -> bool:
+    """Whether this process may write the index and create files beside it (-wal, -shm)."""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)

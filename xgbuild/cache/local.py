@@ -17,6 +17,7 @@ local-only operations: files, listing, totals, verify, and the eviction primitiv
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -26,7 +27,8 @@ from typing import BinaryIO, Callable, Iterable, Iterator
 
 from xgbuild.cache.blobfiles import BlobFiles
 from xgbuild.cache.digests import CHUNK, check_digest, sha256_bytes
-from xgbuild.cache.errors import CacheError, CorruptEntryError, MissingBlobsError, StoreFullError
+from xgbuild.cache.errors import (CacheError, CorruptEntryError, MissingBlobsError, ReadOnlyStoreError,
+                                  StoreFullError)
 from xgbuild.cache.index import Index
 from xgbuild.cache.records import BlobRef, Record, decode_record
 from xgbuild.cache.store import Kind, check_kind
@@ -62,6 +64,9 @@ class LocalStore:
         self.index = Index(self.root, busy_timeout_s)
         self.clock = clock
         self.index.open()   # creates the index if needed, so errors surface here and not later
+        if self.index.readonly:
+            logging.getLogger("xgbuild.cache").warning(
+                "the cache at %s is read-only: reading it, nothing will be recorded", self.root)
 
     def close(self) -> None:
         self.index.close()
@@ -97,6 +102,7 @@ class LocalStore:
             # Storing it again counts as a use, for the LRU.
             if self._have_blob(digest) and self.touch_blob(digest, len(data)):
                 return BlobRef(digest, len(data))
+            self._check_writable()
             stored = self.files.write_bytes(digest, data)
             if self._index_blob(digest, len(data), stored):
                 return BlobRef(digest, len(data))
@@ -112,6 +118,7 @@ class LocalStore:
     def ingest(self, chunks: Iterable[bytes], expected: str | None = None,
                size: int | None = None) -> BlobRef:
         """Store streamed content; with `expected`, a mismatch raises `DigestMismatch`, keeping nothing."""
+        self._check_writable()
         digest, n, stored = self.files.write_stream(chunks, expected, size)
         return self._indexed(digest, n, stored)
 
@@ -121,11 +128,17 @@ class LocalStore:
 
         The content must hash to `expected`, else `DigestMismatch` is raised and nothing is kept.
         """
+        self._check_writable()
         with self.files.writer(expected, size) as w:
             if not produce(w.write):
                 return None
             digest, n, stored = w.commit()
         return self._indexed(digest, n, stored)
+
+    def _check_writable(self) -> None:
+        if self.index.readonly:
+            raise ReadOnlyStoreError(f"the cache at {self.root} is read-only: it is read, but nothing is "
+                                     "recorded in it")
 
     def _indexed(self, digest: str, size: int, stored: int) -> BlobRef:
         if not self._index_blob(digest, size, stored):
@@ -363,9 +376,9 @@ class LocalStore:
 
 @contextlib.contextmanager
 def _best_effort() -> Iterator[None]:
-    # Access times and counters are bookkeeping: a full disk must not turn a good read into an
-    # error. The transaction rolled back, so the index is unchanged.
+    # Access times and counters are bookkeeping: a full disk or a read-only cache must not turn
+    # a good read into an error. The transaction rolled back, so the index is unchanged.
     try:
         yield
-    except StoreFullError:
+    except (StoreFullError, ReadOnlyStoreError):
         pass

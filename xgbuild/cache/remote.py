@@ -10,6 +10,12 @@ Nothing from the remote is trusted: a blob must hash to its digest and a record 
 hash to its key, or `RejectedDownloadError` is raised and the bytes are dropped. Downloads are
 size-capped, so a hostile server cannot exhaust memory.
 
+Every request has one deadline for all of it — connect, send, status line and headers, body:
+`timeout_s`, plus a second per MiB actually sent or received (`MIN_RATE`), so a large blob may take
+its time but a server that trickles its headers or body a byte at a time cannot stall a build past
+the timeout. Each socket read waits at most the time left (`_DeadlineSocket`). A body that ends
+before its declared length is a *transfer interrupted*, never mistaken for wrong bytes.
+
 Failure policy (a circuit breaker): the first time the server is down, refuses the connection,
 hangs past the timeout, answers 5xx or refuses reads, `RemoteUnavailableError` is raised and the
 store marks itself `down`; every later call fails at once without touching the network, so a dead
@@ -20,6 +26,7 @@ remote costs one timeout per process, not one per lookup. A PUT refused for lack
 from __future__ import annotations
 
 import http.client
+import io
 import os
 import re
 import socket
@@ -197,6 +204,10 @@ class RemoteStore:
                     body.seek(0)
             except (TimeoutError, socket.timeout):
                 raise self._trip(f"did not answer within {self.timeout_s:g} s") from None
+            except _Interrupted as exc:
+                raise self._trip(f"interrupted the transfer of {path.rsplit('/', 1)[-1]} after {exc.got} of "
+                                 f"{exc.declared if exc.declared is not None else 'the'} bytes (transfer "
+                                 "interrupted: the server went away; nothing was used)") from None
             except ConnectionRefusedError:
                 raise self._trip("refused the connection (is it running?)") from None
             except ssl.SSLError as exc:
@@ -213,9 +224,8 @@ class RemoteStore:
         if method == "PUT":
             headers["Content-Type"] = "application/octet-stream"
             headers["Content-Length"] = str(size)
-        # The socket timeout bounds each connect/send/recv; the deadline bounds the whole body,
-        # so a server that trickles bytes cannot stall a build indefinitely either.
-        deadline = time.monotonic() + self.timeout_s + size / MIN_RATE
+        # One deadline for the whole exchange: every socket wait is cut to the time left.
+        conn.start_deadline(self.timeout_s + size / MIN_RATE)
         conn.request(method, path, body=body, headers=headers)
         resp = conn.getresponse()
         status = resp.status
@@ -234,17 +244,19 @@ class RemoteStore:
             self._close()
             raise RejectedDownloadError(
                 f"remote {self.url} offered {declared} bytes for {path}, over the {cap}-byte cap")
-        deadline += (declared or 0) / MIN_RATE
         got = 0
-        while chunk := resp.read(CHUNK):
-            got += len(chunk)
-            if got > cap:
-                resp.close()
-                self._close()
-                raise RejectedDownloadError(f"remote {self.url} sent more than {cap} bytes for {path}")
-            if time.monotonic() > deadline:
-                raise TimeoutError
-            sink(chunk)
+        try:
+            while chunk := resp.read(CHUNK):
+                got += len(chunk)
+                if got > cap:
+                    resp.close()
+                    self._close()
+                    raise RejectedDownloadError(f"remote {self.url} sent more than {cap} bytes for {path}")
+                sink(chunk)
+        except http.client.IncompleteRead:
+            raise _Interrupted(got, declared) from None
+        if declared is not None and got != declared:
+            raise _Interrupted(got, declared)
         return status, got
 
     def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
@@ -253,11 +265,10 @@ class RemoteStore:
         if conn is not None and getattr(local, "pid", None) == os.getpid():
             return conn, True
         if self._https:
-            conn = http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout_s,
-                                               context=ssl.create_default_context(), blocksize=CHUNK)
+            conn = _HTTPSConnection(self._host, self._port, timeout=self.timeout_s,
+                                    context=ssl.create_default_context(), blocksize=CHUNK)
         else:
-            conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s,
-                                              blocksize=CHUNK)
+            conn = _HTTPConnection(self._host, self._port, timeout=self.timeout_s, blocksize=CHUNK)
         local.conn, local.pid = conn, os.getpid()
         return conn, False
 
@@ -269,6 +280,91 @@ class RemoteStore:
 
     def close(self) -> None:
         self._close()
+
+
+class _Interrupted(Exception):
+    """The body ended (the connection closed) before the length the server declared."""
+
+    def __init__(self, got: int, declared: int | None) -> None:
+        super().__init__(got, declared)
+        self.got, self.declared = got, declared
+
+
+class _Deadline:
+    """The deadline of the exchange in progress on one connection: `allowance` seconds from its
+    start plus one second per `MIN_RATE` bytes received so far (a fast big download is not cut
+    off; a trickle earns nothing)."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.allowance = 0.0
+        self.received = 0
+
+    def left(self) -> float:
+        left = self.start + self.allowance + self.received / MIN_RATE - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the remote cache request ran past its deadline")
+        return left
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's read side whose every wait is cut to the time the exchange has left."""
+
+    def __init__(self, sock: socket.socket, deadline: _Deadline) -> None:
+        super().__init__()
+        self._sock, self._deadline = sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        self._sock.settimeout(self._deadline.left())
+        n = self._sock.recv_into(buf)
+        self._deadline.received += n
+        return n
+
+
+class _DeadlineSocket:
+    """What http.client sees as its socket: reads (`makefile`) and sends bounded by the deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: _Deadline) -> None:
+        self._sock, self._deadline = sock, deadline
+
+    def makefile(self, mode: str = "rb", *args, **kwargs):
+        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline), CHUNK)
+
+    def sendall(self, data) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            self._sock.settimeout(self._deadline.left())
+            sent = self._sock.send(view[:CHUNK])
+            view = view[sent:]
+
+    def __getattr__(self, name: str):
+        return getattr(self._sock, name)
+
+
+class _DeadlineMixin:
+    """An HTTP connection whose exchanges each run under one `_Deadline` (`start_deadline`)."""
+
+    deadline: _Deadline
+
+    def start_deadline(self, allowance: float) -> None:
+        self.deadline = _Deadline()
+        self.deadline.allowance = allowance
+
+    def connect(self) -> None:
+        self.timeout = self.deadline.left()      # the connect (and TLS handshake) share the deadline
+        super().connect()                        # type: ignore[misc]
+        self.sock = _DeadlineSocket(self.sock, self.deadline)
+
+
+class _HTTPConnection(_DeadlineMixin, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_DeadlineMixin, http.client.HTTPSConnection):
+    pass
 
 
 def _describe(exc: BaseException) -> str:

@@ -7,6 +7,15 @@ hangs, refuses or errs, this logs ONE warning (through the `xgbuild.cache` logge
 error, and carries on with the local store for the rest of the process; when it serves bytes that
 fail verification they are dropped, counted as a rejected download, and the lookup is a miss.
 
+Remote records are untrusted. A record only proves that its key parts hash to its key; whoever
+can write the server can write a self-consistent record with any value and blobs. So a remote hit
+is handed to its consumer marked `source="remote"` and is NOT copied into the local store; the
+consumer checks it (tuner/tuner.py: a winner's config must be a candidate of the job's own search
+space; a cubin must equal the one compiled here from the same source) and then `adopt`s it
+(origin `remote-verified`) or `reject`s it as poisoned. Every local record says where it came
+from in `value["origin"]` (`ORIGINS`); one without a known origin (written by an older XG, which
+copied remote records in unchecked) is treated like a remote one.
+
 Counters (hits, remote_hits, misses, remote_errors, rejected_downloads, corrupt_dropped, uploads,
 upload_errors) are persisted in the local index, so `xgbuild cache stats` sees every process's.
 """
@@ -19,11 +28,11 @@ from pathlib import Path
 from typing import Mapping
 
 from xgbuild.cache.blobfiles import DigestMismatch
-from xgbuild.cache.canonical import JSONValue
+from xgbuild.cache.canonical import JSONValue, thaw
 from xgbuild.cache.digests import check_digest
 from xgbuild.cache.errors import (CacheError, CorruptEntryError, MissingBlobsError,
-                                  RejectedDownloadError, RemoteAuthError, RemoteUnavailableError,
-                                  StoreFullError)
+                                  ReadOnlyStoreError, RejectedDownloadError, RemoteAuthError,
+                                  RemoteUnavailableError, StoreFullError)
 from xgbuild.cache.keys import CacheKey
 from xgbuild.cache.local import LocalStore
 from xgbuild.cache.records import BlobRef, Record, check_blob_name, decode_record
@@ -32,6 +41,16 @@ from xgbuild.settings import Settings
 
 log = logging.getLogger("xgbuild.cache")
 
+# value["origin"] of a record in the local store: measured here, compiled here, checked against
+# this host's own search space or compile, or compiled here after the remote's copy was poisoned.
+ORIGINS = {
+    "measured": "measured on a GPU of this host",
+    "local": "computed on this host",
+    "remote-verified": "from the remote, checked here (config in this job's search space, "
+                       "or bytes equal to this host's own compile)",
+    "re-derived": "compiled here because the remote's record was poisoned",
+    "predicted": "the cost model's pick on this host",
+}
 IN_MEMORY_FILE = 64 << 20     # files up to this size are read once, so upload = what was hashed
 HEAD_BEFORE_PUT = 1 << 20     # blobs at least this big are only uploaded if the remote lacks them
 
@@ -43,6 +62,18 @@ class Artifact:
     record: Record
     blobs: Mapping[str, bytes]
     source: str                 # "local" or "remote"
+
+    @property
+    def origin(self) -> str:
+        """Where the record came from (`ORIGINS`), or "remote" / "unknown" for one to check."""
+        if self.source != "local":
+            return "remote"
+        return origin_of(self.record)
+
+    @property
+    def trusted(self) -> bool:
+        """Whether the record may be used without checking: a local one of known origin."""
+        return self.origin in ORIGINS
 
     @property
     def key(self) -> CacheKey:
@@ -62,6 +93,7 @@ class Cache:
         self.remote = remote
         self.upload = upload
         self.upload_error: str | None = None    # set when an upload was refused (e.g. no token)
+        self.poisoned: list[tuple[str, str]] = []   # (key, why) of records rejected this process
         self._warned: set[str] = set()
 
     @classmethod
@@ -87,7 +119,8 @@ class Cache:
     # -- records ---------------------------------------------------------------------------
 
     def store(self, key: CacheKey, value: JSONValue, blobs: Mapping[str, bytes] | None = None) -> Record:
-        """Cache `value` and named `blobs` under `key`, locally and (if enabled) remotely."""
+        """Cache `value` and named `blobs` under `key`, locally and (if enabled) remotely. The
+        tuner's values name their origin (`ORIGINS`); one that names none is checked when used."""
         blobs = dict(blobs or {})
         for name in blobs:
             check_blob_name(name)
@@ -159,11 +192,34 @@ class Cache:
         blobs = self._load_blobs(record)
         if blobs is None:
             return None
-        try:
-            self._fill(self.local.put_record, record)
-        except MissingBlobsError:
-            pass    # a blob was evicted (or not kept) meanwhile; the hit itself is complete
+        # Not copied into the local store: the consumer checks it first (`adopt` / `reject`).
         return Artifact(record, blobs, "remote")
+
+    def adopt(self, hit: Artifact, origin: str = "remote-verified") -> None:
+        """Keep a checked hit in the local store, marked with its `origin`."""
+        if hit.trusted and hit.origin == origin:
+            return
+        value = thaw(hit.record.value)
+        if isinstance(value, dict):
+            value["origin"] = origin
+        try:
+            self._fill(self.local.put_record, Record(hit.record.key, value, hit.record.blobs))
+        except (MissingBlobsError, CacheError) as exc:
+            self._warn(f"could not keep checked record {hit.key.digest} locally: {exc}")
+
+    def reject(self, hit: Artifact, why: str) -> None:
+        """Drop a hit whose content failed its consumer's check: count it, report the key as
+        poisoned (once), and delete a local copy so it cannot be served again."""
+        key = hit.key.digest
+        self.poisoned.append((key, why))
+        self.local.bump(rejected_downloads=1)
+        where = f"remote {self.remote.url}" if hit.source == "remote" and self.remote else f"{hit.source} cache"
+        log.warning("poisoned cache record %s from the %s: %s; rejected, not used", key, where, why)
+        if hit.source == "local":
+            try:
+                self.local.delete_record(key, corrupt=True)
+            except CacheError:
+                pass
 
     def _remote_record(self, key: str) -> Record | None:
         data = self._remote_get("ac", key)
@@ -232,6 +288,9 @@ class Cache:
         except (RemoteUnavailableError, RemoteAuthError) as exc:
             self._remote_failed(exc)
             return False
+        except (StoreFullError, ReadOnlyStoreError) as exc:
+            self._warn(f"{exc}; remote hits are not being kept locally")
+            return False
         return ref is not None
 
     def _blob(self, ref: BlobRef, size_known: bool = True) -> tuple[bytes | None, bool]:
@@ -253,7 +312,7 @@ class Cache:
         # turn a verified hit into an error.
         try:
             put(*args)
-        except StoreFullError as exc:
+        except (StoreFullError, ReadOnlyStoreError) as exc:
             self._warn(f"{exc}; remote hits are not being kept locally")
 
     # -- the remote, and what to do when it misbehaves -------------------------------------
@@ -324,3 +383,14 @@ class Cache:
         out["remote"] = self.remote.url if self.remote else None
         return out
 
+
+
+def origin_of(record: Record) -> str:
+    """A local record's origin (`ORIGINS`), from its value; "unknown" when it names none."""
+    value = record.value
+    if not isinstance(value, Mapping):
+        return "unknown"
+    origin = value.get("origin")
+    if origin is None and value.get("how") == "predicted":
+        return "predicted"
+    return origin if isinstance(origin, str) and origin in ORIGINS else "unknown"

@@ -30,7 +30,7 @@ from xgbuild.cache.canonical import thaw
 from xgbuild.cache.errors import AmbiguousKeyError, CacheError, InvalidDigestError, RemoteConfigError
 from xgbuild.cache.forensics import Neighbours, describe, diff_lines, kernel_summary, resolve_key
 from xgbuild.cache.keys import diff_keys, explain, render_value
-from xgbuild.cache.tiered import Cache
+from xgbuild.cache.tiered import ORIGINS, Cache, origin_of
 from xgbuild.settings import Settings, SettingsError
 
 app = typer.Typer(help="The content-addressed artifact cache.", no_args_is_help=True,
@@ -251,8 +251,9 @@ def explain_key(key: Annotated[str, typer.Argument(help="A record's key (64 hex,
         key = resolve_key(cache.local, key)
         record = _record(cache, key)
         near = Neighbours.of(cache.local).nearest(record.key) if record.predicted else None
+        origin = _origin(cache, key, record)
         if as_json:
-            out = {"key": key, "kernel": kernel_summary(record.key), "predicted": record.predicted,
+            out = {"key": key, "kernel": kernel_summary(record.key), "predicted": record.predicted, "origin": origin,
                    "parts": thaw(record.key.parts()), "value": thaw(record.value),
                    "blobs": {n: dataclasses.asdict(r) for n, r in record.blobs.items()}}
             if near is not None:
@@ -265,6 +266,7 @@ def explain_key(key: Annotated[str, typer.Argument(help="A record's key (64 hex,
             typer.echo(line)
         for name, ref in record.blobs.items():
             typer.echo(f"  blob {name}: {ref.digest} ({ref.size} bytes)")
+        typer.echo(f"  origin: {origin} ({ORIGINS.get(origin, _UNCHECKED.get(origin, ''))})")
         if record.predicted:
             typer.echo("  predicted: the cost model's pick, not a measurement; never served as a cache hit")
             if near is None:
@@ -307,6 +309,20 @@ def diff(key1: Annotated[str, typer.Argument(help="First key (64 hex, or a uniqu
                 typer.echo(line)
     if diffs:
         raise typer.Exit(1)     # like diff(1): 0 same, 1 different, 2 trouble
+
+
+_UNCHECKED = {"remote": "only the remote has it; a build checks it before use",
+              "unknown": "stored by an older XG without its origin; a build checks it before use"}
+
+
+def _origin(cache: Cache, key: str, record) -> str:
+    """Where the record `explain` shows came from: its local origin, or "remote" when only the
+    remote holds it (not yet checked here)."""
+    try:
+        local = cache.local.get_record(key)
+    except CacheError:
+        local = None
+    return "remote" if local is None else origin_of(local)
 
 
 def _record(cache: Cache, key: str):

@@ -1,21 +1,23 @@
 """`xgbuild`: XG's toolbox: `explain` diagnostic codes, `inspect` engines, the `cache`, and `tune` (with
-its build-system steps `jobs` and `tune-shard`)."""
+its build-system steps `jobs` and `tune-shard`); `keygen`, `sign` and `verify` (signing.py)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Optional
 
 import typer
 
 from ..compiler.frontend.diagnostics import explain as explain_code
-from . import cache_cmd, tune_cmd
+from . import cache_cmd, sign_cmd, tune_cmd
 from .common import fail, make_app, run
 from .version import version_option
 
 app = make_app("XG build tools: explain diagnostics, inspect engines, tune kernels, manage the artifact cache.")
 app.add_typer(cache_cmd.app, name="cache")
 tune_cmd.register(app)
+sign_cmd.register(app)
 
 
 @app.callback()
@@ -40,20 +42,28 @@ SHOWN_OUTPUTS = 12     # output leaves `inspect` lists; a model returning caches
 def inspect(
     engine: Path = typer.Argument(..., metavar="ENGINE", help="an .xge engine file", show_default=False),
     json_out: bool = typer.Option(False, "--json", help="print the manifest (and digest) as JSON"),
+    trusted_keys: Optional[Path] = typer.Option(None, "--trusted-keys", metavar="DIR",
+                                                help="check signatures against these .pub keys "
+                                                     "(default: XG_TRUSTED_KEYS)"),
 ) -> None:
-    """Print an engine's manifest: target, signature, kernels, toolchain, sources."""
+    """Print an engine's manifest: target, signature, kernels, toolchain, sources; its signatures
+    and provenance."""
     from ..errors import XGError
     from ..runtime.engine import Engine
     from ..runtime.summary import output_leaves
     from .common import emit_json
 
     try:
-        eng = Engine.load(engine)
+        eng = Engine.load(engine, allow_fallback=True)     # shown, never run (its calls are still checked)
     except XGError as exc:
         fail(str(exc))
     m = eng.manifest
+    signatures = sign_cmd.signature_report(eng, engine, trusted_keys)
     if json_out:
-        emit_json({"digest": eng.digest, **m})
+        extra = {}
+        if eng.file.envelope is not None:
+            extra = {"signatures": signatures, "provenance": eng.file.envelope.statement()}
+        emit_json({"digest": eng.digest, **m, **extra})
         return
     out = sys.stdout
     out.write(f"engine      {engine}\ndigest      {eng.digest}\nformat      {m['format_version']}\n")
@@ -95,6 +105,7 @@ def inspect(
                       "(symbolic sizes not counted)\n")
     for src in m["sources"]:
         out.write(f"source      {src['path']} {src['sha256'][:16]}\n")
+    sign_cmd.write_signatures(out, eng, signatures)
 
 
 def main() -> None:

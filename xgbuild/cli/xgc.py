@@ -3,6 +3,7 @@
     xgc FILE.xg --check [--json]                       type-check only
     xgc FILE.xg --out build/engine.xge [--target T] [--num-gpu N] [--sharding plan.toml] [--entry F]
     xgc FILE.xg --out build/engine.xge --kernels-from r0.json ...   link `xgbuild tune-shard` results
+    xgc FILE.xg --out build/engine.xge --sign-key KEY | --provenance  with a (signed) provenance statement
     xgc FILE.xg --emit ast|ir|ir-opt|ir-json|dot [--dump-after PASS]
     xgc MODEL.onnx --out build/engine.xge [--target T] [--tune P] [--dim NAME=SIZE]   an ONNX model
     xgc MODEL.onnx --check | --emit ir|ir-opt|ir-json|dot                              import only
@@ -65,6 +66,10 @@ def compile(
                                                  "instead of tuning and compiling (repeat per shard)"),
     sharding: Optional[Path] = typer.Option(None, "--sharding", help="a sharding plan (TOML): regions, functions "
                                             "and inputs -> data / tensor / replicated (docs/sharding.md)"),
+    sign_key: Optional[Path] = typer.Option(None, "--sign-key", metavar="KEY", help="sign the engine with this "
+                                            "Ed25519 private key (xgbuild keygen); adds its provenance statement"),
+    provenance: bool = typer.Option(False, "--provenance", help="add an unsigned provenance statement "
+                                    "(--sign-key adds a signed one)"),
 ) -> None:
     """Check FILE, print one of its stages, or build its engine."""
     if dump_after is not None and dump_after not in PASS_NAMES:
@@ -76,6 +81,18 @@ def compile(
     policy = policy_or_exit(tune, "{} or {}")
     settings = settings_or_exit()        # read once here; the hw directory and the cache go down from it
     target_or_exit(target, settings.hw_dir)
+    if sign_key is not None or provenance:
+        if out is None:
+            fail("--sign-key and --provenance apply to the engine --out writes", EXIT_USAGE)
+        if file.suffix.lower() == ".onnx":
+            fail("--sign-key and --provenance apply to .xg sources; sign an ONNX model's engine with "
+                 "`xgbuild sign`", EXIT_USAGE)
+    if sign_key is not None:
+        from ..packager.signing import load_private_key
+        try:
+            load_private_key(sign_key)        # a bad key is refused before a minute of building
+        except XGError as exc:
+            fail(str(exc), EXIT_USAGE)
     if file.suffix.lower() == ".onnx":
         if kernels_from or sharding is not None or entry != "main":
             fail("--kernels-from, --sharding and --entry apply to .xg sources, not ONNX models", EXIT_USAGE)
@@ -146,7 +163,16 @@ def compile(
         try:
             built = link_engine(compiled, settings, policy=policy, dims=dims, kernels=kernels,
                                 kernels_from=list(kernels_from), workers=jobs, progress=not quiet and not json_out)
-            digest = built.engine.save(out)
+            envelope = None
+            if sign_key is not None or provenance:
+                from ..build.provenance import build_envelope
+                parameters = {"source": file.name, "target": compiled.target, "num_gpu": compiled.num_gpu,
+                              "entry": entry, "dims": dims, "tune": policy.value, "kernels": kernels,
+                              "sharding": compiled.plan.name if compiled.plan is not None else None,
+                              "kernels_from": bool(kernels_from)}
+                envelope = build_envelope(built.engine.file, name=out.name, parameters=parameters,
+                                          settings=settings, origins=built.origins, key_path=sign_key)
+            digest = built.engine.save(out, envelope)
         except XGError as exc:
             fail(str(exc))
         stats = built.stats

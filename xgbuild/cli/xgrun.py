@@ -2,7 +2,8 @@
 
     xgrun ENGINE [--inputs FILE] [--output FILE] [--device cpu|cuda] [--check|--no-check]
                  [--seed N] [--dim NAME=SIZE ...] [--json]
-                 [--nproc N] [--timeout S] [--output-per-rank]
+                 [--nproc N] [--timeout S] [--output-per-rank] [--allow-fallback]
+                 [--trusted-keys DIR] [--expect-digest HEX]
 
 Without `--inputs`, every external gets seeded random values; symbolic dims take `--dim` sizes
 (default 16). `--nproc N` runs the engine's sharding plan on N ranks of this host (gloo on CPU,
@@ -10,12 +11,19 @@ NCCL with `--device cuda`); under torchrun or SLURM (RANK / WORLD_SIZE / MASTER_
 set) each process is one rank of a run that may span hosts. Outputs are gathered to rank 0, which
 prints and writes them. Exit codes: 0 ok, 1 a bad engine, bad inputs, a failed check or a failed
 rank, 2 usage.
+
+                 [--nproc N] [--timeout S] [--output-per-rank]
+                 [--trusted-keys DIR] [--expect-digest HEX]
+
+An engine built with `fallback="eager"` calls PyTorch operators between its kernels; from a file,
+it runs only with `--allow-fallback` or a trusted signature (the calls are checked against XG's allow-list either way).
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -50,11 +58,24 @@ def main_cmd(
                                   "or go silent, before the whole run fails"),
     output_per_rank: bool = typer.Option(False, "--output-per-rank", help="with --output F.ext: each rank "
                                          "writes its own pieces of the outputs to F.rankK.ext"),
+    trusted_keys: Optional[Path] = typer.Option(None, "--trusted-keys", metavar="DIR", help="run only engines "
+                                                "signed by one of these .pub keys (default: XG_TRUSTED_KEYS)"),
+    expect_digest: Optional[str] = typer.Option(None, "--expect-digest", metavar="HEX", help="run only the "
+                                                "engine of this bundle digest"),
+    allow_fallback: bool = typer.Option(False, "--allow-fallback", help="run an engine that calls PyTorch "
+                                        "operators (built with fallback='eager'); only for engines you trust"),
     version: bool = version_option("xgrun"),
 ) -> None:
     """Run ENGINE and print each output's shape, dtype and checksum."""
     if device not in ("cpu", "cuda"):
         fail(f"--device takes cpu or cuda, got {device!r}", EXIT_USAGE)
+    if expect_digest is not None:
+        from ..packager.signing import normal_digest
+        if normal_digest(expect_digest) is None:
+            fail(f"--expect-digest takes a bundle digest (64 hex digits), got {expect_digest!r}", EXIT_USAGE)
+    run_settings = RunSettings.from_env()
+    if trusted_keys is not None:
+        run_settings = replace(run_settings, trusted_keys=trusted_keys)
     if output_per_rank and output is None:
         fail("--output-per-rank needs --output FILE (each rank writes FILE with .rankK before the suffix)", EXIT_USAGE)
     try:
@@ -66,10 +87,11 @@ def main_cmd(
             fail(f"--nproc starts ranks itself, but this process is already rank {denv.rank} of "
                  f"{denv.world_size} (RANK/WORLD_SIZE are set): drop --nproc under torchrun or srun", EXIT_USAGE)
         from ..runtime.launch import launch
-        try:       # refuse a rank count the plan was not made for before starting any rank
-            planned = Engine.load(engine).manifest["num_gpu"]
+        try:       # refuse a rank count the plan was not made for (and an untrusted engine) before any rank
+            checked = Engine.load(engine, run_settings, expect_digest=expect_digest, allow_fallback=allow_fallback)
         except XGError as exc:
             fail(str(exc))
+        planned = checked.manifest["num_gpu"]
         if planned != nproc:
             fail(f"engine {engine} is planned for NUM_GPU = {planned}, not {nproc} ranks: rebuild it with "
                  f"`xgc --num-gpu {nproc}` or run --nproc {planned}", EXIT_USAGE)
@@ -77,17 +99,21 @@ def main_cmd(
                  "--check" if check else "--no-check", "--seed", str(seed), "--timeout", str(timeout),
                  *(["--inputs", str(inputs)] if inputs else []), *(["--output", str(output)] if output else []),
                  *[a for d in dim for a in ("--dim", d)], *(["--json"] if json_out else []),
-                 *(["--output-per-rank"] if output_per_rank else [])]
+                 *(["--output-per-rank"] if output_per_rank else []),
+                 # The ranks load the file again: pin the digest checked here, trusted or not.
+                 "--expect-digest", checked.digest,
+                 *(["--allow-fallback"] if allow_fallback or checked.trust is not None else [])]
         result = launch(child, nproc, timeout, child_env())
         if not result.ok:
             fail(result.message)
         return
     if denv is not None and denv.world_size > 1:
-        _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, timeout, output_per_rank)
+        _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, timeout, output_per_rank,
+                  run_settings, expect_digest, allow_fallback)
         return
     t_load = time.perf_counter()
     try:
-        eng = Engine.load(engine, RunSettings.from_env())
+        eng = Engine.load(engine, run_settings, expect_digest=expect_digest, allow_fallback=allow_fallback)
         load_ms = (time.perf_counter() - t_load) * 1e3
         values = _inputs_for(eng, inputs, seed, dim)
         if device == "cuda":
@@ -127,12 +153,13 @@ def _report(engine, eng, device: str, check: bool, load_ms: float, result, outpu
     out.write(f"load {load_ms:.1f} ms, run {summary['run_ms']:.1f} ms{tail}\n")
 
 
-def _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, timeout, per_rank) -> None:
+def _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, timeout, per_rank,
+              run_settings, expect_digest, allow_fallback: bool) -> None:
     """One rank of a distributed run: its shards in, whole outputs to rank 0 (which reports)."""
     from ..runtime.distributed import check_world, init_group, leave_group, rank_slices, run_spmd
     t_load = time.perf_counter()
     try:
-        eng = Engine.load(engine, RunSettings.from_env())
+        eng = Engine.load(engine, run_settings, expect_digest=expect_digest, allow_fallback=allow_fallback)
         load_ms = (time.perf_counter() - t_load) * 1e3
         check_world(eng, denv.world_size)        # before joining: a wrong count would wait for peers
         whole = None

@@ -8,7 +8,9 @@ Layout, outside in:
 * the frame holds a canonical ustar stream (`ustar.py`): the index `DIGESTS.json` first, then every
   entry in sorted name order, each with fixed header fields (mode 0644, owner 0, mtime 0, no PAX);
 * the index lists every other entry's sha256 and size; the bundle digest is the sha256 of the
-  index's canonical bytes (`digest.py`): a digest over the contents, whatever the compression.
+  index's canonical bytes (`digest.py`): a digest over the contents, whatever the compression;
+* after the seal, optionally, a trailer of signatures and provenance (`frame.py`, `signing.py`),
+  outside the digest: the bundle's bytes are the file's bytes up to the end of the seal.
 
 `write_bundle` and `bundle_digest_of` are pure functions of the entries: no clock, user, umask,
 directory, locale, time zone or hash seed reaches the bytes. The compressed bytes also depend on the
@@ -44,7 +46,8 @@ from xgbuild.packager.digest import (
 __all__ = [
     "Bundle", "BundleCorruptError", "BundleEntryError", "BundleError", "BundleFormatError",
     "BundleReadError", "BundleTooLargeError", "DEFAULT_MAX_ENTRY_SIZE", "DEFAULT_MAX_TOTAL_SIZE",
-    "INDEX_NAME", "bundle_digest_of", "read_bundle", "write_bundle",
+    "INDEX_NAME", "bundle_bytes", "bundle_digest_of", "bundle_from_bytes", "read_bundle",
+    "read_bundle_file", "write_bundle",
 ]
 
 DEFAULT_MAX_TOTAL_SIZE = 4 * 2**30          # uncompressed tar stream, headers included
@@ -63,6 +66,8 @@ class Bundle:
 
     digest: str
     entries: Mapping[str, bytes] = field(compare=False, repr=False)
+    trailer: bytes | None = field(default=None, compare=False, repr=False)   # its body: JSON, unchecked
+    sealed_size: int = field(default=0, compare=False, repr=False)          # bytes up to the seal's end
 
     def __post_init__(self) -> None:
         # A read-only view of a private dict: what was verified cannot be edited through the Bundle.
@@ -143,17 +148,11 @@ def atomic_write(path: Path, data: bytes) -> None:
     _fsync_directory(path.parent)
 
 
-def write_bundle(path: Path, entries: Mapping[str, bytes], *,
+def bundle_bytes(entries: Mapping[str, bytes], *, where: str = "cannot write engine",
                  max_total_size: int = DEFAULT_MAX_TOTAL_SIZE,
-                 max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE) -> str:
-    """Write `entries` as an engine bundle at `path`, atomically; return the bundle digest.
-
-    Names follow `digest.name_problem`; values are bytes. The caps are the reader's defaults, so a
-    bundle written with them reads back with them. Raises `BundleEntryError` for entries that cannot
-    go in a bundle and `OSError` when the file cannot be written (no temp file is left behind).
-    """
-    path = Path(path)
-    where = f"cannot write engine {path}"
+                 max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE) -> tuple[bytes, str]:
+    """(the sealed bundle's bytes, its digest): what `write_bundle` writes, a pure function of
+    `entries` for a given zstd library version."""
     checked = _checked_entries(entries, where, min(max_entry_size, ustar.MAX_SIZE))
     index = index_bytes(checked)
     if len(index) > max_entry_size:
@@ -165,7 +164,23 @@ def write_bundle(path: Path, entries: Mapping[str, bytes], *,
                                f"cap of {max_total_size}")
     digest = digest_of_index(index)
     compressed = frame.compress(stream)
-    atomic_write(path, compressed + frame.seal(compressed, digest))
+    return compressed + frame.seal(compressed, digest), digest
+
+
+def write_bundle(path: Path, entries: Mapping[str, bytes], *,
+                 max_total_size: int = DEFAULT_MAX_TOTAL_SIZE,
+                 max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE, trailer: bytes | None = None) -> str:
+    """Write `entries` as an engine bundle at `path`, atomically; return the bundle digest.
+
+    Names follow `digest.name_problem`; values are bytes. The caps are the reader's defaults, so a
+    bundle written with them reads back with them. `trailer`: a trailer body (`signing.py`) to
+    write after the seal. Raises `BundleEntryError` for entries that cannot go in a bundle and
+    `OSError` when the file cannot be written (no temp file is left behind).
+    """
+    path = Path(path)
+    data, digest = bundle_bytes(entries, where=f"cannot write engine {path}",
+                                max_total_size=max_total_size, max_entry_size=max_entry_size)
+    atomic_write(path, data + (frame.trailer_frame(trailer) if trailer is not None else b""))
     return digest
 
 
@@ -225,22 +240,28 @@ def _unpack(stream: bytes, where: str, max_entry_size: int) -> tuple[bytes, dict
     return stream[members[0].start:members[0].start + members[0].size], entries
 
 
-def read_bundle(path: Path, *, max_total_size: int = DEFAULT_MAX_TOTAL_SIZE,
-                max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE) -> Bundle:
-    """Read and verify the engine bundle at `path`; raise a `BundleError` unless all of it is sound.
-
-    `max_total_size` caps the uncompressed tar stream and `max_entry_size` each entry; both are
-    checked against declared sizes before anything that large is allocated. Peak memory is about
-    the file plus twice the uncompressed size.
-    """
-    path = Path(path)
-    where = f"engine {path}"
+def _file_limit(max_total_size: int) -> int:
     # zstd's worst case is 3 bytes per 128 KiB block plus the header and checksum: 1/256 is ample.
-    limit = max_total_size + (max_total_size >> 8) + 1024 + frame.SEAL_SIZE
-    data = _read_file(path, where, limit)
-    compressed, sealed_digest = frame.unseal(data, where)
+    # A trailer's room scales with the cap, so a small cap still bounds the whole file.
+    trailer = min(frame.MAX_TRAILER_BODY, max_total_size >> 4) + 64
+    return max_total_size + (max_total_size >> 8) + 1024 + frame.SEAL_SIZE + trailer
+
+
+def read_bundle_file(path: Path, *, max_total_size: int = DEFAULT_MAX_TOTAL_SIZE) -> bytes:
+    """The bytes of the file at `path`, read as `read_bundle` reads it (a regular file within the
+    caps), for a caller that must keep the bytes it verified (`xgbuild sign` rewrites them)."""
+    path = Path(path)
+    return _read_file(path, f"engine {path}", _file_limit(max_total_size))
+
+
+def bundle_from_bytes(data: bytes, where: str, *, max_total_size: int = DEFAULT_MAX_TOTAL_SIZE,
+                      max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE) -> Bundle:
+    """`read_bundle` of bytes already read; `where` names them in errors ("engine PATH")."""
+    sealed, trailer = frame.split_trailer(data, where)
+    compressed, sealed_digest = frame.unseal(sealed, where)
     stream = frame.decompress(compressed, where, max_total_size)
-    del data, compressed
+    sealed_size = len(sealed)
+    del sealed, compressed
     index, entries = _unpack(stream, where, max_entry_size)
     del stream
     if index != index_bytes(entries):
@@ -249,4 +270,19 @@ def read_bundle(path: Path, *, max_total_size: int = DEFAULT_MAX_TOTAL_SIZE,
     if digest != sealed_digest:
         raise corrupt(where, f"its seal records digest {sealed_digest[:16]}… but its contents "
                              f"have {digest[:16]}…")
-    return Bundle(digest, entries)
+    return Bundle(digest, entries, trailer, sealed_size)
+
+
+def read_bundle(path: Path, *, max_total_size: int = DEFAULT_MAX_TOTAL_SIZE,
+                max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE) -> Bundle:
+    """Read and verify the engine bundle at `path`; raise a `BundleError` unless all of it is sound.
+
+    `max_total_size` caps the uncompressed tar stream and `max_entry_size` each entry; both are
+    checked against declared sizes before anything that large is allocated. Peak memory is about
+    the file plus twice the uncompressed size. A trailer is split off and its layout checked; its
+    body is returned unparsed (`Bundle.trailer`).
+    """
+    path = Path(path)
+    data = read_bundle_file(path, max_total_size=max_total_size)
+    return bundle_from_bytes(data, f"engine {path}", max_total_size=max_total_size,
+                             max_entry_size=max_entry_size)

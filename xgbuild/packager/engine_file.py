@@ -15,8 +15,9 @@ from ..compiler.ir.graph import Graph
 from ..compiler.ir.serialize import loads
 from ..compiler.ir.verify import IRError, verify
 from ..errors import EngineError
-from .archive import BundleError, bundle_digest_of, read_bundle, write_bundle
+from .archive import Bundle, BundleError, bundle_digest_of, read_bundle, write_bundle
 from .manifest import FORMAT_VERSION, canonical_json, sha256
+from .signing import Envelope, SigningError, parse_envelope
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class EngineFile:
     sources: dict[str, bytes]
     entries: dict[str, bytes]
     digest: str
+    envelope: Envelope | None = None      # signatures and provenance from the trailer (signing.py)
 
 
 def engine_entries(manifest: dict, program_blob: bytes, sources: dict[str, bytes],
@@ -43,10 +45,12 @@ def make_engine_file(manifest: dict, graph: Graph, program_blob: bytes, sources:
     return EngineFile(manifest, graph, sources, entries, bundle_digest_of(entries))
 
 
-def save_engine_file(engine: EngineFile, path: Path) -> str:
+def save_engine_file(engine: EngineFile, path: Path, envelope: Envelope | None = None) -> str:
+    """Write the engine (with `envelope`, or the one it carries, in its trailer); its digest."""
+    envelope = envelope or engine.envelope
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return write_bundle(path, engine.entries)
+        return write_bundle(path, engine.entries, trailer=envelope.to_bytes() if envelope else None)
     except (BundleError, OSError) as exc:
         raise EngineError(f"cannot write engine {path}: {exc}") from None
 
@@ -56,8 +60,16 @@ def read_engine(path: Path) -> EngineFile:
         bundle = read_bundle(path)
     except BundleError as exc:
         raise EngineError(str(exc)) from None
+    return engine_from_bundle(bundle, f"engine {path}")
+
+
+def engine_from_bundle(bundle: Bundle, where: str) -> EngineFile:
+    """The engine in a verified bundle (`read_engine` of bytes already read and verified)."""
     entries = dict(bundle.entries)
-    where = f"engine {path}"
+    try:
+        envelope = parse_envelope(bundle.trailer, where) if bundle.trailer is not None else None
+    except SigningError as exc:
+        raise EngineError(str(exc)) from None
     raw = entries.get("manifest.json")
     if raw is None:
         raise EngineError(f"{where} has no manifest.json: it is not an XG engine")
@@ -99,5 +111,5 @@ def read_engine(path: Path) -> EngineFile:
         raise EngineError(f"{where}: invalid program: {exc}") from None
     except (KeyError, TypeError, IndexError, AttributeError) as exc:
         raise EngineError(f"{where}: malformed manifest ({type(exc).__name__}: {exc})") from None
-    return EngineFile(manifest, graph, sources, entries, bundle.digest)
+    return EngineFile(manifest, graph, sources, entries, bundle.digest, envelope)
 

@@ -12,6 +12,17 @@ integrity check, not an authentication: whoever can write the file can reseal it
 trust a bundle compares `Bundle.digest` with the digest it expects. Decoders skip skippable frames, so
 `zstd -dc engine.xge | tar tv` still lists the bundle.
 
+After the seal an engine may carry a trailer: one more skippable frame (magic 0x184D2A5D) holding
+signatures and the provenance statement (`signing.py`), as
+
+    magic, u32 length, body (canonical JSON), u32 total length of this frame, b"XGS\x01"
+
+so a reader finds it from the end of the file. The trailer is outside the bundle digest and the
+seal: the same sources and winners give the same bundle bytes whoever signs them, and signing an
+engine adds a trailer without changing its digest. A reader that does not know the trailer sees a
+skippable frame and skips it. `split_trailer` refuses a trailer that is cut short, oversized or
+not laid out this way; what its body says is checked by `signing.py`.
+
 The decompressor only runs on a sealed frame that declares its content size within the caller's cap,
 and decompresses in one shot into a buffer of exactly that size: a decompression bomb is refused
 before anything is allocated, and a frame that understates its size fails instead of growing.
@@ -34,6 +45,10 @@ _SEAL_MAGIC = (0x184D2A5E).to_bytes(4, "little")
 _SEAL_TAG = b"XGE\x01"
 _SEAL_PAYLOAD = len(_SEAL_TAG) + 32 + 32
 SEAL_SIZE = 8 + _SEAL_PAYLOAD
+_TRAILER_MAGIC = (0x184D2A5D).to_bytes(4, "little")
+TRAILER_TAG = b"XGS\x01"
+_TRAILER_FOOTER = 4 + len(TRAILER_TAG)
+MAX_TRAILER_BODY = 4 * 2**20      # signatures and a provenance statement; thousands of kernels fit
 
 
 def compress(stream: bytes) -> bytes:
@@ -57,24 +72,64 @@ def seal(frame: bytes, digest: str) -> bytes:
     return _SEAL_MAGIC + len(payload).to_bytes(4, "little") + payload
 
 
-def unseal(data: bytes, where: str) -> tuple[memoryview, str]:
-    """(zstd frame, digest the seal records) of a whole file, once the seal matches the frame.
+def trailer_frame(body: bytes) -> bytes:
+    """The trailer that carries `body` (canonical JSON) after a bundle's seal."""
+    if not 0 < len(body) <= MAX_TRAILER_BODY:
+        raise ValueError(f"a trailer body is 1 to {MAX_TRAILER_BODY} bytes, got {len(body)}")
+    total = 8 + len(body) + _TRAILER_FOOTER
+    return (_TRAILER_MAGIC + (len(body) + _TRAILER_FOOTER).to_bytes(4, "little") + body
+            + total.to_bytes(4, "little") + TRAILER_TAG)
+
+
+def split_trailer(data: bytes, where: str) -> tuple[memoryview, bytes | None]:
+    """(the sealed bundle, the trailer's body or None) of a whole file.
+
+    A file that ends with a seal has no trailer. Otherwise it must end with one whole trailer,
+    within the size cap, right after a seal; anything else is refused here, before the body is
+    copied, so a forged length can neither read outside the file nor allocate much.
+    """
+    view = memoryview(data)
+    head = data[-SEAL_SIZE:-SEAL_SIZE + 12]
+    if len(data) < SEAL_SIZE or head == _SEAL_MAGIC + _SEAL_PAYLOAD.to_bytes(4, "little") + _SEAL_TAG:
+        return view, None
+    if data[-len(TRAILER_TAG):] != TRAILER_TAG:
+        return view, None               # no trailer: unseal says the seal is missing or damaged
+    total = int.from_bytes(data[-_TRAILER_FOOTER:-len(TRAILER_TAG)], "little")
+    body_size = total - 8 - _TRAILER_FOOTER
+    if not 0 < body_size <= MAX_TRAILER_BODY:
+        raise corrupt(where, f"its signature trailer declares {total} bytes; a trailer holds 1 to "
+                             f"{MAX_TRAILER_BODY} bytes of signatures and provenance")
+    if total > len(data) - SEAL_SIZE:
+        raise truncated(where, f"its signature trailer declares {total} bytes but the file has "
+                               f"{len(data)} in all")
+    start = len(data) - total
+    if (data[start:start + 4] != _TRAILER_MAGIC
+            or int.from_bytes(data[start + 4:start + 8], "little") != total - 8):
+        raise corrupt(where, "its signature trailer does not start where its length says (it was "
+                             "cut, damaged or added to)")
+    return view[:start], bytes(view[start + 8:len(data) - _TRAILER_FOOTER])
+
+
+def unseal(data: bytes | memoryview, where: str) -> tuple[memoryview, str]:
+    """(zstd frame, digest the seal records) of a sealed bundle (a file less its trailer), once the
+    seal matches the frame.
 
     The frame is a view into `data`, not a copy: a bundle can be gigabytes.
     """
+    data = memoryview(data)
     if not data:
         raise not_an_engine(where, "an empty file")
-    if not data.startswith(_ZSTD_MAGIC):
-        if _ZSTD_MAGIC.startswith(data):
+    if bytes(data[:4]) != _ZSTD_MAGIC:
+        if _ZSTD_MAGIC.startswith(bytes(data[:4])):
             raise truncated(where, "it ends inside the zstd magic number")
-        if data[257:262] == b"ustar":
+        if bytes(data[257:262]) == b"ustar":
             raise not_an_engine(where, "an uncompressed tar, not a zstd stream")
         raise not_an_engine(where, "not a zstd stream")
-    head = data[-SEAL_SIZE:-SEAL_SIZE + 8]
+    head = bytes(data[-SEAL_SIZE:-SEAL_SIZE + 8])
     if len(data) < SEAL_SIZE + 4 or head != _SEAL_MAGIC + _SEAL_PAYLOAD.to_bytes(4, "little"):
         raise corrupt(where, "it does not end with XG's seal (it was cut short, or its end was "
                              "damaged or added to)")
-    frame, payload = memoryview(data)[:-SEAL_SIZE], data[-_SEAL_PAYLOAD:]
+    frame, payload = data[:-SEAL_SIZE], bytes(data[-_SEAL_PAYLOAD:])
     if payload[:4] != _SEAL_TAG:
         raise bad_layout(where, f"its seal has tag {payload[:4]!r}; this XG reads {_SEAL_TAG!r}")
     if hashlib.sha256(frame).digest() != payload[4:36]:

@@ -21,11 +21,23 @@ from ..compiler.ir.lower import ERROR_CODES
 from ..compiler.passes.specialize import SpecializationError, bind_symbols, specialize
 from ..errors import EngineError, ExecutionError, InputError
 from ..packager.engine_file import EngineFile, read_engine, save_engine_file
+from ..packager.signing import (Envelope, SigningError, Trust, TrustedKeys, digest_problem, load_trusted_keys, normal_digest,
+                                trust_verdict)
 from ..packager.weights import load_weights
 from ..settings import RunSettings
 from .cpu import CpuExecutor
+from .extern import admit
 from .summary import RunMetadata, engine_summary
 from ..dtypes import XG_NAMES
+
+
+def engine_trust(file: EngineFile, trusted_keys: Path | str | TrustedKeys, where: str) -> Trust:
+    """The trust verdict of a loaded engine file against a trust root (a directory or its keys)."""
+    try:
+        keys = trusted_keys if isinstance(trusted_keys, TrustedKeys) else load_trusted_keys(trusted_keys)
+    except SigningError as exc:
+        raise EngineError(str(exc)) from None
+    return trust_verdict(file.envelope, file.digest, keys, where)
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,7 @@ class Engine:
     _specialised: dict = field(default_factory=dict, repr=False)
     _cuda: dict = field(default_factory=dict, repr=False)        # arch -> CudaExecutor
     _weights: dict = field(default_factory=dict, repr=False)     # device -> {name: tensor}
+    trust: Trust | None = field(default=None, repr=False)        # set when loaded against trusted keys
 
     def __repr__(self) -> str:
         # The manifest runs to thousands of characters; `engine.manifest` has it all.
@@ -69,11 +82,43 @@ class Engine:
 
     # --- storing ---------------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: Path | str, settings: RunSettings | None = None) -> "Engine":
-        return cls(read_engine(Path(path)), settings or RunSettings())
+    def load(cls, path: Path | str, settings: RunSettings | None = None, *,
+             trusted_keys: Path | str | TrustedKeys | None = None, expect_digest: str | None = None,
+             allow_fallback: bool = False) -> "Engine":
+        """Load and verify an engine file. `trusted_keys` (default: the settings', XG_TRUSTED_KEYS):
+        a directory of `.pub` keys, one of which must have signed the engine; `expect_digest`: the
+        bundle digest the engine must have. Either refusal is an EngineError naming the reason.
+        One that calls PyTorch operators (`fallback="eager"`) is refused unless `allow_fallback`
+        or a trusted key signed it: a file is only as trustworthy as whoever could write it
+        (runtime/extern.py `admit`); its calls are checked against XG's allow-list either way."""
+        settings = settings or RunSettings()
+        file = read_engine(Path(path))
+        where = f"engine {path}"
+        if expect_digest is not None:
+            expected = normal_digest(expect_digest) if isinstance(expect_digest, str) else None
+            if expected is None:
+                raise EngineError(f"expect_digest must be 64 hex digits (a bundle digest), got {expect_digest!r}")
+            problem = digest_problem(file.digest, expected, where)
+            if problem:
+                raise EngineError(problem)
+        trusted_keys = trusted_keys if trusted_keys is not None else settings.trusted_keys
+        trust = None
+        if trusted_keys is not None:
+            trust = engine_trust(file, trusted_keys, where)
+            if not trust.trusted:
+                raise EngineError(trust.problem)
+        admit(file.graph, allow_fallback or trust is not None, where)
+        return cls(file, settings, trust=trust)
 
-    def save(self, path: Path | str) -> str:
-        return save_engine_file(self.file, Path(path))
+    def check_trust(self, trusted_keys: Path | str | TrustedKeys, where: str = "engine") -> Trust:
+        """Whether this engine is signed by one of `trusted_keys` (a verdict, never raises for an
+        untrusted engine; a trust root that cannot be read is an EngineError)."""
+        return engine_trust(self.file, trusted_keys, where)
+
+    def save(self, path: Path | str, envelope: Envelope | None = None) -> str:
+        """Write the engine; `envelope`: signatures and provenance for its trailer (default: the
+        ones it was loaded with, if any). Returns the bundle digest."""
+        return save_engine_file(self.file, Path(path), envelope)
 
     @property
     def manifest(self) -> dict:

@@ -43,10 +43,11 @@ def _outputs(graph: Graph, value: Values, shared: dict) -> dict[int, torch.Tenso
     return out
 
 
-def check_gather_indices(graph: Graph, value: Values) -> None:
-    """Range-check the indices of each GATHER that the program computes (an engine input was checked
-    before the run): on the GPU an out-of-range one reads zeros, on the CPU it is an error."""
-    checks = []
+def gather_index_bounds(graph: Graph, value: Values) -> tuple[list[tuple[Node, int]], torch.Tensor | None]:
+    """The GATHERs whose indices the program computes (an engine input was checked before the run),
+    each with its table's rows, and one device tensor of their indices' [min, max]: queued, never
+    synchronised, so a run captured as a CUDA graph computes them on every replay."""
+    checks, bounds = [], []
     for n in graph.nodes:
         if n.op is not Op.GATHER:
             continue
@@ -56,15 +57,26 @@ def check_gather_indices(graph: Graph, value: Values) -> None:
         if src.op is not Op.INPUT:
             idx = value(n.inputs[1])
             if idx.numel():
-                checks.append((n, graph.node(n.inputs[0]).shape[0], torch.stack(torch.aminmax(idx))))
-    if not checks:
+                checks.append((n, graph.node(n.inputs[0]).shape[0]))
+                bounds.append(torch.stack(torch.aminmax(idx)))
+    return checks, (torch.stack(bounds) if bounds else None)
+
+
+def raise_out_of_bounds(checks: list[tuple[Node, int]], bounds: torch.Tensor | None) -> None:
+    """An ExecutionError naming the first computed index outside its table (one sync for all)."""
+    if bounds is None:
         return
-    bounds = torch.stack([c[2] for c in checks]).tolist()       # one sync for all of them
-    for (n, rows, _), (lo, hi) in zip(checks, bounds):
+    for (n, rows), (lo, hi) in zip(checks, bounds.tolist()):
         if lo < 0 or hi >= rows:
             line = f" at {src_text(n.src)}" if n.src else ""
             raise ExecutionError(f"index {lo if lo < 0 else hi} is out of bounds for a table of {rows} rows{line} "
                                  "(computed by the program; on the GPU the lookup read zeros)")
+
+
+def check_gather_indices(graph: Graph, value: Values) -> None:
+    """Range-check the indices of each GATHER that the program computes: on the GPU an out-of-range
+    one reads zeros, on the CPU it is an error."""
+    raise_out_of_bounds(*gather_index_bounds(graph, value))
 
 
 class KernelExecutor:
@@ -97,6 +109,14 @@ class KernelExecutor:
         # Check mode: a GATHER whose indices the program computed (no input check saw them) has
         # them range-checked after the run (one device sync), where a kernel would read zeros.
         self.check_indices = False
+        self.deferred: tuple | None = None      # set while capturing: the index bounds, checked after each replay
+        # Check mode: the kernels that store the engine's floating-point outputs raise one flag word
+        # on a NaN or Inf (`flags`, after a run: read it once); `covered(graph)` names the outputs
+        # they guard (the rest, made by no kernel, are scanned).
+        self.check_outputs = False
+        self.flags: torch.Tensor | None = None
+        self._unflagged: torch.Tensor | None = None
+        self._guards: dict[int, tuple[Graph, frozenset[int], frozenset[int]]] = {}
         self._replays: dict[tuple, Replay] = {}
         self._dynamic: dict[int, tuple[Graph, bool]] = {}
         self._consts: dict[tuple, torch.Tensor] = {}
@@ -116,6 +136,8 @@ class KernelExecutor:
             value.start(n)              # collectives of inputs: in flight while the first kernels run
         sources: dict[int, tuple] = {t.data_ptr(): ("in", name) for name, t in inputs.items()}
         steps: list | None = [] if key is not None and len(sources) == len(inputs) else None
+        flags, guarded = self._flags(graph)
+        sources[flags.data_ptr()] = ("flags",) if flags.data_ptr() not in sources else ("?",)
         for index, plan in enumerate(self.plans):
             if isinstance(plan, ExternStep):
                 from .extern import call
@@ -127,7 +149,7 @@ class KernelExecutor:
                 continue
             shapes = [(tuple(graph.node(nid).shape), TORCH_DTYPES[graph.node(nid).dtype]) for nid in plan.binding.outputs]
             outs = [torch.empty(shape, dtype=dt, device=self.device) for shape, dt in shapes]
-            launch = bind(plan, graph, value, outs)
+            launch = bind(plan, graph, value, outs, flags, self._checks(plan, guarded))
             if index in blocked:        # block by block of rows, launches and transfers interleaved
                 self._launch_blocked(plan, launch, outs, blocked[index], value)
                 for n in ready.get(index, ()):
@@ -155,7 +177,9 @@ class KernelExecutor:
         outputs = _outputs(graph, value, self._consts)
         for nid in list(value.pending):
             value(nid)                  # every rank finishes every collective it issued
-        if self.check_indices:
+        if self.deferred is not None:
+            self.deferred = gather_index_bounds(graph, value)
+        elif self.check_indices:
             check_gather_indices(graph, value)
         return outputs
 
@@ -274,17 +298,57 @@ class KernelExecutor:
         if dynamic[1]:
             return None                 # run-time indices: the launch depends on their values
         # A GATHER's indices are tensor data its kernel reads: its launches depend on shapes alone.
-        return (id(graph),) + tuple((name, tuple(t.shape), tuple(t.stride()), t.dtype, t.device,
-                                     t.data_ptr() % 16) for name, t in sorted(inputs.items()))
+        return (id(graph), self.check_outputs) + tuple((name, tuple(t.shape), tuple(t.stride()), t.dtype, t.device,
+                                                        t.data_ptr() % 16) for name, t in sorted(inputs.items()))
+
+    def covered(self, graph: Graph) -> frozenset[int]:
+        """The graph's outputs whose values a kernel stores, so check mode's flag word guards them."""
+        return self._guard(graph)[2]
+
+    def _guard(self, graph: Graph) -> tuple[Graph, frozenset[int], frozenset[int]]:
+        """(graph, the kernel outputs that hold the graph's floating-point outputs, the graph outputs
+        so guarded), once per graph: an output that is a reshape or transpose of a kernel's output is
+        that output's (a slice is not: the flag would see the elements it leaves out)."""
+        known = self._guards.get(id(graph))
+        if known is None or known[0] is not graph:
+            stored, covered = set(), set()
+            for nid in tree_ids(graph.output):
+                base = graph.node(nid)
+                while base.op in (Op.RESHAPE, Op.TRANSPOSE) and base.inputs:
+                    base = graph.node(base.inputs[0])
+                made = self._made.get(base.id)
+                if made is not None and not isinstance(self.plans[made[0]], ExternStep) and \
+                        TORCH_DTYPES[base.dtype].is_floating_point:
+                    stored.add(base.id)
+                    covered.add(nid)
+            known = self._guards[id(graph)] = (graph, frozenset(stored), frozenset(covered))
+        return known
+
+    def _flags(self, graph: Graph) -> tuple[torch.Tensor, frozenset[int]]:
+        """This run's flag word (zeroed; in check mode) or a word no kernel writes, and the kernel
+        outputs that raise it."""
+        if not self.check_outputs:
+            if self._unflagged is None:
+                self._unflagged = torch.zeros(1, dtype=torch.int32, device=self.device)
+            self.flags = None
+            return self._unflagged, frozenset()
+        self.flags = torch.zeros(1, dtype=torch.int32, device=self.device)
+        return self.flags, self._guard(graph)[1]
+
+    @staticmethod
+    def _checks(plan: KernelPlan, guarded: frozenset[int]) -> int:
+        """The `checks` bits of `plan`'s launch: its outputs that hold guarded values."""
+        return sum(1 << i for i, nid in enumerate(plan.binding.outputs) if nid in guarded)
 
     def _replay(self, graph: Graph, known: Replay, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
         produced: list[list[torch.Tensor]] = []
         value = Values(graph, self._base(inputs))
+        flags, _guarded = self._flags(graph)
         for plan, (chosen, grid, rec, shapes) in zip(self.plans, known.steps):
             outs = [torch.empty(shape, dtype=dt, device=self.device) for shape, dt in shapes]
             produced.append(outs)
             args = [inputs[r[1]] if r[0] == "in" else produced[r[1]][r[2]] if r[0] == "out"
-                    else value(r[1]) if r[0] == "node" else r[1] for r in rec]
+                    else value(r[1]) if r[0] == "node" else flags if r[0] == "flags" else r[1] for r in rec]
             if all(grid):
                 self.launch(chosen, grid, args)
             for nid, t in zip(plan.binding.outputs, outs):
@@ -325,6 +389,41 @@ def _all_done(waits: list, whole: torch.Tensor) -> Callable[[], torch.Tensor]:
     return wait
 
 
+def nonfinite(values: dict[int, torch.Tensor]) -> int | None:
+    """The first floating-point value holding NaN or Inf, or None: each read once (its min and
+    max, which NaN and Inf reach), one device sync for all of them."""
+    floats = [(nid, v) for nid, v in values.items() if v.dtype.is_floating_point and v.numel()]
+    if not floats:
+        return None
+    ends = torch.stack([torch.stack(torch.aminmax(v)).float() for _, v in floats])
+    finite = torch.isfinite(ends).all(dim=1).tolist()
+    return next((nid for (nid, _), ok in zip(floats, finite) if not ok), None)
+
+
+def check_outputs(kernels: KernelExecutor, graph: Graph, inputs: dict[str, torch.Tensor],
+                  values: dict[int, torch.Tensor], flags: torch.Tensor | None) -> None:
+    """Check mode after a run: the kernels that stored the outputs raised `flags` on a NaN or Inf
+    (one word read, one sync); outputs no kernel stored are scanned. On a hit the program runs
+    again on the CPU reference, op by op, which names the op that made the first NaN and its
+    source line (fused kernels keep their intermediates in registers)."""
+    covered = kernels.covered(graph)
+    raised = flags is not None and bool(flags.item())
+    bad = nonfinite({nid: v for nid, v in values.items() if nid not in covered})
+    if bad is None and not raised:
+        return
+    if bad is None:
+        bad = nonfinite(values)
+    cpu_inputs = {k: v.cpu() for k, v in inputs.items()}
+    try:
+        CpuExecutor(check=True, timings=False).run(graph, cpu_inputs)
+    except ExecutionError as exc:
+        raise ExecutionError(f"{exc} (seen on the {next(iter(values.values())).device.type.upper()}'s kernels, "
+                             "traced on the CPU reference)") from None
+    where = f" (node %{bad})" if bad is not None else ""
+    raise ExecutionError(f"check failed: an output holds NaN/Inf in the kernels' result{where} but not on the "
+                         "CPU reference: the kernels' result is wrong")
+
+
 @dataclass
 class Captured:
     """One input signature's run, captured as a CUDA graph: replayed with one launch."""
@@ -333,6 +432,8 @@ class Captured:
     inputs: dict[str, torch.Tensor]     # the tensors the graph reads: its own copies, and stable inputs
     copied: tuple[str, ...]             # inputs copied in before each replay
     outputs: dict[int, torch.Tensor]    # the graph's output buffers (cloned out after each replay)
+    bounds: tuple = ([], None)          # computed gather indices' tables and [min, max], filled by each replay
+    flags: torch.Tensor | None = None   # check mode's NaN/Inf word, zeroed and raised by each replay
 
 
 class CudaExecutor:
@@ -343,7 +444,7 @@ class CudaExecutor:
     launch, the outputs cloned out (so that results never alias a later run's). `stable` names
     the inputs whose tensors persist between runs (an engine's weights): the graph reads them in
     place. Graphs with run-time indices, or whose capture fails, keep launching kernel by kernel.
-    Capture is opt-in (`XG_CUDA_GRAPHS=1`, or `graphs=True`) until it has run on a GPU in CI."""
+    Engines run this way by default (`XG_CUDA_GRAPHS=0` turns capture off; `graphs=` here)."""
     name = "cuda"
 
     def __init__(self, plans: list[KernelPlan], check: bool = True, graphs: bool = False) -> None:
@@ -358,6 +459,7 @@ class CudaExecutor:
         self._lock = threading.Lock()
         self._warm: set[tuple] = set()
         self._uncapturable: set[tuple] = set()
+        self.capture_failure: str | None = None     # why the last capture failed (runs then launch kernel by kernel)
 
         def launch(c: Compiled, grid: tuple, args: list) -> None:
             self.launcher.launch(c.handle, grid, args)
@@ -366,29 +468,21 @@ class CudaExecutor:
     def run(self, graph: Graph, inputs: dict[str, torch.Tensor], wait: bool = True) -> RunOutput:
         """Runs the kernels on torch's current stream; `wait` synchronises first (timings are then real)."""
         t0 = time.perf_counter()
-        self.kernels.check_indices = self.check
-        values = self._values(graph, inputs)
+        self.kernels.check_indices = self.kernels.check_outputs = self.check
+        values, flags = self._values(graph, inputs)
         if self.check:
-            bad = [nid for nid, v in values.items() if v.dtype.is_floating_point and not bool(torch.isfinite(v).all())]
-            if bad:
-                # Fused kernels keep intermediates in registers: trace the origin on the CPU reference,
-                # which computes the same program op by op.
-                cpu_inputs = {k: v.cpu() for k, v in inputs.items()}
-                try:
-                    CpuExecutor(check=True, timings=False).run(graph, cpu_inputs)
-                except ExecutionError as exc:
-                    raise ExecutionError(f"{exc} (seen on the GPU, traced on the CPU reference)") from None
-                raise ExecutionError(f"check failed: an output holds NaN/Inf on the GPU (node %{bad[0]}) but not on the "
-                                     "CPU reference: the GPU result is wrong")
+            check_outputs(self.kernels, graph, inputs, values, flags)
         if wait:
             torch.cuda.synchronize(self.device)
         return RunOutput(values, [{"op": "kernels", "launches": len(self.plans),
                                    "ms": (time.perf_counter() - t0) * 1e3}])
 
-    def _values(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
+    def _values(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> tuple[dict[int, torch.Tensor],
+                                                                                torch.Tensor | None]:
+        """The run's outputs and its check-mode flag word (None with checks off)."""
         key = self.kernels._key(graph, inputs) if self.graphs else None
         if key is None:
-            return self.kernels.run(graph, inputs)
+            return self.kernels.run(graph, inputs), self.kernels.flags
         with self._lock:                        # a graph's buffers serve one run at a time
             cap = self._captured.pop(key, None)
             if cap is not None:
@@ -399,11 +493,11 @@ class CudaExecutor:
                 # a stable input moved: capture again (below)
             if key in self._uncapturable or key not in self._warm:
                 self._warm.add(key)             # the first run loads every module: never inside a capture
-                return self.kernels.run(graph, inputs)
+                return self.kernels.run(graph, inputs), self.kernels.flags
             cap = self._capture(graph, inputs)
             if cap is None:
                 self._uncapturable.add(key)
-                return self.kernels.run(graph, inputs)
+                return self.kernels.run(graph, inputs), self.kernels.flags
             if len(self._captured) >= MAX_GRAPHS:
                 old = next(iter(self._captured))
                 del self._captured[old]
@@ -411,26 +505,35 @@ class CudaExecutor:
             self._captured[key] = cap
             return self._replay(cap, inputs)
 
-    @staticmethod
-    def _replay(cap: Captured, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
+    def _replay(self, cap: Captured, inputs: dict[str, torch.Tensor]) -> tuple[dict[int, torch.Tensor],
+                                                                                torch.Tensor | None]:
         for n in cap.copied:
             cap.inputs[n].copy_(inputs[n])
         cap.cuda_graph.replay()
-        return {nid: t.clone() for nid, t in cap.outputs.items()}
+        outputs = {nid: t.clone() for nid, t in cap.outputs.items()}
+        if self.check:
+            raise_out_of_bounds(*cap.bounds)
+        return outputs, cap.flags
 
     def _capture(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> Captured | None:
         copied = tuple(sorted(n for n in inputs if n not in self.stable))
         if any(inputs[n].data_ptr() % 16 for n in copied):
+            self.capture_failure = "an input is not 16-byte aligned"
             return None     # the graph's own (aligned) copies could pick other variants than this input's
         static = {n: (t.clone() if n in copied else t) for n, t in inputs.items()}
         cuda_graph = torch.cuda.CUDAGraph()
         replay, self.kernels.replay = self.kernels.replay, False
+        self.kernels.deferred = ()      # computed indices: their bounds captured too, checked after each replay
         try:
             with torch.cuda.graph(cuda_graph, capture_error_mode="thread_local"):
                 outputs = self.kernels.run(graph, static)
-        except (RuntimeError, XGError):
+            bounds = self.kernels.deferred or ([], None)
+            flags = self.kernels.flags      # zeroed by the graph itself on every replay
+        except (RuntimeError, XGError) as exc:
             torch.cuda.synchronize(self.device)
+            self.capture_failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             return None             # something in the run cannot be captured: launch kernel by kernel
         finally:
             self.kernels.replay = replay
-        return Captured(graph, cuda_graph, static, copied, outputs)
+            self.kernels.deferred = None
+        return Captured(graph, cuda_graph, static, copied, outputs, bounds, flags)

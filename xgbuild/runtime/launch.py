@@ -162,9 +162,11 @@ def start_heartbeat(fd: int) -> None:
 
 
 def run_ranks(engine_path: str, inputs_path: str, output_path: str, nproc: int, *, device: str = "cpu",
-              check: bool = True, timeout_s: float = 300.0, env: Mapping[str, str]) -> LaunchResult:
+              check: bool = True, timeout_s: float = 300.0, env: Mapping[str, str],
+              allow_fallback: bool = False) -> LaunchResult:
     """`xgrun ENGINE --inputs IN --output OUT --nproc N` as a library call (what `xg.run_engine(...,
     nproc=N)` uses): N ranks of this host, rank 0 writing the gathered outputs."""
     argv = [sys.executable, "-m", "xgbuild.cli.xgrun_rank", engine_path, "--inputs", inputs_path, "--output",
-            output_path, "--device", device, "--check" if check else "--no-check", "--timeout", str(timeout_s)]
+            output_path, "--device", device, "--check" if check else "--no-check", "--timeout", str(timeout_s),
+            *(["--allow-fallback"] if allow_fallback else [])]
     return launch(argv, nproc, timeout_s, env)

@@ -47,8 +47,12 @@ class ModelEngine:
         self.fixed = dict(fixed or {})
 
     @classmethod
-    def load(cls, path: Path | str, settings: RunSettings | None = None) -> "ModelEngine":
-        return cls(Engine.load(path, settings))
+    def load(cls, path: Path | str, settings: RunSettings | None = None, *, trusted_keys: Any = None,
+             expect_digest: str | None = None, allow_fallback: bool = False) -> "ModelEngine":
+        """`Engine.load`'s checks (`trusted_keys`, `expect_digest`, `allow_fallback`), then an engine
+        called like the model."""
+        return cls(Engine.load(path, settings, trusted_keys=trusted_keys, expect_digest=expect_digest,
+                               allow_fallback=allow_fallback))
 
     def save(self, path: Path | str) -> str:
         """Write the `.xge` (weights inside); `xgrun` runs it. Returns the bundle digest."""

@@ -51,14 +51,16 @@ class Job:
 
     def fast_variant(self, config: dict[str, int]) -> Variant:
         """What the tuned kernel may assume: this job's layouts, int32 offsets where they fit,
-        aligned sizes where the tuning shape has them, a single row tile where it fits."""
+        sizes and strides hinted as multiples of 16 where the tuning shape has them (the others
+        left out by name), a single row tile where it fits."""
         wide = any(v > 2**31 - 1 for v in self.sizes.values()) or self.max_extent > 2**31 - 1
         single, even_k = template(self.problem.kind).assumptions(self.problem, config)
         # Sizes and run-time strides compiled as multiples of 16 must be so at the tuning shape.
         hinted = ["N", "K", "C", "DV", "numel"] + [f"p{j}_s{d}" for j, lay in enumerate(self.layouts)
                                               if lay != "dense" for d, s in enumerate(lay) if s is None]
-        aligned = all(self.sizes[name] % 16 == 0 for name in hinted if name in self.sizes)
-        return Variant(wide=wide, layouts=self.layouts, aligned=aligned, single=single, even_k=even_k)
+        unaligned = tuple(name for name in hinted if name in self.sizes and self.sizes[name] % 16)
+        return Variant(wide=wide, layouts=self.layouts, aligned=True, single=single, even_k=even_k,
+                       unaligned=unaligned)
 
     max_extent: int = 0
 

@@ -17,14 +17,16 @@ compiles nothing.
 from __future__ import annotations
 
 import concurrent.futures as futures
+import hashlib
 import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 import torch
 
+from ..cache.canonical import thaw
 from ..cache.errors import CacheError
 from ..cache.forensics import Neighbours, miss_report
 from ..cache.keys import CacheKey
@@ -248,8 +250,14 @@ class Compiler:
             return self._pool
 
     def submit(self, em: Emitted, num_warps: int, num_stages: int) -> "futures.Future[tuple[KernelBinary, str]]":
+        """The kernel compiled, from the cache when this host made or checked that entry. A cubin
+        from the remote (or of unknown origin) is never used as it is: the kernel is compiled here
+        and the cached bytes are kept only when they equal this compile (`_settle`)."""
         key = self.key(em, num_warps, num_stages)
         hit = self.cache.lookup(key) if self.cache is not None else None
+        unverified = None
+        if hit is not None and not hit.trusted:
+            unverified, hit = hit, None
         if hit is not None:
             try:
                 kb = KernelBinary.from_metadata(hit.record.value, hit.blobs["cubin"])
@@ -273,12 +281,34 @@ class Compiler:
             self.compiled += 1
             if self.cache is not None:
                 try:
-                    self.cache.store(key, kb.metadata(), {"cubin": kb.cubin, "ptx": ptx.encode()})
+                    self._settle(key, kb, ptx, unverified)
                 except (XGError, CacheError, OSError):
                     pass      # a cache that cannot be written slows the next build, never this one
             out.set_result((kb, ptx))
         fut.add_done_callback(finish)
         return out
+
+    def _settle(self, key: CacheKey, kb: KernelBinary, ptx: str, unverified: Any) -> None:
+        """Record this host's compile. An unchecked cached entry for the same key is kept when
+        its cubin, PTX and metadata equal this compile (`remote-verified`), else reported as
+        poisoned and replaced by this compile (`re-derived`). The engine links this compile's
+        bytes either way: nothing from the remote reaches it unless it is identical."""
+        if unverified is None:
+            self.cache.store(key, {**kb.metadata(), "origin": "local"}, {"cubin": kb.cubin, "ptx": ptx.encode()})
+            return
+        theirs, mine = unverified.record, kb.metadata()
+        why = None
+        if theirs.blobs.get("cubin") is None or theirs.blobs["cubin"].digest != hashlib.sha256(kb.cubin).hexdigest():
+            why = "its cubin differs from the one compiled here from the same kernel source"
+        elif theirs.blobs.get("ptx") is None or theirs.blobs["ptx"].digest != hashlib.sha256(ptx.encode()).hexdigest():
+            why = "its PTX differs from the one compiled here from the same kernel source"
+        elif not isinstance(theirs.value, Mapping) or any(thaw(theirs.value).get(k) != v for k, v in mine.items()):
+            why = "its launch metadata differs from this host's compile"
+        if why is None:
+            self.cache.adopt(unverified, "remote-verified")
+            return
+        self.cache.reject(unverified, why)
+        self.cache.store(key, {**kb.metadata(), "origin": "re-derived"}, {"cubin": kb.cubin, "ptx": ptx.encode()})
 
     def close(self) -> None:
         if self._pool is not None:
@@ -357,10 +387,20 @@ class Tuner:
         v = hit.record.value
         try:
             config = {str(k): int(x) for k, x in dict(v["config"]).items()}
-            return Winner(config, "cache", float(v["ms"]), key.digest, int(v.get("candidates", 0)),
-                          measured_on=str(v["measured_on"]))
-        except (KeyError, TypeError, ValueError):
+            winner = Winner(config, "cache", float(v["ms"]), key.digest, int(v.get("candidates", 0)),
+                            measured_on=str(v["measured_on"]))
+        except (KeyError, TypeError, ValueError, AttributeError):
             return None
+        if not hit.trusted:
+            # A record from the remote picks among this job's own candidates, or is poisoned. Its
+            # timing is not re-measured: a false one can make the build pick a slower candidate,
+            # never run code this host did not compile from its own kernel source.
+            if config_key(config) not in {config_key(c) for c in self.candidates(job)}:
+                self.cache.reject(hit, f"its winning config {config_key(config)[:200]} is not a candidate of "
+                                       f"this job's search space")
+                return None
+            self.cache.adopt(hit, "remote-verified")
+        return winner
 
     def tune(self, job: Job) -> Winner:
         key = self.key(job)
@@ -378,7 +418,7 @@ class Tuner:
                                 f"{self.profile.name} host")
             return self._predict(job, key)
         winner = self.measure(job, key)
-        self._record(key, {"how": "measured", "config": winner.config, "ms": winner.ms,
+        self._record(key, {"how": "measured", "origin": "measured", "config": winner.config, "ms": winner.ms,
                            "measured_on": winner.measured_on, "candidates": winner.candidates,
                            "rejected": winner.rejected})
         return winner

@@ -33,6 +33,7 @@ def engine_build(ctx):
         shards = shards,
         remote_cache = ctx.attr._remote_cache[XgSettingInfo].value,
         remote_header_file = ctx.attr._remote_header_file[XgSettingInfo].value,
+        sign_key = ctx.attr._sign_key[XgSettingInfo].value,
     )
 
 def declare_engine(ctx, out):
@@ -116,6 +117,10 @@ ENGINE_ATTRS = {
     "_remote_header_file": attr.label(
         default = "//rules_xg:remote_header_file",
         doc = "A file on the executing host holding the remote tier's 'Name: value' header.",
+    ),
+    "_sign_key": attr.label(
+        default = "//rules_xg:sign_key",
+        doc = "A file on the executing host holding the Ed25519 key the link action signs with.",
     ),
 }
 

@@ -44,7 +44,8 @@ def test_a_local_prediction_does_not_shadow_a_measured_winner_on_the_remote(open
     gpu_host.store(key, MEASURED)
     hit = cpu_host.lookup(key)
     assert hit is not None and hit.source == "remote" and hit.value["how"] == "measured"
-    assert not cpu_host.local.get_record(key.digest).predicted   # and it replaced the prediction
+    cpu_host.adopt(hit)                                  # once checked by its consumer (the tuner)
+    assert not cpu_host.local.get_record(key.digest).predicted   # it replaces the prediction
 
 
 def _two_keys_sharing_a_prefix(n: int = 4):

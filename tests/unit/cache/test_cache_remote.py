@@ -37,10 +37,13 @@ def test_two_cache_dirs_share_results_through_one_server(nginx_cache, open_cache
     assert hit is not None and hit.source == "remote"
     assert dict(hit.blobs) == blobs and hit.value == {"best": {"BLOCK_M": 128}}
     assert hit.record.encode() == record.encode()           # byte-identical record
-    again = reader.lookup(key)                               # filled locally: no remote needed
-    assert again.source == "local" and dict(again.blobs) == blobs
+    again = reader.lookup(key)           # unchecked remote records are not kept locally
+    assert again.source == "remote" and not again.trusted
+    reader.adopt(again)                  # its consumer checked it: kept, marked as such
+    kept = reader.lookup(key)
+    assert kept.source == "local" and kept.origin == "remote-verified" and dict(kept.blobs) == blobs
     stats = reader.stats()
-    assert (stats["hits"], stats["remote_hits"], stats["misses"]) == (2, 1, 0)
+    assert (stats["hits"], stats["remote_hits"], stats["misses"]) == (3, 2, 0)
     assert reader.local.verify().ok
 
 

@@ -67,3 +67,28 @@ def test_int32_variant_refuses_a_launch_whose_offsets_need_int64():
     spec, launch = _launch(SOFTMAX, {"R": 2**16, "C": 2**16})
     assert not holds(_compiled({"BLOCK_N": 1024}, wide=False), launch, spec)
     assert holds(_compiled({"BLOCK_N": 1024}, wide=True), launch, spec)
+
+
+def test_one_odd_size_leaves_the_other_operands_their_alignment_hints():
+    """A 50257-wide LM head: N is no multiple of 16, K and the strides are. The tuned variant hints
+    everything but N (vector loads of A and B), and a launch whose K breaks the promise falls back
+    to the generic variant rather than running code that assumes it."""
+    from xgbuild.compiler.codegen.templates import emit
+    from xgbuild.tuner.space import default_config
+    graph = compile_source(MATMUL).optimized.main
+    (job,), _ = plan(graph, {"M": 64, "N": 50257, "K": 768})
+    cfg = default_config(job.problem)
+    variant = job.fast_variant(cfg)
+    # B's row stride is N here; A's (K) and K itself keep their hints.
+    assert variant.aligned and variant.unaligned == ("N", "p1_s0")
+    assert variant.hinted("K") and variant.hinted("p0_s0") and not variant.hinted("N")
+    assert Variant.from_json(variant.to_json()) == variant
+    assert "unaligned" not in Variant(aligned=True).to_json()      # earlier variants' JSON is unchanged
+    em = emit(job.spec, cfg, variant)
+    assert {"K", "p0_s0"} <= set(em.div16) and not {"N", "p1_s0"} & set(em.div16)
+    fast = Compiled(variant, cfg, [], em.div16, None)
+    generic = _compiled(cfg)
+    spec, lm_head = _launch(MATMUL, {"M": 64, "N": 50257, "K": 768})
+    assert holds(fast, lm_head, spec)
+    _, odd_k = _launch(MATMUL, {"M": 64, "N": 50257, "K": 770})
+    assert choose(KernelPlan(spec, None, [fast, generic]), odd_k) is generic

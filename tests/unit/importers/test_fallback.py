@@ -95,8 +95,11 @@ def test_saved_engine_runs_in_xgrun_and_inspect_lists_eager_ops(tmp_path: Path) 
     _, engine, _ = compiled()
     engine.save(tmp_path / "ranker.xge")
     bin_dir = Path(sys.executable).parent
-    run = subprocess.run([str(bin_dir / "xgrun"), str(tmp_path / "ranker.xge"), "--seed", "3", "--json"],
-                         capture_output=True, text=True, timeout=300)
+    refused = subprocess.run([str(bin_dir / "xgrun"), str(tmp_path / "ranker.xge"), "--seed", "3"],
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1 and "--allow-fallback" in refused.stderr, refused.stderr
+    run = subprocess.run([str(bin_dir / "xgrun"), str(tmp_path / "ranker.xge"), "--seed", "3", "--json",
+                          "--allow-fallback"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
     assert report["outputs"]["out_2"]["dtype"] == "int64"
@@ -141,7 +144,7 @@ def test_a_size_from_a_dynamic_dim_is_refused() -> None:
 def test_bad_fallback_value_and_unknown_operator() -> None:
     with pytest.raises(XGError, match="fallback must be 'error'"):
         xg.compile(Ranker().eval(), (torch.randn(4, 16),), fallback="python")
-    with pytest.raises(ExecutionError, match="does not define"):
+    with pytest.raises(ExecutionError, match="not on XG's list"):
         resolve("nosuchlib.op.default")
 
 

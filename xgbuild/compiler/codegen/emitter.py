@@ -21,6 +21,11 @@ POINTER = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16", "float64
            "int16": "*i16", "int32": "*i32", "int64": "*i64", "uint8": "*u8", "bool": "*i1"}
 
 
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+FLOAT32_MAX = 3.4028234663852886e38      # the largest finite float32 (every 16-bit float widens into it)
+FLOAT64_MAX = 1.7976931348623157e308
+
+
 def compute_dtype(dtype: str) -> str:
     """16-bit floats are computed in fp32 and rounded where the program rounds (casts, stores)."""
     return "float32" if dtype in ("float16", "bfloat16") else dtype
@@ -115,7 +120,7 @@ class Emitter:
     def int_param(self, name: str, hint16: bool = False) -> str:
         if name not in dict(self.params):
             self.params.append((name, self.ity))
-            if hint16 and self.variant.aligned:
+            if hint16 and self.variant.hinted(name):
                 self.div16.append(name)
         return name
 
@@ -180,18 +185,40 @@ class Emitter:
         return v
 
     def store(self, i: int, offset: str, value: str, mask: str | None) -> None:
+        """Stores output i; a floating-point one also raises the run's NaN/Inf flag word where bit i
+        of the run-time `checks` is set (check mode, for the engine's outputs): a predicated store
+        of 1 into `flags` from the lanes holding a stored NaN or Inf, so a clean run writes nothing."""
         n = self.spec.nodes[self.spec.outputs[i]]
         m = f", mask={mask}" if mask else ""
         if n.dtype == "bool":
             self.w.line(f"tl.store(q{i} + {offset}, ({value}) != 0{m})")
-        else:
+            return
+        if n.dtype not in FLOATS:
             self.w.line(f"tl.store(q{i} + {offset}, ({value}).to({TL[n.dtype]}){m})")
+            return
+        s, f = self.w.tmp("s"), self.w.tmp("f")
+        self.w.line(f"{s} = ({value}).to({TL[n.dtype]})")
+        self.w.line(f"tl.store(q{i} + {offset}, {s}{m})")
+        self.w.line(f"if (checks >> {i}) & 1:")
+        self.w.indent += 1
+        wide = n.dtype == "float64"
+        self.w.line(f"{f} = {s}" if wide else f"{f} = {s}.to(tl.float32)")
+        bad = f"({f} != {f}) | (tl.abs({f}) > {FLOAT64_MAX if wide else FLOAT32_MAX!r})"
+        if mask:
+            bad = f"({bad}) & ({mask})"
+        b = self.w.tmp("b")
+        self.w.line(f"{b} = {bad}")
+        self.w.line(f"tl.store(flags + {b}.to(tl.int32) * 0, 1, mask={b})")   # pointers shaped like the mask
+        self.w.indent -= 1
 
     def pointer_params(self) -> None:
         for j, (dtype, _level) in enumerate(self.spec.operands):
             self.params.append((f"p{j}", POINTER[dtype]))
         for i, out in enumerate(self.spec.outputs):
             self.params.append((f"q{i}", POINTER[self.spec.nodes[out].dtype]))
+        # Check mode's NaN/Inf flag word, and which outputs raise it (bit i: output i; 0: none).
+        self.params.append(("flags", "*i32"))
+        self.params.append(("checks", "i32"))
 
     def finish(self, body_constexprs: dict[str, int]) -> Emitted:
         spec = self.spec

@@ -21,8 +21,10 @@ from .templates import template
 
 
 def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
-         outputs: list[torch.Tensor]) -> Launch:
-    """Operands lined up with the domain, and the sizes, for one launch of `plan`."""
+         outputs: list[torch.Tensor], flags: torch.Tensor | None = None, checks: int = 0) -> Launch:
+    """Operands lined up with the domain, and the sizes, for one launch of `plan`; `flags` (one
+    int32 on the run's device) is check mode's NaN/Inf word, raised by the outputs whose bits
+    `checks` sets (none by default: then a fresh word no kernel writes)."""
     spec, b = plan.spec, plan.binding
     node = graph.node(b.domain)
     domain = tuple(graph.node(node.inputs[0]).shape) if b.domain_from == "input0" else tuple(node.shape)
@@ -59,6 +61,11 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
     ints.update(frame.sizes(tensors))
     for d, size in enumerate(frame.unravel):    # the sizes kernels unravel
         ints[f"d{d}"] = int(size)
+    if flags is None:
+        device = outputs[0].device if outputs else (tensors["p0"].device if "p0" in tensors else "meta")
+        flags = torch.zeros(1, dtype=torch.int32, device=device)
+    tensors["flags"] = flags
+    ints["checks"] = checks
     return Launch(tensors, ints, layouts)
 
 

@@ -9,7 +9,9 @@ arguments of a launch, and `launch.holds` checks it before launching:
   entry per domain dim: an int stride baked into the code (0 for broadcast, 1 for contiguous) or
   None (passed at run time);
 - `aligned`: every pointer is 16-byte aligned and every run-time stride and size named in
-  `Emitted.div16` is a multiple of 16 (Triton then vectorises loads);
+  `Emitted.div16` is a multiple of 16 (Triton then vectorises loads); `unaligned` names the sizes
+  and strides left out of that promise (not multiples of 16 at the tuning shape: a 50257-wide LM
+  head's N), so one odd size no longer costs every other operand its vector loads;
 - `single` (rowwise): a row fits one tile, so it is loaded once; (attention) the head dim fits
   BLOCK_D, so q's tile is loaded once;
 - `even_k` (matmul): K is a multiple of BLOCK_K, so the K loop needs no mask.
@@ -39,19 +41,28 @@ class Variant:
     aligned: bool = False
     single: bool = False
     even_k: bool = False
+    unaligned: tuple[str, ...] = ()     # (aligned variants) sizes and strides never hinted as multiples of 16
 
     @classmethod
     def generic(cls) -> "Variant":
         return cls()
 
+    def hinted(self, name: str) -> bool:
+        """May the code assume the size or stride `name` (one the template would hint) is a multiple of 16?"""
+        return self.aligned and name not in self.unaligned
+
     def to_json(self) -> dict:
-        return {"wide": self.wide, "layouts": [lay if lay == "dense" else list(lay) for lay in self.layouts],
-                "aligned": self.aligned, "single": self.single, "even_k": self.even_k}
+        d = {"wide": self.wide, "layouts": [lay if lay == "dense" else list(lay) for lay in self.layouts],
+             "aligned": self.aligned, "single": self.single, "even_k": self.even_k}
+        if self.unaligned:                  # absent when empty: the JSON (and keys) of earlier variants stay
+            d["unaligned"] = list(self.unaligned)
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> "Variant":
         return cls(bool(d["wide"]), tuple(lay if lay == "dense" else tuple(lay) for lay in d["layouts"]),
-                   bool(d["aligned"]), bool(d["single"]), bool(d["even_k"]))
+                   bool(d["aligned"]), bool(d["single"]), bool(d["even_k"]),
+                   tuple(str(x) for x in d.get("unaligned", ())))
 
 
 @dataclass

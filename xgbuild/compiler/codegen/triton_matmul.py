@@ -40,7 +40,7 @@ def matmul(e: Emitter) -> Emitted:
     integer = a_dt in INTS
     # A descriptor's strides must be 16-byte multiples, all but a unit last one: run-time strides
     # are (the aligned variant hints them div16), baked 0/1 ones are not.
-    tma = bool(cfg.get("TMA", 0)) and v.aligned and not v.wide and not integer and a_dt != "float64" and \
+    tma = bool(cfg.get("TMA", 0)) and v.aligned and not {sam, sbk} & set(v.unaligned) and not v.wide and not integer and a_dt != "float64" and \
         sak == "1" and sam not in ("0", "1") and sbk not in ("0", "1") and sbn == "1"
     persistent = cfg.get("PROGRAMS", 0) > 0
 

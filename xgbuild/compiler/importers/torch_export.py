@@ -30,6 +30,7 @@ from ..ir.graph import Dim, Op
 from . import aten_ops, aten_shape_ops  # noqa: F401 (they register their translations)
 from .aten_table import TABLE
 from .builder import IRBuilder, TranslationError, Ref, is_node, xg_dtype
+from ..ops.extern_allow import ExternRefused, check_call
 from .extern_args import dumps, template
 from .imported import ImportedProgram, Unsupported, UnsupportedOps, finish, internal_error
 from .torch_inplace import Aliases, functional, is_inplace
@@ -341,6 +342,10 @@ class _Translator:
             raise
         except ValueError as exc:                   # an argument `dumps` cannot write down
             raise TranslationError(f"it takes {exc}") from None
+        try:                                        # what a deploy host will accept (runtime/extern.py)
+            check_call(str(call), args, len(inputs))
+        except ExternRefused as exc:
+            raise TranslationError(str(exc)) from None
         val = node.meta.get("val")
         outs = list(val) if isinstance(val, (tuple, list)) else [val]
         refs = []

@@ -196,6 +196,9 @@ class MatmulTemplate(KernelTemplate):
         tensors: dict = {}
         layouts: list = []
         for name, t in launch.tensors.items():
+            if name == "flags":
+                tensors[name] = t
+                continue
             j = int(name[1:])
             whole = name[0] == "p" and (j == jb or spec.operands[j][1] == "scalar")
             tensors[name] = t if whole else t[r0:r1]
