@@ -219,20 +219,3 @@ class CpuExecutor:
                     break
             else:
                 return nid
-        for pos, i in enumerate(node.inputs):
-            v = vals[i]
-            if not v.dtype.is_floating_point:
-                continue
-            if node.op is Op.WHERE:
-                if pos == 0:
-                    continue
-                cond = vals[node.inputs[0]]
-                chosen = cond if pos == 1 else ~cond
-                sub = torch.broadcast_to(chosen & bad, torch.broadcast_shapes(bad.shape, chosen.shape))
-            elif node.op in (Op.INPUT, Op.CONST) or v.shape != bad.shape:
-                sub = torch.ones_like(v, dtype=torch.bool)
-            else:
-                sub = bad
-            if bool((~torch.isfinite(v) & sub).any()):
-                return self.origin(graph, vals, i, sub)
-        return nid
