@@ -197,7 +197,7 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return None
-    if not raw.strip().isdigit():
+    if not (raw.strip().isascii() and raw.strip().isdigit()):     # int() would take `৪` as 4
         raise SettingsError(f"{name}={raw!r} is not a non-negative integer")
     return int(raw)
 

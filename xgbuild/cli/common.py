@@ -100,7 +100,9 @@ def parse_dims(specs: list[str]) -> dict[str, int]:
     out = {}
     for spec in specs:
         name, sep, value = spec.partition("=")
-        if not sep or not name.isidentifier() or not value.isdigit() or int(value) < 1:
+        # ASCII only: str.isdigit() and int() take `৪` (a Bengali four) as a digit.
+        if not sep or not (name.isascii() and name.isidentifier()) or not (value.isascii() and value.isdigit()) \
+                or len(value) > 18 or int(value) < 1:
             fail(f"--dim takes NAME=SIZE with a positive size, got {spec!r}", EXIT_USAGE)
         out[name] = int(value)
     return out

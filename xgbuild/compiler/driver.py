@@ -53,6 +53,8 @@ def _finish(result: CheckResult, name: str, stop_after: str | None, verify_each:
         lowered = replace(lower(typed, plan, options.entry), target=typed.target or DEFAULT_TARGET,
                           profile=profile)
     except LoweringError as exc:
+        if exc.code is not None:        # a limit (XG0008), not a construct the compiler lacks
+            raise error_at(CODES[exc.code], str(exc), source, file, exc.src, earlier) from None
         raise error_at(NOT_LOWERED, NOT_LOWERED.fmt(detail=str(exc)), source, file, exc.src, earlier) from None
     try:
         optimized = run_pipeline(lowered, stop_after=stop_after, verify_each=verify_each)

@@ -192,25 +192,30 @@ class CpuExecutor:
                 raise ExecutionError(f"check failed: an output holds {kind}; it first appears in {where}")
 
     def origin(self, graph: Graph, vals: dict[int, torch.Tensor], nid: int, mask: torch.Tensor) -> int:
-        """The earliest node whose non-finite values flow (through `mask`ed positions) into `nid`."""
-        node = graph.node(nid)
-        bad = ~torch.isfinite(vals[nid]) & mask if vals[nid].dtype.is_floating_point else None
-        if bad is None or not bool(bad.any()):
-            return nid
-        for pos, i in enumerate(node.inputs):
-            v = vals[i]
-            if not v.dtype.is_floating_point:
-                continue
-            if node.op is Op.WHERE:
-                if pos == 0:
+        """The earliest node whose non-finite values flow (through `mask`ed positions) into `nid`.
+        A loop, not recursion: the trace is as long as the chain of ops, which a program of
+        thousands of statements makes thousands deep."""
+        while True:
+            node = graph.node(nid)
+            bad = ~torch.isfinite(vals[nid]) & mask if vals[nid].dtype.is_floating_point else None
+            if bad is None or not bool(bad.any()):
+                return nid
+            for pos, i in enumerate(node.inputs):
+                v = vals[i]
+                if not v.dtype.is_floating_point:
                     continue
-                cond = vals[node.inputs[0]]
-                chosen = cond if pos == 1 else ~cond
-                sub = torch.broadcast_to(chosen & bad, torch.broadcast_shapes(bad.shape, chosen.shape))
-            elif node.op in (Op.INPUT, Op.CONST) or v.shape != bad.shape:
-                sub = torch.ones_like(v, dtype=torch.bool)
+                if node.op is Op.WHERE:
+                    if pos == 0:
+                        continue
+                    cond = vals[node.inputs[0]]
+                    chosen = cond if pos == 1 else ~cond
+                    sub = torch.broadcast_to(chosen & bad, torch.broadcast_shapes(bad.shape, chosen.shape))
+                elif node.op in (Op.INPUT, Op.CONST) or v.shape != bad.shape:
+                    sub = torch.ones_like(v, dtype=torch.bool)
+                else:
+                    sub = bad
+                if bool((~torch.isfinite(v) & sub).any()):
+                    nid, mask = i, sub
+                    break
             else:
-                sub = bad
-            if bool((~torch.isfinite(v) & sub).any()):
-                return self.origin(graph, vals, i, sub)
-        return nid
+                return nid

@@ -12,7 +12,13 @@ REPO = Path(__file__).resolve().parents[3]
 CORPUS = sorted((REPO / "examples").glob("*.xg")) + sorted((Path(__file__).parent / "cases").glob("*.xg"))
 PIECES = sorted(KEYWORDS) + ["(", ")", "[", "]", "{", "}", ",", ":", "=", "==", "->", "=>", "@", "/", "+",
                              "\n", "    ", "0", "1.5", "-", "Tensor[", "Result[", "Ok(", "Err(", "x", "A",
-                             "shard(", "dim=", "cast(", "float32", "int64", "#", "\"", "main", "DivByZero"]
+                             "shard(", "dim=", "cast(", "float32", "int64", "#", "\"", "main", "DivByZero",
+                             # hostile pieces (issue 26): confusable digits, literals at and past their
+                             # type's range, lone CRs, long chains
+                             "\u09ea", "\uff14", "\u0664", "1e400", "-1e400", "9223372036854775807",
+                             "9223372036854775808", "-9223372036854775808", str(10 ** 40), "\r", "\r\n",
+                             " + 9223372036854775807", " * 1e300", "[0:1]" * 40, " + x" * 200,
+                             ".unwrap_or(0)" * 20]
 MUTATIONS = 3000
 
 

@@ -15,17 +15,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .checker import CheckOptions, ProgramChecker, TypedProgram
-from .codes import FILE_ERROR, INTERNAL, NOT_UTF8
+from .codes import FILE_ERROR, INTERNAL, NOT_UTF8, TOO_DEEP, TOO_LARGE
 from .diagnostics import Diagnostic, Diagnostics, Severity, render_all
 from .ast import Import
 from .lexer import tokenize
 from .modules import ModuleLoader
 from .parser import parse
-from .source import Span, SourceFile
+from .source import MAX_SOURCE_BYTES, Span, SourceFile, UnreadableSource, decode_source, read_source
 
-__all__ = ["CheckOptions", "CheckResult", "TypedProgram", "check_file", "check_source"]
+__all__ = ["CheckOptions", "CheckResult", "MAX_SOURCE_BYTES", "TypedProgram", "check_file", "check_source",
+           "deep_stack", "decode_source"]
 
-MAX_SOURCE_BYTES = 64 << 20
+# Errors after which nothing else is checked: the parse stopped, so the program seen is partial
+# (a "no `main`" or "unknown name" after them would be noise, and would come first).
+_FATAL = frozenset({TOO_DEEP.code, TOO_LARGE.code})
 
 
 @dataclass(frozen=True)
@@ -46,9 +49,11 @@ class CheckResult:
 
 
 @contextmanager
-def _deep_stack(limit: int = 20000):
-    # The parser bounds nesting, but long operator chains (`a + b + ...`) still build deep trees;
-    # CPython 3.11 runs Python-to-Python calls without growing the C stack, so this is safe.
+def deep_stack(limit: int = 20000):
+    """Room for the recursion the checker and lowering do over a syntax tree. Not unbounded: the
+    parser refuses trees deeper than MAX_TREE_DEPTH (2,500 levels), and these stages recurse a
+    few frames a level, so every tree that gets here fits. CPython 3.11 runs Python-to-Python
+    calls without growing the C stack, so the raised limit cannot overflow it."""
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old, limit))
     try:
@@ -63,13 +68,21 @@ def check_source(text: str, name: str = "<input>", options: CheckOptions = Check
 
 
 def check_source_with_loader(text: str, name: str, options: CheckOptions, loader: "ModuleLoader") -> CheckResult:
+    if "\r" in text:
+        # Line ends as Python reads them: `\r\n` and a lone `\r` (old Mac files) are newlines.
+        # Done before anything records an offset, so every position refers to this text.
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
     source = SourceFile(name, text)
     diags = Diagnostics(source)
     program = None
     try:
-        with _deep_stack():
+        with deep_stack():
             tokens = tokenize(text, diags)
+            if any(d.code in _FATAL for d in diags.items):
+                raise Diagnostics.Overflow      # stop here, as the error limit does
             module = parse(tokens, diags)
+            if any(d.code in _FATAL for d in diags.items):
+                raise Diagnostics.Overflow
             imported = loader.load_all(module, diags)
             module.decls = [d for d in module.decls if not isinstance(d, Import)] + imported
             program = ProgramChecker(diags, options).run(module)
@@ -86,26 +99,17 @@ def check_source_with_loader(text: str, name: str, options: CheckOptions, loader
 
 
 def check_file(path: Path | str, options: CheckOptions = CheckOptions()) -> CheckResult:
-    path = Path(path)
     name = str(path)
     try:
-        if path.is_dir():
-            raise IsADirectoryError("it is a directory")
-        with open(path, "rb") as f:
-            data = f.read(MAX_SOURCE_BYTES + 1)
-        if len(data) > MAX_SOURCE_BYTES:
-            raise OSError(f"larger than {MAX_SOURCE_BYTES >> 20} MiB")
-    except OSError as exc:
-        reason = exc.strerror or str(exc) or type(exc).__name__
-        return CheckResult(None, [Diagnostic(FILE_ERROR.code, Severity.ERROR, FILE_ERROR.fmt(path=name, reason=reason.lower()),
+        data = read_source(path)        # regular files only, at most MAX_SOURCE_BYTES
+    except UnreadableSource as exc:
+        return CheckResult(None, [Diagnostic(FILE_ERROR.code, Severity.ERROR, FILE_ERROR.fmt(path=name, reason=str(exc)),
                                              name, 1, 1, Span(0, 0))], None)
     try:
-        text = data.decode("utf-8")
+        text = decode_source(data)
     except UnicodeDecodeError as exc:
         return CheckResult(None, [Diagnostic(NOT_UTF8.code, Severity.ERROR, NOT_UTF8.fmt(path=name, offset=exc.start),
                                              name, 1, 1, Span(0, 0), help="XG sources are UTF-8 text")], None)
-    if text.startswith("\ufeff"):
-        text = text[1:]     # a UTF-8 byte-order mark is not part of the program
     return check_source(text, name, options)
 
 

@@ -1,36 +1,39 @@
-"""The typed AST as indented text, for `xgc --emit=ast`."""
+"""The typed AST as indented text, for `xgc --emit=ast`.
+
+A walk with its own stack: a tree as deep as the parser allows (2,500 levels) needs no Python
+recursion to print.
+"""
 
 from __future__ import annotations
 
 from . import ast as A
 
+_HIDDEN = ("nid", "span", "op_span", "method_span", "name_span", "binding_span")
+
 
 def dump(module: A.Module, types: dict | None = None) -> str:
     lines: list[str] = []
-
-    def visit(node, depth: int, label: str = "") -> None:
-        pad = "  " * depth + (f"{label}: " if label else "")
+    stack: list[tuple[object, int, str]] = [(module, 0, "")]
+    while stack:
+        node, depth, label = stack.pop()
         if isinstance(node, list):
-            for item in node:
-                visit(item, depth, label)
-            return
+            stack.extend((item, depth, label) for item in reversed(node))
+            continue
         if not isinstance(node, A.Node):
-            return
+            continue
+        pad = "  " * depth + (f"{label}: " if label else "")
         scalars = []
         children = []
         for name in node.__slots__:
-            if name in ("nid", "span", "op_span", "method_span", "name_span", "binding_span"):
+            if name in _HIDDEN:
                 continue
             value = getattr(node, name)
             if isinstance(value, (A.Node, list)):
-                children.append((name, value))
+                children.append((value, depth + 1, name))
             elif value is not None:
                 scalars.append(f"{name}={value!r}")
         ty = types.get(node.nid) if types else None
         lines.append(pad + type(node).__name__ + (" " + " ".join(scalars) if scalars else "")
                      + (f" : {ty}" if ty is not None else ""))
-        for name, child in children:
-            visit(child, depth + 1, name)
-
-    visit(module, 0)
+        stack.extend(reversed(children))
     return "\n".join(lines) + "\n"

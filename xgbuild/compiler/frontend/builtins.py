@@ -11,9 +11,9 @@ import difflib
 from . import ast as A
 from ..ops import UNARY_BUILTINS, Operands, op_def
 from ..ops import sign as R
-from .codes import BAD_CAST, BAD_DIM, BAD_KWARG, NOT_CALLABLE, NOT_DIFFERENTIABLE, RANK, RESHAPE, RSQRT_UNSAFE, TYPE_MISMATCH, UNKNOWN_TYPE
+from .codes import BAD_CAST, BAD_DIM, BAD_KWARG, LITERAL_RANGE, NOT_CALLABLE, NOT_DIFFERENTIABLE, RANK, RESHAPE, RSQRT_UNSAFE, TYPE_MISMATCH, UNKNOWN_TYPE
 from .types import (DTYPES, ERROR, DTypeValue, ErrorType, ExternVar, FloatLiteral, GradFn, IntLiteral,
-                    ShapeValue, TensorType, TupleType, Type, is_float, is_int)
+                    ShapeValue, TensorType, TupleType, Type, float_fits, int_fits, is_float, is_int)
 
 REQUIRED = object()
 Val = tuple[Type, R.Sign]
@@ -298,6 +298,16 @@ class BuiltinChecker:
             ty = self.cannot_infer(ty, bound["x"].span)
             return ERROR, R.ANY
         if isinstance(ty, (IntLiteral, FloatLiteral)):
+            # A literal is converted now, not at run time: the value must exist in `dtype` (an
+            # integer one after truncation toward zero; a float one finite), or the engine
+            # would hold a wrapped or infinite constant nobody wrote.
+            value = ty.value
+            fits = (dtype == "bool" or (int_fits(int(value), dtype) if not is_float(dtype)
+                                          else float_fits(float(value), dtype)))
+            if not fits:
+                self.diags.error(LITERAL_RANGE, bound["x"].span, literal=self.snippet(bound["x"]), dtype=dtype,
+                                 help=f"`cast` of a literal is computed while compiling; `{dtype}` cannot hold it")
+                return ERROR, R.ANY
             return TensorType(dtype, ()), sign
         if not isinstance(ty, TensorType):
             self.diags.error(BAD_CAST, bound["x"].span, detail=f"cannot cast {ty} to `{dtype}`",

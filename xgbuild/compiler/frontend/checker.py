@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 from . import ast as A
 from ..ops import sign as R
 from .builtins import SPECS, BuiltinChecker
-from .codes import (BAD_DECL, BAD_DIM, BAD_NUM_GPU, COND_NOT_BOOL, DEFAULT_DTYPE, DUPLICATE, MAIN_PARAMS,
-                    MISSING_RETURN, NO_ENTRY, NO_MAIN, NOT_CALLABLE, OVERRIDE, RECURSION, RESULT_UNUSED,
-                    RETURN_MISMATCH, SHARD_BAD, SHARD_CONFLICT, SHARD_INDIVISIBLE, SHARD_UNKNOWN, UNKNOWN_TARGET,
-                    UNKNOWN_TYPE, UNREACHABLE, UNUSED_VAR)
+from .codes import (BAD_CHAR, BAD_DECL, BAD_DIM, BAD_NUM_GPU, COND_NOT_BOOL, DEFAULT_DTYPE, DUPLICATE, INDENT,
+                    MAIN_PARAMS, MISSING_RETURN, NO_ENTRY, NO_MAIN, NOT_CALLABLE, OVERRIDE, RECURSION, RESULT_UNUSED,
+                    RETURN_MISMATCH, SHARD_BAD, SHARD_CONFLICT, SHARD_INDIVISIBLE, SHARD_UNKNOWN, SYNTAX, TOO_DEEP,
+                    TOO_LARGE, UNKNOWN_TARGET, UNKNOWN_TYPE, UNREACHABLE, UNUSED_VAR)
 from .diagnostics import Diagnostics
 from .exprs import UNIT, ExprChecker
 from .scope import FuncSig, Scope, Var
@@ -284,25 +284,27 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
         elif isinstance(s.orelse, A.If):
             else_done = self.stmt_If(s.orelse)
         else_scope = self.scope
+        # The branches are overlays on `outer`; what goes on is written back into it.
         if then_done and else_done:
             self.scope = outer
         elif then_done:
-            self.scope = else_scope
+            self.scope = outer.adopt(else_scope)
         elif else_done:
-            self.scope = then_scope
+            self.scope = outer.adopt(then_scope)
         else:
             self.scope = self.merge(outer, then_scope, else_scope)
         return then_done and else_done
 
     def merge(self, outer: Scope, a: Scope, b: Scope) -> Scope:
-        merged = outer.copy()
-        for name, (va, sa) in a.vars.items():
-            found = b.get(name)
-            if found is None:
+        """Join two branches (overlays on `outer`) into `outer`: only names either one bound or
+        refined can differ from `outer`."""
+        for name in [*a.vars, *(n for n in b.vars if n not in a.vars)]:
+            found_a, found_b = a.get(name), b.get(name)
+            if found_a is None or found_b is None:
                 continue
-            vb, sb = found
+            (va, sa), (vb, sb) = found_a, found_b
             if va is vb:
-                merged.bind(va, R.union(sa, sb))
+                outer.bind(va, R.union(sa, sb))
                 continue
             ta, tb = self.subst.resolve(va.type), self.subst.resolve(vb.type)
             if ta != tb:
@@ -311,8 +313,8 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
             joined = Var(name, ta, va.span, "local", handled=va.handled and vb.handled)
             va.handled = vb.handled = True
             self.locals.append(joined)
-            merged.bind(joined, R.union(sa, sb))
-        return merged
+            outer.bind(joined, R.union(sa, sb))
+        return outer
 
     def guard_facts(self, cond: A.Expr) -> tuple[dict[str, R.Sign], dict[str, R.Sign]]:
         """What `cond` being true (then) or false (else) proves about scalar variables."""
@@ -506,7 +508,10 @@ class ProgramChecker:
         self.hardware(target_decl, num_decl)
         entry = self.options.entry
         main = self.funcs.get(entry)
-        if main is None and not self.options.lib:
+        # A syntax error may be the reason `main` was not seen (a broken `def main(` line): then the
+        # syntax error is the one to fix, and "no `main`" would only mislead.
+        syntax_errors = any(d.code in _SYNTAX_CODES and d.severity.value == "error" for d in self.diags.items)
+        if main is None and not self.options.lib and not syntax_errors:
             if entry == "main":
                 self.diags.error(NO_MAIN, Span(0, 0), path=self.diags.source.name,
                                  help="add an entry point: `def main() { ... }`")
@@ -635,24 +640,45 @@ class ProgramChecker:
         return ERROR if any(isinstance(i, ErrorType) for i in items) else TupleType(items)
 
     def recursion(self) -> None:
-        state: dict[str, int] = {}
+        """Report call cycles, and call chains deeper than MAX_CALL_DEPTH, by a depth-first walk
+        with its own stack (a chain of 10,000 functions is a 10,000-deep walk)."""
+        state: dict[str, int] = {}       # 1: on the current path, 2: finished
         reported: set[str] = set()
-
-        def visit(name: str, path: list[str]) -> None:
-            state[name] = 1
-            for callee in sorted(self.calls.get(name, ())):
+        below: dict[str, int] = {}       # the longest chain of calls under each finished function
+        for root in sorted(self.funcs):
+            if root in state:
+                continue
+            path = [root]
+            state[root] = 1
+            todo = [iter(sorted(self.calls.get(root, ())))]
+            while todo:
+                callee = next(todo[-1], None)
+                if callee is None:
+                    todo.pop()
+                    name = path.pop()
+                    state[name] = 2
+                    below[name] = 1 + max((below.get(c, 0) for c in self.calls.get(name, ())), default=0)
+                    continue
                 if state.get(callee) == 1 and callee not in reported:
                     cycle = path[path.index(callee):] + [callee]
                     reported.update(cycle)
                     self.diags.error(RECURSION, self.funcs[callee].node.name_span, name=callee,
                                      path=" -> ".join(f"`{c}`" for c in cycle))
-                elif state.get(callee) is None:
-                    visit(callee, path + [callee])
-            state[name] = 2
+                elif state.get(callee) is None and callee in self.funcs:
+                    state[callee] = 1
+                    path.append(callee)
+                    todo.append(iter(sorted(self.calls.get(callee, ()))))
+        deepest = max(self.funcs, key=lambda n: below.get(n, 0), default=None)
+        if deepest is not None and below.get(deepest, 0) > MAX_CALL_DEPTH and not reported:
+            node = self.funcs[deepest].node
+            span = node.name_span if node.origin is None else node.origin.import_span
+            self.diags.error(TOO_DEEP, span, what=f"calls from `{deepest}` nest", limit=f"{MAX_CALL_DEPTH:,}",
+                             label=f"a chain of {below[deepest]:,} calls starts here",
+                             help="XG inlines every call; flatten the chain into fewer functions")
 
-        for name in sorted(self.funcs):
-            if name not in state:
-                visit(name, [name])
+
+MAX_CALL_DEPTH = 1000      # calls nested through functions; lowering inlines them all
+_SYNTAX_CODES = frozenset({SYNTAX.code, BAD_CHAR.code, INDENT.code, TOO_DEEP.code, TOO_LARGE.code})
 
 
 def _targets_help(name: str, hw_dir) -> str:

@@ -45,9 +45,19 @@ NOT_UTF8 = _code("XG0003", "source is not UTF-8", "{path} is not valid UTF-8 (by
 XG sources must be UTF-8 text. The message gives the offset of the first byte that does not
 decode. This usually means a binary file was passed by mistake.
 """)
-TOO_DEEP = _code("XG0004", "nesting too deep", "expression nested or chained deeper than {limit} levels", """
-Expressions may nest at most a fixed number of levels (parentheses, calls, indexing). Deeper
-nesting is almost certainly generated code gone wrong; split it into named intermediate values.
+TOO_DEEP = _code("XG0004", "nesting too deep", "{what} deeper than {limit} levels", """
+XG bounds how deep a program may nest, so that no stage after the parser (checker, lowering,
+passes) can run out of stack:
+
+- parentheses, calls, indexing, blocks and `match` may nest at most 100 levels;
+- one expression may be at most 2,000 levels deep, counting every operator of a chain
+  (`a + b + ...` is a tree as deep as it has terms), every postfix (`x[0:4][0:4]...`,
+  `.unwrap_or(...)`) and every nesting level;
+- calls between functions may be at most 1,000 deep (`main` calls `f1`, which calls `f2`, ...).
+
+Deeper code is almost certainly generated code gone wrong; split it into named intermediate
+values (`t = a + b + ...` then `u = t + ...`) or functions. The parser stops at the first such
+error, and nothing else is reported for the file.
 """)
 INDENT = _code("XG0005", "bad indentation", "{detail}", """
 A `with shard(...):` block (the seed's form) is made of the lines after it that are indented more
@@ -60,7 +70,16 @@ XG stops reporting after a fixed number of errors in one file: later ones are us
 consequences of the first. Fix the first errors and check again.
 """)
 FILE_ERROR = _code("XG0007", "cannot read source", "cannot read {path}: {reason}", """
-The source file does not exist, is a directory, or cannot be read.
+The source file does not exist, is a directory, or cannot be read. XG reads only regular files
+of at most 16 MiB as sources and modules: a FIFO, a device (`/dev/zero`), a socket or a larger
+file is refused before anything is read from it.
+""")
+TOO_LARGE = _code("XG0008", "program too large", "the program has more than {limit} {what}", """
+XG bounds the size of what one check reads, so that a hostile or runaway generated source costs
+seconds and bounded memory, never minutes and gigabytes: a file may hold at most 262,144
+tokens (names, numbers, operators). Split a larger program into modules, or compute with tensors
+instead of unrolling a computation into code. The lexer stops at the limit; nothing else is
+reported for the file.
 """)
 
 # --- program structure (XG001x) -------------------------------------------------------------
@@ -99,8 +118,10 @@ parameters (tensors and scalars), in order, named as the parameters are.
 BAD_IMPORT = _code("XG0016", "bad import", "{detail}", """
 `import std.nn` loads `std/nn.xg` from XG's standard library; `import mylib` loads `mylib.xg`
 beside the importing file (`import a.b` loads `a/b.xg`). A module holds functions and constants
-only: no `main`, no `extern`, no `TARGET_GPU` or `NUM_GPU`. Imports may not form a cycle, and a
-module with errors cannot be imported (its diagnostics are listed as notes).
+only: no `main`, no `extern`, no `TARGET_GPU` or `NUM_GPU`. Imports may not form a cycle (the
+message names its files: `a.xg -> b.xg -> a.xg`), and a module with errors cannot be imported
+(its diagnostics are listed as notes). A module is read like a source: a regular file of at most
+16 MiB. Imports may nest at most 32 modules deep, and a program may import at most 256 modules.
 """)
 
 # --- types (XG01xx) -------------------------------------------------------------------------
@@ -141,6 +162,16 @@ BAD_CAST = _code("XG0107", "invalid cast", "{detail}", """
 LITERAL_RANGE = _code("XG0108", "literal does not fit", "literal `{literal}` does not fit in `{dtype}`", """
 An integer literal adapts to the numeric type its context needs only when that type holds its
 value exactly; a float literal never becomes an integer.
+
+Every integer literal must fit in `int64` (-9223372036854775808 to 9223372036854775807), and a
+float literal must be finite as a `float64` (`1e400` is not infinity: it is an error). Dimensions
+in `Tensor[...]` are integers of the same range.
+""")
+CONST_OVERFLOW = _code("XG0113", "constant arithmetic overflows", "{detail}", """
+XG computes arithmetic on literals exactly while it checks (`2 * 3` is the literal `6`), and the
+result must still fit its type: an integer constant must fit in `int64`, a float constant must be
+finite in `float64`. `9223372036854775807 + 1` is an error here, not a silent wrap. Arithmetic on
+typed values (an `int64` tensor plus one) wraps at run time as two's complement, like PyTorch.
 """)
 NOT_CALLABLE = _code("XG0109", "wrong kind of value", "{detail}", """
 A value was used in a way its kind does not allow: calling something that is not a function,

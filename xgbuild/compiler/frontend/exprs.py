@@ -12,9 +12,9 @@ import math
 from . import ast as A
 from ..ops import BroadcastError, broadcast
 from ..ops import sign as R
-from .codes import (BAD_MATCH, BROADCAST, DIM_CONFLICT, DIV_UNSAFE, DTYPE_MISMATCH, ERROR_OUTSIDE_RESULT,
-                    LITERAL_RANGE, MATMUL_SHAPE, NOT_CALLABLE, OUT_OF_BOUNDS, RANK, RESULT_AS_VALUE,
-                    TYPE_MISMATCH, UNKNOWN_FUNC, UNKNOWN_NAME)
+from .codes import (BAD_MATCH, BROADCAST, CONST_OVERFLOW, DIM_CONFLICT, DIV_UNSAFE, DTYPE_MISMATCH,
+                    ERROR_OUTSIDE_RESULT, LITERAL_RANGE, MATMUL_SHAPE, NOT_CALLABLE, OUT_OF_BOUNDS, RANK,
+                    RESULT_AS_VALUE, TYPE_MISMATCH, UNKNOWN_FUNC, UNKNOWN_NAME)
 from .scope import FuncSig, Var
 from .types import (DTYPES, ERROR, NAMED_ERRORS, Dim, DimVar, DTypeValue, DTypeVar, ErrorType,
                     ErrorValue, ExternVar, FloatLiteral, GradFn, IntLiteral, ResultType, ShapeValue,
@@ -58,6 +58,15 @@ def kwarg_guess(name: str, allowed: list[str]) -> str | None:
         return alias
     close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
     return close[0] if close else None
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _truncating_div(a: int, b: int) -> int:
+    """Integer division rounding toward zero, exactly (float division loses digits past 2**53)."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
 
 
 class ExprChecker:
@@ -122,7 +131,7 @@ class ExprChecker:
             self.root_scope.bind(var, R.ANY)
             self.scope.bind(var, R.ANY)
             return var.type, R.ANY
-        names = [n for n in self.scope.vars] + list(self.constants)
+        names = self.scope.names() + list(self.constants)
         close = difflib.get_close_matches(e.id, names, n=1)
         if e.id in self.assigned_later:
             hint = f"`{e.id}` is assigned later in `main`; move that assignment before this use"
@@ -203,6 +212,10 @@ class ExprChecker:
                 return ERROR, R.ANY
             return ty, R.ANY
         if isinstance(ty, IntLiteral):
+            if e.op == "-" and -ty.value > _INT64_MAX:      # `-(-9223372036854775808)`
+                self.diags.error(CONST_OVERFLOW, e.span, detail=f"constant `{self.snippet(e)}` overflows `int64`",
+                                 help="integer constants are `int64`: -9223372036854775808 to 9223372036854775807")
+                return ERROR, R.ANY
             return IntLiteral(-ty.value if e.op == "-" else ty.value), R.neg(sign) if e.op == "-" else sign
         if isinstance(ty, FloatLiteral):
             return FloatLiteral(-ty.value if e.op == "-" else ty.value), R.neg(sign) if e.op == "-" else sign
@@ -287,9 +300,19 @@ class ExprChecker:
         elif e.op == "*":
             v = a * b
         elif e.op == "/":
-            v = (abs(a) // abs(b)) * (1 if (a >= 0) == (b >= 0) else -1) if both_int else a / b
+            v = _truncating_div(a, b) if both_int else a / b
         else:
-            v = (a - b * int(a / b)) if both_int else math.fmod(a, b)
+            v = a - b * _truncating_div(a, b) if both_int else math.fmod(a, b)
+        # Literal arithmetic is exact; its result must still be a value of the literal's type.
+        if both_int and not _INT64_MIN <= v <= _INT64_MAX:
+            self.diags.error(CONST_OVERFLOW, e.span, detail=f"constant `{self.snippet(e)}` overflows `int64`",
+                             label=f"this is {v if abs(v) < 10 ** 30 else 'beyond 1e30'}",
+                             help="integer constants are `int64`: -9223372036854775808 to 9223372036854775807")
+            return ERROR, R.ANY
+        if not both_int and not math.isfinite(v):
+            self.diags.error(CONST_OVERFLOW, e.span, detail=f"constant `{self.snippet(e)}` is not a finite `float64`",
+                             label="this is infinite", help="float constants must be finite (at most about 1.8e308)")
+            return ERROR, R.ANY
         if both_int:
             return IntLiteral(int(v)), R.of_value(v)
         return FloatLiteral(float(v)), R.of_value(v)

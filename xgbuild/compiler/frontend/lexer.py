@@ -3,15 +3,22 @@
 Newlines end statements, except inside `(...)` and `[...]`, where they are skipped. Each token
 knows its column and whether it starts its line, which is all the parser needs for the seed's
 indented `with shard(...):` blocks.
+
+Only ASCII digits make numbers (the pattern is compiled with re.ASCII: Python's `\\d` would take
+`৪`, a Bengali four that renders like 8, as a digit). Any other non-ASCII character outside a
+comment or a string is an error that names the character by its Unicode name, so a confusable
+is visible in the message. A file yields at most MAX_TOKENS tokens; past that the lexer stops with
+one error, which bounds the time and memory everything after it takes.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from enum import Enum
 from typing import NamedTuple
 
-from .codes import BAD_CHAR
+from .codes import BAD_CHAR, TOO_LARGE
 from .diagnostics import Diagnostics
 from .source import Span
 
@@ -30,6 +37,8 @@ class T(str, Enum):
 KEYWORDS = frozenset({"import", "def", "return", "if", "else", "with", "match", "extern", "true", "false",
                       "and", "or", "not"})
 
+MAX_TOKENS = 1 << 18   # a few seconds and a few hundred MB to check; the largest program shipped has ~1,200
+
 _OPS = ["->", "=>", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "@", "<", ">", "=",
         "(", ")", "[", "]", "{", "}", ",", ":", ";", "."]
 
@@ -45,7 +54,7 @@ _TOKEN_RE = re.compile(
   | (?P<op>""" + "|".join(re.escape(op) for op in _OPS) + r""")
   | (?P<bad>[^ \t\r\f\n\#"A-Za-z0-9_=+\-*/%@<>()\[\]{},:;.!]+|.)
     """,
-    re.VERBOSE,
+    re.VERBOSE | re.ASCII,
 )
 
 
@@ -91,12 +100,10 @@ def tokenize(text: str, diags: Diagnostics) -> list[Token]:
         col = start - line_start
         value = m.group()
         if kind == "bad":
-            shown = value if len(value) <= 20 else value[:17] + "..."
             if value.startswith('"'):
                 diags.error(BAD_CHAR, Span(start, end), detail="unterminated string literal")
             else:
-                diags.error(BAD_CHAR, Span(start, end), detail=f"invalid character{'s' if len(value) > 1 else ''} "
-                            f"{shown!r} in source", help="XG source is ASCII outside comments and strings")
+                _bad_characters(value, Span(start, end), diags)
             first = False
             continue
         if kind == "name":
@@ -116,7 +123,31 @@ def tokenize(text: str, diags: Diagnostics) -> list[Token]:
             tok_kind = {"int": T.INT, "float": T.FLOAT, "string": T.STRING}[kind]
         append(Token(tok_kind, value, Span(start, end), col, first))
         first = False
+        if len(tokens) >= MAX_TOKENS:
+            diags.error(TOO_LARGE, Span(start, end), what="tokens", limit=f"{MAX_TOKENS:,}",
+                        help="split the program into modules, or generate loops over data instead of code")
+            break
     if tokens and tokens[-1].kind is not T.NEWLINE:
         append(Token(T.NEWLINE, "", Span(len(text), len(text)), 0, False))
     append(Token(T.EOF, "", Span(len(text), len(text)), 0, True))
     return tokens
+
+
+def _bad_characters(value: str, span: Span, diags: Diagnostics) -> None:
+    """One error for a run of characters no token starts with, naming the first non-ASCII one by
+    its Unicode name: `৪` reads as `8`, `０` as `0`, a Cyrillic `а` as `a`."""
+    shown = value if len(value) <= 20 else value[:17] + "..."
+    odd = next((ch for ch in value if ord(ch) > 0x7F), None)
+    plural = "s" if len(value) > 1 else ""
+    if odd is None:
+        diags.error(BAD_CHAR, span, detail=f"invalid character{plural} {shown!r} in source",
+                    help="XG source is ASCII outside comments and strings")
+        return
+    name = unicodedata.name(odd, "unnamed")
+    detail = f"invalid character{plural} {shown!r} in source: U+{ord(odd):04X} {name}"
+    if unicodedata.category(odd) == "Nd":
+        help = (f"numbers use the ASCII digits 0-9 only; this is the digit {unicodedata.digit(odd)} of another "
+                "script")
+    else:
+        help = "XG source is ASCII outside comments and strings; names are ASCII letters, digits and `_`"
+    diags.error(BAD_CHAR, span, detail=detail, help=help)

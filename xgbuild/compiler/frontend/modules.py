@@ -3,7 +3,11 @@
 Each module is checked on its own first (as a library); only a clean module is merged, so its
 functions never need diagnostics rendered against another file. Node ids are offset per module
 so one program's side tables never collide. Cycles and missing files are diagnostics at the
-`import` line.
+`import` line; a cycle's note names its files in order (`a.xg -> b.xg -> a.xg`), and an error
+inside a module reaches the importing file with the notes of the errors under it.
+
+A module is read like a main file (`source.read_source`): only a regular file, at most
+MAX_SOURCE_BYTES, so a FIFO or a link to /dev/zero is refused before anything is read.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from .codes import BAD_IMPORT
 from .diagnostics import Diagnostics
 from .lexer import tokenize
 from .parser import parse
-from .source import SourceFile, Span
+from .source import SourceFile, Span, UnreadableSource, decode_source, read_source
 
 STD_DIR = shipped_dir("std")    # `import std.nn`: the standard library XG ships
 _ID_STRIDE = 10_000_000
+MAX_IMPORT_DEPTH = 32     # modules importing modules, from the main file down
+MAX_MODULES = 256         # distinct modules in one program
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,7 @@ class ModuleLoader:
     # The frontend's entry point, check_source_with_loader(text, name, options, loader): passed in
     # by frontend/__init__.py, which imports this module (importing it back would be a cycle).
     check: Callable
-    loading: list[str] = field(default_factory=list)
+    loading: list[tuple[str, Path]] = field(default_factory=list)    # (module, file) being checked, outermost first
     loaded: dict[str, list[A.Node]] = field(default_factory=dict)
     next_offset: int = 1
 
@@ -64,27 +70,52 @@ class ModuleLoader:
         name = imp.name
         if name in self.loaded:
             return self.loaded[name]
-        if name in self.loading:
-            cycle = " -> ".join(self.loading[self.loading.index(name):] + [name])
-            diags.error(BAD_IMPORT, imp.span, detail=f"import cycle: {cycle}")
+        names = [n for n, _ in self.loading]
+        if name in names:
+            ring = self.loading[names.index(name):]
+            cycle = " -> ".join([p.name for _, p in ring] + [ring[0][1].name])
+            through = " -> ".join(f"`{n}`" for n, _ in ring[1:] + ring[:1])
+            diags.error(BAD_IMPORT, imp.span, detail=f"import cycle: {cycle}",
+                        notes=(f"`{name}` imports itself through {through}",),
+                        help="move what both modules need into a third module that imports neither")
+            return []
+        # Each module is checked with everything it imports, so a chain of N modules costs N**2:
+        # bound the chain and the program's modules (std.nn and a few of one's own are typical).
+        if len(self.loading) >= MAX_IMPORT_DEPTH:
+            diags.error(BAD_IMPORT, imp.span, detail=f"imports nested deeper than {MAX_IMPORT_DEPTH} modules",
+                        notes=(" -> ".join(n for n, _ in self.loading[:3]) + " -> ... -> " + name,),
+                        help="import the modules you need from the file that needs them, not through a chain")
+            return []
+        if len(self.loaded) >= MAX_MODULES:
+            diags.error(BAD_IMPORT, imp.span, detail=f"the program imports more than {MAX_MODULES} modules",
+                        help="merge small modules")
             return []
         path = self.resolve(imp.path)
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = "no such module" if isinstance(exc, FileNotFoundError) else str(exc)
+            text = decode_source(read_source(path))
+        except (UnreadableSource, UnicodeDecodeError) as exc:
+            reason = ("not valid UTF-8" if isinstance(exc, UnicodeDecodeError)
+                      else "no such module" if not path.exists() and not path.is_symlink() else str(exc))
             diags.error(BAD_IMPORT, imp.span, detail=f"cannot import `{name}`: {reason} ({path})",
                         help="`std.*` modules live in XG's std/ directory; others beside the importing file")
             return []
         from .checker import CheckOptions
-        self.loading.append(name)
+        self.loading.append((name, path))
         sub = ModuleLoader(self.options, path.parent, self.check, self.loading, self.loaded, self.next_offset)
         result = self.check(text, str(path), CheckOptions(lib=True, hw_dir=self.options.hw_dir), sub)
         self.next_offset = sub.next_offset
         self.loading.pop()
         if not result.ok:
-            notes = tuple(f"{d.file}:{d.line}:{d.col}: {d.message}" for d in result.diagnostics
-                          if d.severity.value == "error")[:10]
+            notes: list[str] = []
+            for d in result.diagnostics:
+                if d.severity.value != "error":
+                    continue
+                # "module `m` has errors" from a module further down: its notes are the errors
+                # themselves (the cycle, the missing file), which are what to show here.
+                if not (d.code == BAD_IMPORT.code and d.notes and d.message.endswith(" has errors")):
+                    notes.append(f"{d.file}:{d.line}:{d.col}: {d.message}")
+                notes.extend(d.notes)
+            notes = tuple(notes[:10])
             diags.error(BAD_IMPORT, imp.span, detail=f"module `{name}` has errors", notes=notes)
             self.loaded[name] = []
             return []

@@ -2,20 +2,31 @@
 
 Errors are reported, not raised: after one, the parser skips to the end of the statement (or to
 the next file-level declaration) and goes on, so independent mistakes are all reported and one
-mistake gives one error. Nesting deeper than MAX_DEPTH stops parsing with one diagnostic instead of
-exhausting Python's stack.
+mistake gives one error.
+
+Depth is bounded once, here, so that no later stage can run out of stack: nesting (parentheses,
+calls, blocks) deeper than MAX_DEPTH, and a syntax tree deeper than MAX_TREE_DEPTH (a chain
+`a + b + ...` or `x[0:4][0:4]...` is a tree as deep as it is long), stop parsing with one XG0004
+diagnostic. The checker and lowering recurse at most a few frames per tree level, so every tree
+the parser hands on fits the stack they run with (frontend `deep_stack`).
+
+Literals are range-checked as they are read: an integer literal must fit in `int64` (its minimum
+written as `-9223372036854775808`), a float literal must be finite in `float64`.
 """
 
 from __future__ import annotations
 
+import math
+
 from . import ast as A
-from .codes import BAD_DECL, INDENT, SYNTAX, TOO_DEEP
+from .codes import BAD_DECL, INDENT, LITERAL_RANGE, SYNTAX, TOO_DEEP
 from .diagnostics import Diagnostics
 from .lexer import T, Token
 from .source import Span
 
 MAX_DEPTH = 100
-MAX_CHAIN = 2000     # operands in one operator chain: `a + b + ...` builds a tree this deep
+MAX_TREE_DEPTH = 2500    # levels of the syntax tree: module, function, blocks, then every operator
+INT64_MAX = (1 << 63) - 1
 
 # Binding powers of the binary operators; comparisons do not chain.
 _BINARY = {"or": 1, "and": 2, "==": 4, "!=": 4, "<": 4, "<=": 4, ">": 4, ">=": 4,
@@ -41,6 +52,8 @@ class Parser:
         self.depth = 0
         self.suppressed = 0     # syntax errors not reported because their line already had one
         self._next_id = first_id   # node ids stay unique across the files of one program
+        self.negated = False       # the literal being read follows a unary `-` (int64's minimum)
+        self.else_ifs = 0          # `else if`s in the chain being parsed
 
     # --- helpers --------------------------------------------------------------------------------
     def nid(self) -> int:
@@ -105,8 +118,12 @@ class Parser:
     def enter(self, tok: Token) -> None:
         self.depth += 1
         if self.depth > MAX_DEPTH:
-            self.diags.error(TOO_DEEP, tok.span, limit=MAX_DEPTH)
-            raise _Abort
+            self.too_deep(tok.span, "expression or block nested", MAX_DEPTH)
+
+    def too_deep(self, span: Span, what: str, limit: int) -> None:
+        self.diags.error(TOO_DEEP, span, what=what, limit=f"{limit:,}",
+                         help="split it into named intermediate values or functions")
+        raise _Abort
 
     def leave(self) -> None:
         self.depth -= 1
@@ -157,7 +174,14 @@ class Parser:
                     break
                 self.recovering(self.parse_decl, module.decls.append, self.sync_decl)
         except _Abort:
-            pass
+            return module
+        deep = _too_deep(module)
+        if deep is not None:
+            try:
+                self.too_deep(deep.span, "syntax tree (operators, postfixes and nesting together)",
+                              MAX_TREE_DEPTH)
+            except _Abort:
+                pass
         return module
 
     def parse_decl(self) -> A.Decl:
@@ -217,6 +241,13 @@ class Parser:
 
     # --- types ----------------------------------------------------------------------------------
     def parse_type(self) -> A.TypeExpr:
+        self.enter(self.tok)        # `Result[Result[...]]` and `((...))` nest like expressions
+        try:
+            return self.parse_type_inner()
+        finally:
+            self.leave()
+
+    def parse_type_inner(self) -> A.TypeExpr:
         tok = self.tok
         if tok.is_op("("):
             self.advance()
@@ -238,7 +269,7 @@ class Parser:
                 self.advance()
                 d = self.tok
                 if d.kind is T.INT:
-                    dims.append(A.DimExpr(self.nid(), d.span, int(d.text.replace("_", ""))))
+                    dims.append(A.DimExpr(self.nid(), d.span, self.int_value(d)))
                 elif d.kind is T.NAME:
                     dims.append(A.DimExpr(self.nid(), d.span, d.text))
                 else:
@@ -337,7 +368,15 @@ class Parser:
         if self.at_kw("else"):
             self.advance()
             if self.at_kw("if"):
-                orelse = self.parse_if()
+                # An `else if` chain is an `If` nested in the last one's `else`: as deep a tree
+                # (and as deep a recursion here) as it is long.
+                self.else_ifs += 1
+                if self.else_ifs > MAX_TREE_DEPTH:
+                    self.too_deep(self.tok.span, "`else if` chain", MAX_TREE_DEPTH)
+                try:
+                    orelse = self.parse_if()
+                finally:
+                    self.else_ifs -= 1
                 return A.If(self.nid(), start.span.to(orelse.span), cond, then, orelse)
             if not self.at_op("{"):
                 self.fail(f"expected `{{` or `if` after `else`, found {self.tok.describe()}")
@@ -417,6 +456,7 @@ class Parser:
             left: A.Expr = A.Unary(self.nid(), tok.span.to(operand.span), "not", operand)
         elif tok.kind is T.OP and tok.text in ("-", "+"):
             self.advance()
+            self.negated = tok.text == "-" and self.tok.kind is T.INT
             operand = self.parse_expr(_UNARY_BP)
             left = A.Unary(self.nid(), tok.span.to(operand.span), tok.text, operand)
         else:
@@ -430,9 +470,8 @@ class Parser:
                 break
             self.advance()
             chain += 1
-            if chain > MAX_CHAIN:
-                self.diags.error(TOO_DEEP, op.span, limit=MAX_CHAIN)
-                raise _Abort
+            if chain > MAX_TREE_DEPTH:
+                self.too_deep(op.span, "operator chain", MAX_TREE_DEPTH)
             right = self.parse_expr(bp)
             if bp == _COMPARISON_BP and self.tok.text in _BINARY and _BINARY[self.tok.text] == _COMPARISON_BP \
                     and self.tok.kind is T.OP:
@@ -449,8 +488,12 @@ class Parser:
 
     def parse_postfix(self) -> A.Expr:
         expr = self.parse_primary()
+        chain = 0
         while True:
             tok = self.tok
+            chain += 1
+            if chain > MAX_TREE_DEPTH:
+                self.too_deep(tok.span, "chain of calls, indexes and methods", MAX_TREE_DEPTH)
             if tok.is_op("("):
                 self.enter(tok)
                 args, kwargs, end = self.parse_args()
@@ -527,10 +570,16 @@ class Parser:
         kind = tok.kind
         if kind is T.INT:
             self.advance()
-            return A.IntLit(self.nid(), tok.span, int(tok.text.replace("_", "")), tok.text)
+            return A.IntLit(self.nid(), tok.span, self.int_value(tok), tok.text)
         if kind is T.FLOAT:
             self.advance()
-            return A.FloatLit(self.nid(), tok.span, float(tok.text.replace("_", "")), tok.text)
+            value = float(tok.text.replace("_", ""))
+            if not math.isfinite(value):
+                self.diags.error(LITERAL_RANGE, tok.span, literal=tok.describe()[1:-1], dtype="float64",
+                                 label="this is larger than any float64",
+                                 help="the largest float64 is about 1.8e308; XG has no infinity literal")
+                value = 0.0
+            return A.FloatLit(self.nid(), tok.span, value, tok.text)
         if kind is T.STRING:
             self.advance()
             return A.StrLit(self.nid(), tok.span, tok.text[1:-1])
@@ -572,6 +621,21 @@ class Parser:
         self.fail(f"expected an expression, found {tok.describe()}", label="expected an expression")
         raise AssertionError  # unreachable: fail() raises
 
+    def int_value(self, tok: Token) -> int:
+        """An integer literal's value; one outside `int64` is an error (and reads as 0). Its digits
+        are ASCII: the lexer takes no other digits."""
+        negated, self.negated = self.negated, False
+        digits = tok.text.replace("_", "").lstrip("0") or "0"
+        # Past 19 digits the answer is known; int() of 5,000 digits would even raise (CPython's
+        # limit on converting long digit strings).
+        value = INT64_MAX + 2 if len(digits) > 19 else int(digits)
+        if value > INT64_MAX + (1 if negated else 0):
+            self.diags.error(LITERAL_RANGE, tok.span, literal=tok.describe()[1:-1], dtype="int64",
+                             label="larger than 9223372036854775807",
+                             help="integer literals are `int64`; write a float literal (`1e40`) for a larger value")
+            return 0
+        return value
+
     def parse_match(self) -> A.Match:
         start = self.advance()
         scrutinee = self.parse_expr()
@@ -604,6 +668,20 @@ class Parser:
         bind = self.expect_name("a name to bind")
         end = self.expect_op(")", "to close the pattern")
         return A.Pattern(self.nid(), tok.span.to(end.span), tok.text, bind.text, bind.span)
+
+
+def _too_deep(module: A.Module) -> A.Node | None:
+    """The first node deeper than MAX_TREE_DEPTH, found by a walk with its own stack."""
+    stack: list[tuple[object, int]] = [(module, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, A.Node):
+            if depth > MAX_TREE_DEPTH:
+                return node
+            stack.extend((getattr(node, name, None), depth + 1) for name in node.__slots__)
+        elif isinstance(node, list):
+            stack.extend((item, depth) for item in node)
+    return None
 
 
 def parse(tokens: list[Token], diags: Diagnostics, first_id: int = 0) -> A.Module:

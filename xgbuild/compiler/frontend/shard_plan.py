@@ -45,7 +45,9 @@ from pathlib import Path
 from ...errors import CompileError
 from .codes import PLAN_BAD, PLAN_PIPELINE, PLAN_UNKNOWN, SHARD_CONFLICT, SHARD_INDIVISIBLE, Code
 from .diagnostics import Diagnostic, Severity, render
-from .source import Span
+from .source import Span, UnreadableSource, read_source
+
+MAX_PLAN_BYTES = 1 << 20      # a plan names regions and values: kilobytes, never megabytes
 
 STRATEGIES = ("data", "tensor", "replicated", "pipeline")
 
@@ -165,9 +167,9 @@ def _error(code: str, message: str, where: str, help: str | None = None) -> Comp
 def load_plan(path: Path | str) -> ShardingPlan:
     path = Path(path)
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise plan_error(PLAN_BAD, f"cannot read the sharding plan: {exc.strerror or exc}", str(path)) from None
+        raw = read_source(path, MAX_PLAN_BYTES)     # a regular file, read with a cap, like a source
+    except UnreadableSource as exc:
+        raise plan_error(PLAN_BAD, f"cannot read the sharding plan: {exc}", str(path)) from None
     try:
         doc = tomllib.loads(raw.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -119,6 +119,9 @@ class GraphBuilder:
         self.next_id = start
         self.inputs: list[tuple[str, int]] = []
         self.params: list[int] = []
+        self._index: dict[int, int] = {}        # node id -> position in `nodes`, for `node()`
+        self._indexed_list: list[Node] | None = None
+        self._indexed = 0
 
     def add(self, op: Op, inputs: Iterable[int], dtype: str, shape: Shape,
             attrs: tuple[tuple[str, Any], ...] = (), src: tuple[int, int] | None = None) -> int:
@@ -128,10 +131,21 @@ class GraphBuilder:
         return nid
 
     def node(self, nid: int) -> Node:
-        for n in reversed(self.nodes):
-            if n.id == nid:
-                return n
-        raise KeyError(nid)
+        # An index by id, brought up to date on demand: a scan per lookup made autodiff of a
+        # 5,000-statement function quadratic (minutes). `nodes` only grows, but a pass may
+        # assign a new list (autodiff does): then the index starts over.
+        index = self._index
+        if self._indexed_list is not self.nodes:
+            index.clear()
+            self._indexed_list, self._indexed = self.nodes, 0
+        if nid not in index:
+            for pos in range(self._indexed, len(self.nodes)):
+                index[self.nodes[pos].id] = pos
+            self._indexed = len(self.nodes)
+        pos = index.get(nid)
+        if pos is None:
+            raise KeyError(nid)
+        return self.nodes[pos]
 
     def build(self, output: OutTree) -> Graph:
         return Graph(self.name, tuple(self.nodes), tuple(self.inputs), output, tuple(self.params))

@@ -13,15 +13,17 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from ..frontend import ast as A
+from ..frontend import deep_stack
 from ..frontend.checker import TypedProgram
 from ..frontend.types import NAMED_ERRORS, FloatLiteral, IntLiteral, ResultType, TensorType, TupleType, Type
 from ..ops import BUILTINS, REDUCE, UNARY_BUILTINS
 from .graph import Graph, GraphBuilder, Node, Op, Program, attrs_of, tree_ids
-from ..frontend.codes import PLAN_UNKNOWN
+from ..frontend.codes import PLAN_UNKNOWN, TOO_LARGE
 from ..frontend.shard_plan import RegionPlan, ShardingPlan, plan_error
 from .shapes import index_shape
 
 TAG_DTYPE = "int32"
+MAX_INLINED_NODES = 4_000_000    # nodes of one graph once every call is inlined
 ERROR_CODES = {name: i + 1 for i, name in enumerate(NAMED_ERRORS)}
 
 
@@ -29,9 +31,10 @@ class LoweringError(Exception):
     """A construct the checker accepts but this compiler cannot lower yet; `src` is where, as
     `FunctionLowering.src` gives it (None: the program as a whole)."""
 
-    def __init__(self, message: str, src: tuple | None = None) -> None:
+    def __init__(self, message: str, src: tuple | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.src = src
+        self.code = code        # the diagnostic code, when not XG0901 (not supported yet)
 
 
 @dataclass(frozen=True)
@@ -71,13 +74,16 @@ def lower(tp: TypedProgram, plan: ShardingPlan | None = None, entry: str = "main
     """`plan` (a checked `--sharding` file) adds SHARD nodes where its values and regions start;
     `entry` is the function the engine runs (`main`, or another whose parameters become inputs)."""
     functions: dict[str, Graph] = {}
-    for name in _call_order(tp, entry):
-        if name != "main":
-            functions[name] = FunctionLowering(tp, name, functions, plan).run()
-    if entry == "main":
-        main = FunctionLowering(tp, "main", functions, plan).run()
-    else:
-        main = _entry_graph(tp, entry, functions[entry])
+    # Lowering recurses over the syntax tree, a few frames a level; the parser bounds its depth.
+    with deep_stack():
+        for name in _call_order(tp, entry):
+            if name != "main":
+                functions[name] = FunctionLowering(tp, name, functions, plan).run()
+        if entry == "main":
+            main = FunctionLowering(tp, "main", functions, plan).run()
+        else:
+            main = _entry_graph(tp, entry, functions[entry])
+    _check_inlined_size(functions, main)
     return Program(main, functions, num_gpu=tp.num_gpu, target=tp.target, profile=tp.profile)
 
 
@@ -110,19 +116,35 @@ def _call_order(tp: TypedProgram, entry: str = "main") -> list[str]:
                     stack.append(getattr(node, field, None))
             elif isinstance(node, list):
                 stack.extend(node)
+    # Depth-first, callees first, with a stack of its own: a chain of calls is as deep as the
+    # program makes it (the checker bounds it, but this walk does not rely on that).
     order: list[str] = []
-    seen: set[str] = set()
-
-    def visit(name: str) -> None:
-        if name in seen:
-            return
-        seen.add(name)
-        for callee in sorted(calls.get(name, ())):
-            visit(callee)
-        order.append(name)
-
-    visit(entry)
+    seen: set[str] = {entry}
+    todo = [(entry, iter(sorted(calls.get(entry, ()))))]
+    while todo:
+        name, callees = todo[-1]
+        callee = next(callees, None)
+        if callee is None:
+            todo.pop()
+            order.append(name)
+        elif callee not in seen:
+            seen.add(callee)
+            todo.append((callee, iter(sorted(calls.get(callee, ())))))
     return order
+
+
+def _check_inlined_size(functions: dict[str, Graph], main: Graph) -> None:
+    """Refuse a program whose inlined graph would exceed MAX_INLINED_NODES, before the inliner
+    builds it: a function that calls the one before it twice, forty deep, is 2**40 nodes."""
+    size: dict[str, int] = {}
+    for graph in [*functions.values(), main]:          # callees before callers
+        total = 0
+        for n in graph.nodes:
+            total += size.get(n.attr("func"), 1) if n.op is Op.CALL else 1
+        size[graph.name] = total
+        if total > MAX_INLINED_NODES:
+            raise LoweringError(f"inlining every call would make `{graph.name}` a graph of more than "
+                                f"{MAX_INLINED_NODES:,} nodes", code=TOO_LARGE.code)
 
 
 class FunctionLowering:

@@ -208,16 +208,23 @@ def _cpu_div(node, args, dt):
     if a.dtype.is_floating_point:
         return torch.div(a, b)
     # Integer division truncates toward zero. A zero divisor only reaches here on a path the
-    # program discards (the checker proved the taken one nonzero): give it 1.
-    return torch.div(a, torch.where(b == 0, torch.ones_like(b), b), rounding_mode="trunc")
+    # program discards (the checker proved the taken one nonzero): give it 1. A divisor of -1 is
+    # negation (wrapping, as two's complement does): the CPU's divide instruction traps on
+    # INT64_MIN / -1 (SIGFPE, the process dies), so it never sees that divisor.
+    minus_one = b == -1
+    q = torch.div(a, torch.where((b == 0) | minus_one, torch.ones_like(b), b), rounding_mode="trunc")
+    return torch.where(minus_one, torch.neg(a), q)
 
 
 def _cpu_mod(node, args, dt):
     import torch
     a, b = args
-    if not a.dtype.is_floating_point:
-        b = torch.where(b == 0, torch.ones_like(b), b)
-    return torch.fmod(a, b)
+    if a.dtype.is_floating_point:
+        return torch.fmod(a, b)
+    # As in _cpu_div: no zero divisor, and x % -1 is 0 without the trapping INT64_MIN % -1.
+    minus_one = b == -1
+    r = torch.fmod(a, torch.where((b == 0) | minus_one, torch.ones_like(b), b))
+    return torch.where(minus_one, torch.zeros_like(r), r)
 
 
 # --- Triton code that depends on the dtype ---------------------------------------------------------

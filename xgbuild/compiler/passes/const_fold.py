@@ -40,13 +40,14 @@ def const_fold(program: Program) -> Program:
     consts: dict[int, object] = {}
     alias: dict[int, int] = {}
     nodes: list[Node] = []
+    kept: dict[int, Node] = {}      # the nodes kept so far, by id (a list scan per `where` is quadratic)
     for n in g.nodes:
         n = replace(n, inputs=tuple(alias.get(i, i) for i in n.inputs))
         if n.op is Op.CONST:
             consts[n.id] = torch.tensor(n.attr("value"), dtype=dtypes[n.dtype])
         elif n.op is Op.WHERE and n.inputs[0] in consts:
             pick = n.inputs[1] if bool(consts[n.inputs[0]]) else n.inputs[2]
-            chosen = next(m for m in nodes if m.id == pick)
+            chosen = kept[pick]
             if tuple(chosen.shape) == tuple(n.shape) and chosen.dtype == n.dtype:
                 alias[n.id] = pick
                 continue
@@ -54,12 +55,15 @@ def const_fold(program: Program) -> Program:
             out = op_def(n.op).cpu(n, [consts[i] for i in n.inputs], dtypes[n.dtype]).to(dtypes[n.dtype])
             if out.dtype.is_floating_point and not bool(torch.isfinite(out)):
                 nodes.append(n)      # keep the op: check mode must be able to name what made a NaN/Inf
+                kept[n.id] = n
                 continue
             value = out.item()
             folded = replace(n, op=Op.CONST, inputs=(), attrs=attrs_of(value=bool(value) if out.dtype == torch.bool
                                                                         else value))
             consts[n.id] = out
             nodes.append(folded)
+            kept[n.id] = folded
             continue
         nodes.append(n)
+        kept[n.id] = n
     return program.replace_main(g.with_nodes(nodes, tree_map(g.output, lambda i: alias.get(i, i))))

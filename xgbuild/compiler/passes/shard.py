@@ -93,7 +93,8 @@ def footprint(graph: Graph, n: int) -> dict:
         for i in node.inputs:
             last[i] = k
 
-    split = {i: split_inputs(graph)[name] for name, i in graph.inputs if name in split_inputs(graph)}
+    by_name = split_inputs(graph)        # once: per input it made 25,000 externals take minutes
+    split = {i: by_name[name] for name, i in graph.inputs if name in by_name}
 
     def local(node: Node) -> int:
         if node.op is Op.SHARD and node.inputs[0] in split:
