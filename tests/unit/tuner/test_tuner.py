@@ -335,3 +335,26 @@ def test_a_cache_that_cannot_store_a_cubin_slows_the_next_build_not_this_one(job
     kb, _ptx = compiler.submit(em, cfg["num_warps"], cfg["num_stages"]).result(timeout=120)
     compiler.close()
     assert kb.cubin and compiler.compiled == 1
+
+
+def test_a_float32_output_of_a_bf16_product_is_held_to_bf16s_tolerance() -> None:
+    """The correctness gate compares with a float64 reference that rounds nowhere: a kernel that
+    rounds its product to bf16 and casts it to a float32 output (Llama's residual before RMSNorm)
+    carries bf16's error, so every candidate of that job failed float32's 1e-4 on an H200."""
+    from xgbuild.tuner.tuner import gate_dtypes
+    mixed = compile_source("""extern Tensor[bfloat16, M, K] A
+extern Tensor[bfloat16, K, N] B
+def main() {
+    return cast(A @ B, float32)
+}
+""").optimized.main
+    (job,), _ = plan(mixed, {"M": 32, "K": 64, "N": 48})
+    assert [n.dtype for n in job.spec.nodes][-1] == "float32" and gate_dtypes(job.spec) == ["bfloat16"]
+    exact = compile_source("""extern Tensor[float32, M, K] A
+extern Tensor[float32, K, N] B
+def main() {
+    return A @ B
+}
+""").optimized.main
+    (job,), _ = plan(exact, {"M": 32, "K": 64, "N": 48})
+    assert gate_dtypes(job.spec) == ["float32"]
