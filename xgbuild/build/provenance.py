@@ -16,8 +16,8 @@ import zstandard
 
 from ..errors import EngineError
 from ..packager import provenance
-from ..packager.archive import BundleError, atomic_write, bundle_from_bytes, read_bundle_file
-from ..packager.engine_file import EngineFile, engine_from_bundle
+from ..packager.archive import atomic_write
+from ..packager.engine_file import EngineFile, read_engine_sealed
 from ..packager.frame import trailer_frame
 from ..packager.signing import Envelope, SigningError, load_private_key, new_envelope
 from ..settings import Settings
@@ -46,12 +46,7 @@ def sign_file(path: Path, key_path: Path, settings: Settings, out: Path | None =
     from ..packager.signing import key_id
     key = load_private_key(key_path)
     where = f"engine {path}"
-    try:
-        data = read_bundle_file(path)
-        bundle = bundle_from_bytes(data, where)
-    except BundleError as exc:
-        raise EngineError(str(exc)) from None
-    file = engine_from_bundle(bundle, where)
+    file, sealed = read_engine_sealed(path)
     made = file.envelope is None
     if made:
         manifest = file.manifest
@@ -70,7 +65,7 @@ def sign_file(path: Path, key_path: Path, settings: Settings, out: Path | None =
         raise SigningError(f"cannot sign {where}: {exc}") from None
     target = out or path
     try:
-        atomic_write(target, bytes(data[:bundle.sealed_size]) + trailer)
+        atomic_write(target, sealed + trailer)
     except OSError as exc:
         raise EngineError(f"cannot write engine {target}: {exc.strerror or exc}") from None
     return file.digest, key_id(key.public_key()), made

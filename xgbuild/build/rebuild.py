@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..compiler.frontend import CheckOptions
-from ..errors import CompileError, EngineError, XGError
-from ..packager.archive import BundleError, bundle_bytes, bundle_from_bytes, read_bundle_file
-from ..packager.engine_file import EngineFile, engine_from_bundle
+from ..errors import CompileError, XGError
+from ..packager.archive import bundle_bytes
+from ..packager.engine_file import EngineFile, read_engine_sealed
 from ..settings import Settings
 
 
@@ -139,12 +139,7 @@ def rebuild(path: Path, settings: Settings, *, entry: str | None = None, dims: M
     from .package import engine_of
     from .target import target_profile
     where = f"engine {path}"
-    try:
-        data = read_bundle_file(path)
-        bundle = bundle_from_bytes(data, where)
-    except BundleError as exc:
-        raise EngineError(str(exc)) from None
-    file = engine_from_bundle(bundle, where)
+    file, sealed = read_engine_sealed(path)
     manifest = file.manifest
     if "weights" in manifest:
         raise RebuildError(f"{where} was built from an imported model (xg.compile or xgc MODEL.onnx): it carries "
@@ -169,7 +164,7 @@ def rebuild(path: Path, settings: Settings, *, entry: str | None = None, dims: M
         table = _forced_kernels(compiled, profile, manifest, dims, workers, where) if with_kernels else None
         engine = engine_of(compiled, table, profile)
     again, digest = bundle_bytes(engine.file.entries)
-    same = again == bytes(data[:bundle.sealed_size])
+    same = again == sealed
     diffs = [] if same else differences(file.entries, engine.file.entries)
     if not same and not diffs:
         diffs = ["every entry is the same, but the compressed bytes differ (another zstd library version "

@@ -14,8 +14,9 @@ from ..compiler.ir.graph import Graph
 from ..compiler.ir.serialize import bounded_json, loads
 from ..compiler.ir.verify import IRError, verify
 from ..errors import EngineError
-from .archive import Bundle, BundleError, bundle_digest_of, read_bundle, write_bundle
-from .manifest import FORMAT_VERSION, canonical_json, check_manifest, sha256
+from .archive import (Bundle, BundleError, bundle_digest_of, bundle_from_bytes, read_bundle, read_bundle_file,
+                      write_bundle)
+from .manifest import FORMAT_VERSION, canonical_json, check_manifest
 from .signing import Envelope, SigningError, parse_envelope
 from .weights import check_weights
 
@@ -69,6 +70,19 @@ def read_engine(path: Path) -> EngineFile:
     except BundleError as exc:
         raise EngineError(str(exc)) from None
     return engine_from_bundle(bundle, f"engine {path}")
+
+
+def read_engine_sealed(path: Path) -> tuple[EngineFile, bytes]:
+    """`read_engine`, and the file's bytes up to the end of its seal (what a signature trailer
+    follows): for a caller that rewrites the trailer or compares bytes (`xgbuild sign`, `verify
+    --rebuild`), reading the file once."""
+    where = f"engine {path}"
+    try:
+        data = read_bundle_file(path)
+        bundle = bundle_from_bytes(data, where)
+    except BundleError as exc:
+        raise EngineError(str(exc)) from None
+    return engine_from_bundle(bundle, where), bytes(data[:bundle.sealed_size])
 
 
 def engine_from_bundle(bundle: Bundle, where: str) -> EngineFile:
