@@ -219,3 +219,29 @@ def test_the_allow_list_holds_only_pure_aten_tensor_ops() -> None:
                 assert (name, a.name) in STRINGS, (name, a.name)
         for word in ("rand", "dropout", "bernoulli", "file", "save", "load", "empty", "copy_", "set_"):
             assert word not in packet, name
+
+
+def test_a_trusted_signature_is_the_opt_in(built, tmp_path: Path) -> None:
+    """An engine that uses the fallback runs without --allow-fallback when a key the deploy host
+    trusts signed it (the signature covers the program, so its calls are the builder's); the same
+    engine re-sealed by anyone else is refused by the signature before its calls matter."""
+    xgbuild = Path(sys.executable).parent / "xgbuild"
+    path = tmp_path / "signed.xge"
+    save_engine_file(built, path)
+    keys = tmp_path / "keys"
+    for args in (("keygen", "--out", str(keys / "release")), ("sign", str(path), "--key", str(keys / "release"))):
+        res = subprocess.run([str(xgbuild), *args], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    (trusted / "release.pub").write_bytes((keys / "release.pub").read_bytes())
+    engine = xg.load_model_engine(path, trusted_keys=trusted)
+    x = torch.rand(3, 4)
+    assert torch.allclose(engine(x), torch.cumprod(x, -1) + 1)
+    ran = subprocess.run([str(XGRUN), str(path), "--trusted-keys", str(trusted), "--json"], capture_output=True,
+                         text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    forged = forge(built, tmp_path / "forged.xge", set_call("aten.cumsum.default"))
+    refused = subprocess.run([str(XGRUN), str(forged), "--trusted-keys", str(trusted)], capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr and "sign" in refused.stderr
