@@ -27,6 +27,7 @@ up without deadlock. Every replica runs its stage's plan, with its own peers. Ou
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 from .graph import Graph, Op, tree_ids
@@ -274,18 +275,22 @@ def stage_plan(graph: Graph, stage: int) -> RankPlan:
 
 _PLANS: dict[int, tuple[Graph, list[RankPlan]]] = {}     # least recently used first
 _MAX_PLANS = 8
+_PLANS_LOCK = threading.Lock()      # ranks may be threads of one process (one executor each)
 
 
 def stage_plans(graph: Graph) -> list[RankPlan]:
     """Every stage's part, made once per graph object (the simulation costs milliseconds, which a
     run would otherwise pay before each step's first task; the plans are read, never changed)."""
     key = id(graph)
-    hit = _PLANS.pop(key, None)
+    with _PLANS_LOCK:
+        hit = _PLANS.get(key)
     if hit is None or hit[0] is not graph:
         hit = (graph, _stage_plans(graph, len(stage_gpus(graph))))
-    _PLANS[key] = hit
-    while len(_PLANS) > _MAX_PLANS:
-        _PLANS.pop(next(iter(_PLANS)))
+    with _PLANS_LOCK:
+        _PLANS.pop(key, None)
+        _PLANS[key] = hit
+        while len(_PLANS) > _MAX_PLANS:
+            _PLANS.pop(next(iter(_PLANS)))
     return hit[1]
 
 
