@@ -21,7 +21,6 @@ POINTER = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16", "float64
            "int16": "*i16", "int32": "*i32", "int64": "*i64", "uint8": "*u8", "bool": "*i1"}
 
 
-FLOATS = ("float16", "bfloat16", "float32", "float64")
 FLOAT32_MAX = 3.4028234663852886e38      # the largest finite float32 (every 16-bit float widens into it)
 FLOAT64_MAX = 1.7976931348623157e308
 
@@ -193,7 +192,7 @@ class Emitter:
         if n.dtype == "bool":
             self.w.line(f"tl.store(q{i} + {offset}, ({value}) != 0{m})")
             return
-        if n.dtype not in FLOATS:
+        if n.dtype not in FLOAT:
             self.w.line(f"tl.store(q{i} + {offset}, ({value}).to({TL[n.dtype]}){m})")
             return
         s, f = self.w.tmp("s"), self.w.tmp("f")
