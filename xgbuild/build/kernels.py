@@ -17,17 +17,17 @@ from .context import gpu_lease, tuning
 
 def kernels_for(program: Any, profile: GpuProfile, policy: Policy, settings: Settings,
                 dims: dict[str, int] | None = None, workers: int | None = None,
-                progress: bool = False, origins: Any = None) -> KernelTable:
+                progress: bool | str = False, origins: Any = None) -> KernelTable:
     """The kernel table for a compiled (or imported) program on `profile`, tuned under `policy`
     through the settings' cache: what an engine links. `origins`: see `context.tuning`."""
     with tuning(profile, policy, settings, workers, origins) as t, gpu_lease(t.measurers):
         return build_kernels(program.optimized.main, profile, policy=policy, dims=dims, cache=t.cache,
                              world=getattr(program, "num_gpu", 1), measurers=t.measurers, compiler=t.compiler,
-                             progress=progress and sys.stderr.isatty())
+                             progress=progress if progress == "json" else progress and sys.stderr.isatty())
 
 
 def tune_program(program: Any, profile: GpuProfile, policy: Policy, settings: Settings, dims: dict[str, int], *,
-                 workers: int | None = None, progress: bool = False,
+                 workers: int | None = None, progress: bool | str = False,
                  budget_s: float | None = None) -> list[tuple[Any, Any]]:
     """Tune every job of a program without linking (winners go to the cache): (job, winner) pairs."""
     jobs, _ = plan_jobs(program.optimized.main, dims, program.num_gpu)

@@ -108,6 +108,19 @@ def parse_dims(specs: list[str]) -> dict[str, int]:
     return out
 
 
+def progress_or_exit(progress: str, quiet: bool = False, json_out: bool = False) -> bool | str:
+    """`--progress auto|bar|json|none` as what the tuner takes: True draws the bar (auto: when
+    stderr is a terminal, and neither --quiet nor --json), "json" writes one JSON event per line on
+    stderr (jobs taken, candidates measured, jobs done: for CI logs), False nothing."""
+    if progress not in ("auto", "bar", "json", "none"):
+        fail(f"--progress takes auto, bar, json or none, got {progress!r}", EXIT_USAGE)
+    if progress == "json":
+        return "json"
+    if progress == "bar":
+        return True
+    return progress == "auto" and not quiet and not json_out and sys.stderr.isatty()
+
+
 def policy_or_exit(tune: str, last: str = "{}, {}"):
     """`--tune`'s value as a `Policy`; another is a usage error listing the policies (the last one
     joined by `last`: xgc says "..., predict or strict", xgbuild "..., predict, strict")."""

@@ -20,8 +20,8 @@ import typer
 
 from ..compiler.frontend import CheckOptions
 from ..errors import XGError
-from .common import (EXIT_USAGE, compile_or_exit, emit_json, fail, parse_dims, policy_or_exit, settings_or_exit,
-                     target_or_exit)
+from .common import (EXIT_USAGE, compile_or_exit, emit_json, fail, parse_dims, policy_or_exit, progress_or_exit,
+                     settings_or_exit, target_or_exit)
 
 def _options(target: str | None, num_gpu: int | None, entry: str, settings) -> CheckOptions:
     if not entry.isidentifier():
@@ -41,6 +41,8 @@ def tune(
     jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes compiling kernels"),
     budget: Optional[float] = typer.Option(None, "--budget", min=0.1, help="seconds of measuring per job"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+    progress: str = typer.Option("auto", "--progress", help="progress on stderr: auto, bar, json (one event per "
+                                 "line) or none"),
 ) -> None:
     """Tune every kernel of FILE for the target (winners go to the XG cache); link nothing."""
     policy, dims = policy_or_exit(policy), parse_dims(dim)
@@ -50,7 +52,7 @@ def tune(
     from ..build.target import target_profile
     try:
         pairs = tune_program(compiled, target_profile(compiled.target, settings), policy, settings, dims,
-                             workers=jobs, budget_s=budget, progress=not json_out and sys.stderr.isatty())
+                             workers=jobs, budget_s=budget, progress=progress_or_exit(progress, json_out=json_out))
     except XGError as exc:
         fail(str(exc))
     rows = [{"job": job.ident, "kind": job.spec.kind, **w.to_json()} for job, w in pairs]

@@ -58,8 +58,10 @@ def compile(
                                  "(--no-kernels: a CPU-only engine)"),
     dim: list[str] = typer.Option([], "--dim", help="NAME=SIZE: tune kernels for this size of a symbolic dim "
                                   "(default 1024); the engine runs at any size"),
-    jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes compiling kernels (default: CPUs, at most 8)"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes compiling kernels (default: one per CPU)"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress bar or tuning summary"),
+    progress: str = typer.Option("auto", "--progress", help="tuning progress on stderr: auto (a bar on a "
+                                 "terminal), bar, json (one event per line, for CI logs) or none"),
     version: bool = version_option("xgc"),
     kernels_from: list[Path] = typer.Option([], "--kernels-from", metavar="RESULT",
                                             help="link kernels from these `xgbuild tune-shard` results "
@@ -156,13 +158,14 @@ def compile(
         sys.stdout.write(to_dot(compiled.optimized.main))
     if out is not None:
         from ..build.engines import link_engine
-        from .common import parse_dims
+        from .common import parse_dims, progress_or_exit
         dims = parse_dims(dim)
         if kernels_from and not kernels:
             fail("--kernels-from links GPU kernels; it cannot be combined with --no-kernels", EXIT_USAGE)
         try:
             built = link_engine(compiled, settings, policy=policy, dims=dims, kernels=kernels,
-                                kernels_from=list(kernels_from), workers=jobs, progress=not quiet and not json_out)
+                                kernels_from=list(kernels_from), workers=jobs,
+                                progress=progress_or_exit(progress, quiet, json_out))
             envelope = None
             if sign_key is not None or provenance:
                 from ..build.provenance import build_envelope
@@ -185,6 +188,11 @@ def compile(
                                  f"{stats['cache']} from cache, {stats['predicted']} predicted), "
                                  f"{stats['launches']} launches; {stats['compiled']} compiled, "
                                  f"{stats['compile_cache_hits']} cubins from cache; {stats['seconds']:.2f} s\n")
+                if stats.get("search"):
+                    found = stats["search"]
+                    sys.stderr.write(f"search: {found['candidates']} candidates, {found['compiled']} compiled, "
+                                     f"{found['measured']} measured, {found['pruned']} pruned by the model's bound, "
+                                     f"{found['seeded']} jobs seeded by a neighbouring shape\n")
             sys.stderr.write(f"wrote {out} ({digest[:12]}, target {compiled.target}, num_gpu {compiled.num_gpu})\n")
 
 

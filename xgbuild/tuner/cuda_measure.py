@@ -1,5 +1,8 @@
 """Measuring candidates on a local GPU: compiled cubins launched through the CUDA driver, timed
-with CUDA events (warm-up, L2 flushed before each run, median of many) by `measure.time_gpu`."""
+with CUDA events (warm-up, L2 flushed before each run, median) by `measure.time_gpu`: at least
+`MIN_REPS` runs, then until the median is known to +-`REL_CI` (95%) or `reps` runs; a candidate
+already slower than the tuner's `stop_above` stops there. The outputs stay on the GPU, where the
+tuner checks them against the float64 reference."""
 
 from __future__ import annotations
 
@@ -13,9 +16,17 @@ from ..runtime.cuda import KernelBinary, KernelLauncher
 from ..dtypes import TORCH_DTYPES
 from .jobs import Job
 from .measure import cuda_gpu_model, matches_target, time_gpu
+from .search import exhaustive
+
+
+WARMUP = 3
+MIN_REPS = 10
+REL_CI = 0.01
 
 
 class CudaMeasurer:
+    races = True        # `measure` takes `stop_above`
+
     def __init__(self, device_index: int, profile: GpuProfile, reps: int = 50) -> None:
         self.device_index = device_index
         self.device = torch.device("cuda", device_index)
@@ -25,7 +36,7 @@ class CudaMeasurer:
         self.reps = reps
 
     def measure(self, job: Job, variant: Variant, config: dict, emitted: Emitted, binary: KernelBinary,
-                data) -> tuple[float, list[torch.Tensor]]:
+                data, stop_above: float | None = None) -> tuple[float, list[torch.Tensor]]:
         dev = torch.device("cuda", self.device_index)
         with torch.cuda.device(dev):
             value = data.value_fn(dev)
@@ -42,9 +53,13 @@ class CudaMeasurer:
             args = arguments(compiled, launch)
             self.launcher.launch(binary, grid, args)
             torch.cuda.synchronize(dev)
-            results = [o.cpu() for o in outs]
-            timing = time_gpu(lambda _i: self.launcher.launch(binary, grid, args), reps=self.reps,
-                              l2_bytes=self.l2, device=self.device_index)
+            results = [o.clone() for o in outs]      # what the first run wrote, before the timed runs
+            run = lambda _i: self.launcher.launch(binary, grid, args)  # noqa: E731
+            if exhaustive():
+                timing = time_gpu(run, reps=self.reps, l2_bytes=self.l2, device=self.device_index)
+            else:
+                timing = time_gpu(run, reps=self.reps, warmup=WARMUP, min_reps=MIN_REPS, rel_ci=REL_CI,
+                                  stop_above=stop_above, l2_bytes=self.l2, device=self.device_index)
             return timing.median_ms, results
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from .jobs import Job, plan, tuning_env
 from .policy import Policy
 from .progress import TuneProgress
 from .space import default_config
-from .tuner import Compiler, Measurer, StrictMiss, Tuner, TuneError, Winner
+from .tuner import LOOKAHEAD, Compiler, Measurer, StrictMiss, Tuner, TuneError, Winner
 
 
 @dataclass
@@ -49,24 +50,74 @@ def plan_jobs(graph: Graph, dims: dict[str, int] | None, world: int = 1) -> tupl
 
 def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.CACHE, cache: Any = None,
               measurers: list[Measurer] | None = None, compiler: Compiler | None = None,
-              progress: bool = False, budget_s: float | None = None) -> dict[str, Winner]:
-    """A winner per job (by ident). Jobs fan out over the measurers, one worker per local GPU."""
+              progress: bool | str | TuneProgress = False, budget_s: float | None = None) -> dict[str, Winner]:
+    """A winner per job (by ident). Jobs fan out over the measurers, one thread per local GPU, in
+    job order; when measuring, cache hits are settled first and a background thread compiles
+    ahead: each job's first candidates, queued behind the jobs the GPUs are on (`Tuner.prefetch`).
+    `progress`: draw a bar (True), write JSON events on stderr ("json") or report to a `TuneProgress`."""
     tuners = [Tuner(profile, policy=policy, cache=cache, measurer=m, budget_s=budget_s, compiler=compiler)
               for m in (measurers or [None])]
+    for t in tuners[1:]:                        # one build: the seeds and compiles ahead are shared
+        t.seeds, t._prefetched, t._neighbours_lock = tuners[0].seeds, tuners[0]._prefetched, tuners[0]._neighbours_lock
     winners: dict[str, Winner] = {}
     missing: list[str] = []
-    queue = list(jobs)
     lock = threading.Lock()
     errors: list[BaseException] = []
-    with TuneProgress(len(jobs), enabled=progress) as bar:
+    if isinstance(progress, TuneProgress):
+        bar = progress
+    elif progress == "json":
+        bar = TuneProgress(len(jobs), json_stream=sys.stderr)
+    else:
+        bar = TuneProgress(len(jobs), enabled=bool(progress))
+    measuring = policy == Policy.MEASURE and measurers and compiler is not None
+    with bar:
+        for t in tuners:
+            t.events = bar.event
+        queue: list[tuple[int, Job]] = []
+        for i, job in enumerate(jobs):
+            if measuring:               # hits first: the GPUs then see only the jobs they must measure
+                hit = tuners[0].from_cache(job, tuners[0].key(job))
+                if hit is not None:
+                    winners[job.ident] = hit
+                    bar.advance(job.ident, hit.source, hit.ms)
+                    continue
+            queue.append((i, job))
+        stop = threading.Event()
+
+        def ahead() -> None:
+            for i, job in list(queue):
+                if stop.is_set():
+                    return
+                try:
+                    tuners[0].prefetch(job, priority=i)
+                except Exception:  # noqa: BLE001 (compiling ahead is an optimisation: measure() retries)
+                    pass
+            for i, job in enumerate(jobs):      # the generic variants the engine links: behind every job
+                if stop.is_set():
+                    return
+                try:
+                    cfg = default_config(job.problem)
+                    compiler.submit(emit(job.spec, cfg, Variant.generic()), cfg["num_warps"], cfg["num_stages"],
+                                    priority=len(jobs) + i)
+                except Exception:  # noqa: BLE001 (compile_winners compiles it again and reports)
+                    pass
+
+        fetcher = threading.Thread(target=ahead, daemon=True) if measuring and queue else None
+        if fetcher is not None:
+            fetcher.start()
+
         def worker(tuner: Tuner) -> None:
             while True:
                 with lock:
                     if not queue or errors:
                         return
-                    job = queue.pop(0)
+                    i, job = queue.pop(0)
+                    # the last jobs have the compile workers to themselves: keep them all busy
+                    tuner.lookahead = max(LOOKAHEAD, compiler.workers // len(tuners)) \
+                        if compiler is not None and not queue else LOOKAHEAD
                 try:
-                    w = tuner.tune(job)
+                    bar.start_job(job.ident, len(tuner.candidates(job)) if measuring else 0)
+                    w = tuner.tune(job, priority=i, looked_up=bool(measuring))
                 except TuneError as exc:
                     with lock:
                         if isinstance(exc, StrictMiss):
@@ -80,15 +131,21 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
                     return
                 with lock:
                     winners[job.ident] = w
-                    bar.advance(job.ident, w.source, w.ms)
-        if len(tuners) == 1:
-            worker(tuners[0])
-        else:
-            threads = [threading.Thread(target=worker, args=(t,)) for t in tuners]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+                    bar.advance(job.ident, w.source, w.ms, w.search)
+        try:
+            if len(tuners) == 1:
+                worker(tuners[0])
+            else:
+                threads = [threading.Thread(target=worker, args=(t,)) for t in tuners]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+        finally:
+            stop.set()
+            if fetcher is not None:
+                fetcher.join()
+            tuners[0]._prefetched.clear()
         if errors:
             raise errors[0]
     if missing:
@@ -153,8 +210,17 @@ def assemble(jobs: list[Job], launches: list[tuple[str, Binding]], entries: dict
 
 
 def new_compiler(profile: GpuProfile, cache: Any, workers: int | None) -> Compiler:
-    """The kernel compiler for the target's arch: `workers` processes (default: CPUs, at most 8)."""
-    return Compiler(profile.sm, cache, workers or min(8, os.cpu_count() or 1))
+    """The kernel compiler for the target's arch: `workers` processes (default: one per CPU this
+    process may run on; Triton's compiles are CPU-bound and single-threaded)."""
+    return Compiler(profile.sm, cache, workers or host_cpus())
+
+
+def host_cpus() -> int:
+    """The CPUs this process may use (its affinity mask, as a container or `taskset` sets it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def build_kernels(graph: Graph, profile: GpuProfile, *, policy: Policy = Policy.CACHE,
@@ -178,5 +244,12 @@ def build_kernels(graph: Graph, profile: GpuProfile, *, policy: Policy = Policy.
     stats = {"jobs": len(jobs), "launches": len(launches), "seconds": time.perf_counter() - t0,
              "compiled": compiler.compiled, "compile_cache_hits": compiler.hits,
              "measured": sources.count("measured"), "cache": sources.count("cache"),
-             "predicted": sources.count("predicted")}
+             "predicted": sources.count("predicted"), "compile_shared": compiler.shared,
+             "compile_s": round(compiler.seconds, 3)}
+    searched = [w.search for w in winners.values() if w.source == "measured" and w.search]
+    if searched:
+        stats["search"] = {k: sum(int(s.get(k, 0)) for s in searched)
+                           for k in ("candidates", "compiled", "measured", "pruned", "failed", "seeded")}
+        stats["search_s"] = {k: round(sum(float(s.get(k, 0)) for s in searched), 3)
+                             for k in ("seconds", "measuring_s", "waiting_s", "reference_s")}
     return assemble(jobs, launches, entries, files, stats)

@@ -44,13 +44,36 @@ def summarize(times_ms: list[float]) -> Timing:
                   p90_ms=_quantile(ordered, 0.9), reps=len(ordered))
 
 
+def median_ci(ordered: list[float], z: float = 1.96) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median of an ascending sample (order
+    statistics at n/2 -+ z*sqrt(n)/2, the binomial's normal approximation)."""
+    n = len(ordered)
+    half = z * math.sqrt(n) / 2
+    lo, hi = max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half) - 1)
+    return ordered[lo], ordered[hi]
+
+
+def settled(times_ms: list[float], rel: float) -> bool:
+    """Whether the median of `times_ms` is known to within +-`rel` of itself (95% interval)."""
+    ordered = sorted(times_ms)
+    lo, hi = median_ci(ordered)
+    mid = _quantile(ordered, 0.5)
+    return mid > 0 and (hi - lo) / 2 <= rel * mid
+
+
 def time_gpu(launch: Callable[[int], None], *, rotations: int = 1, warmup: int = 5, reps: int = 50,
-             l2_bytes: int = 64 << 20, device: int = 0) -> Timing:
+             l2_bytes: int = 64 << 20, device: int = 0, min_reps: int | None = None, rel_ci: float = 0.0,
+             stop_above: float | None = None, batch: int = 5) -> Timing:
     """Time `launch` on CUDA device `device`; `launch(s)` enqueues one run on input set `s`.
 
     Run i uses input set i % rotations. Before each timed run a buffer of 2 * `l2_bytes` is
     zeroed, so the run starts with nothing of its inputs in L2; CUDA events bracket the launch
     alone, not the flush.
+
+    Adaptive when `min_reps` is given: after `min_reps` runs, and every `batch` runs after, it
+    stops once the median's 95% interval is within +-`rel_ci` of it, or (`stop_above`) once the
+    fastest run so far is slower than `stop_above` ms: a candidate that cannot win needs no
+    precise time. At most `reps` runs either way.
     """
     if rotations < 1 or reps < 1 or warmup < 0 or l2_bytes < 1:
         raise ValueError(f"time_gpu needs rotations >= 1, reps >= 1, warmup >= 0, l2_bytes >= 1; "
@@ -59,20 +82,31 @@ def time_gpu(launch: Callable[[int], None], *, rotations: int = 1, warmup: int =
 
     if not torch.cuda.is_available():
         raise RuntimeError("time_gpu needs a CUDA device; torch sees none")
+    first = reps if min_reps is None else max(1, min(min_reps, reps))
     with torch.cuda.device(device):
         flush = torch.empty(2 * l2_bytes, dtype=torch.uint8, device="cuda")
         for i in range(warmup):
             launch(i % rotations)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        times: list[float] = []
         torch.cuda.synchronize()
-        for i in range(reps):
-            flush.zero_()
-            starts[i].record()
-            launch((warmup + i) % rotations)
-            ends[i].record()
-        torch.cuda.synchronize()
-        return summarize([start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)])
+        while len(times) < reps:
+            n = first if not times else min(batch, reps - len(times))
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            for i in range(n):
+                flush.zero_()
+                starts[i].record()
+                launch((warmup + len(times) + i) % rotations)
+                ends[i].record()
+            torch.cuda.synchronize()
+            times += [start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
+            if min_reps is None:
+                continue
+            if stop_above is not None and min(times) > stop_above:
+                break
+            if rel_ci > 0 and settled(times, rel_ci):
+                break
+        return summarize(times)
 
 
 def cuda_gpu_model(device: int) -> str | None:

@@ -33,7 +33,7 @@ from ..cache.keys import CacheKey
 from ..compiler.codegen.emitter import Emitted
 from ..compiler.codegen.launch_abi import Variant
 from ..compiler.codegen.schedule import VIEWS
-from ..compiler.codegen.templates import emit
+from ..compiler.codegen.templates import emit, template
 from ..compiler.codegen.templates.base import config_key
 from ..compiler.ir.graph import Node, Op
 from ..errors import XGError
@@ -42,14 +42,18 @@ from ..runtime.cpu import CpuExecutor
 from ..runtime.cuda import KernelBinary
 from ..dtypes import FLOAT_DTYPES, TORCH_DTYPES
 from ..runtime.values import Values
+from .compile_job import binary_of, compile_job
 from .jobs import Job
 from .policy import Policy
 from .predict import rank
+from .search import Candidate, Search, exhaustive, first_wave
 from .space import candidates, default_config
 
 SPACE_VERSION = 2
 TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "float16": 5e-3, "bfloat16": 2e-2}
 MEASURE_POLICY = {"objective": "median-ms", "warmup": 5, "reps": 50, "l2-flush": True}
+LOOKAHEAD = 8           # compiles a job keeps queued ahead of the candidate it measures
+
 
 
 class TuneError(XGError):
@@ -74,12 +78,16 @@ class Winner:
     candidates: int = 0
     rejected: dict[str, str] = field(default_factory=dict)   # config -> why it scored inf
     measured_on: str | None = None   # the GPU model a measurement ran on
+    search: dict = field(default_factory=dict)      # how a measured job searched (compiled, measured, pruned...)
+    timings: list[dict] = field(default_factory=list)   # per candidate: predicted and measured ms (None: not)
 
     def to_json(self) -> dict:
         out = {"source": self.source, "config": self.config, "ms": round(self.ms, 6), "key": self.key,
                "candidates": self.candidates}
         if self.measured_on:
             out["measured_on"] = self.measured_on
+        if self.search:
+            out["search"] = {k: v for k, v in self.search.items() if not k.endswith("_s") and k != "seconds"}
         return out
 
 
@@ -94,31 +102,36 @@ class Measurer(Protocol):
 # --- inputs and reference -------------------------------------------------------------------------
 
 class JobData:
-    """Seeded random inputs for one job (at its tuning shape) and the float64 reference outputs."""
+    """Seeded random inputs for one job (at its tuning shape) and the float64 reference outputs.
+    `device`: where the inputs are drawn (the measuring GPU: drawing hundreds of MB on a CPU costs
+    seconds of a cold build); same seed and device, same inputs."""
 
-    def __init__(self, job: Job, seed: int = 0) -> None:
+    def __init__(self, job: Job, seed: int = 0, device: str | torch.device = "cpu") -> None:
         self.job = job
         self.seed = seed
+        self.device = torch.device(device)
         self._bases: dict[int, torch.Tensor] = {}
+        self._placed: dict[tuple[int, str], torch.Tensor] = {}     # (node, device) -> base there, copied once
 
     def base(self, nid: int) -> torch.Tensor:
         if nid not in self._bases:
             n = self.job.graph.node(nid)
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + nid)
+            g = torch.Generator(self.device).manual_seed(self.seed * 1_000_003 + nid)
+            on = {"device": self.device}
             dt = TORCH_DTYPES[n.dtype]
             shape = tuple(n.shape)
             if n.dtype in FLOAT_DTYPES:
-                t = torch.randn(shape, generator=g, dtype=torch.float32).to(dt)
+                t = torch.randn(shape, generator=g, dtype=torch.float32, **on).to(dt)
             elif self._is_index(nid):
-                t = torch.zeros(shape, dtype=dt)      # a run-time index: 0 is in bounds of any dim
+                t = torch.zeros(shape, dtype=dt, **on)      # a run-time index: 0 is in bounds of any dim
             elif (rows := self._gather_rows(nid)) is not None:
-                t = torch.randint(0, max(rows, 1), shape, generator=g).to(dt)    # rows of a table
+                t = torch.randint(0, max(rows, 1), shape, generator=g, **on).to(dt)    # rows of a table
             elif n.dtype == "bool":
-                t = torch.randint(0, 2, shape, generator=g).bool()
+                t = torch.randint(0, 2, shape, generator=g, **on).bool()
             elif n.dtype == "uint8":
-                t = torch.randint(0, 16, shape, generator=g).to(dt)
+                t = torch.randint(0, 16, shape, generator=g, **on).to(dt)
             else:
-                t = torch.randint(-8, 8, shape, generator=g).to(dt)
+                t = torch.randint(-8, 8, shape, generator=g, **on).to(dt)
             self._bases[nid] = t
         return self._bases[nid]
 
@@ -142,7 +155,10 @@ class JobData:
         def base(n: Node) -> torch.Tensor:
             if n.op is Op.CONST:
                 return torch.tensor(n.attr("value"), dtype=TORCH_DTYPES[n.dtype], device=device)
-            return self.base(n.id).to(device)
+            key = (n.id, str(device))
+            if key not in self._placed:
+                self._placed[key] = self.base(n.id).to(device)
+            return self._placed[key]
         return Values(self.job.graph, base, meta=True)
 
     def reference(self, device: str | torch.device = "cpu", float64: bool = True) -> list[torch.Tensor]:
@@ -177,16 +193,19 @@ class JobData:
                 vals[nid] = ex.eval(n, [get(i) for i in n.inputs], {})
         finally:
             torch.backends.cuda.matmul.allow_tf32 = tf32
-        return [vals[nid].cpu() for nid in binding.outputs]
+        return [vals[nid] for nid in binding.outputs]     # on `device`: candidates are checked there
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref|| over the reference's finite elements, in float64."""
-    o, r = out.double(), ref.double()
+    o, r = out.to(ref.device).double(), ref.double()
     finite = torch.isfinite(r)
-    if not finite.any():
-        return 0.0
-    return (o[finite] - r[finite]).norm().item() / max(r[finite].norm().item(), 1e-30)
+    if not bool(finite.all()):
+        if not finite.any():
+            return 0.0
+        o, r = o[finite], r[finite]
+    num, den = torch.stack([(o - r).norm(), r.norm()]).tolist()
+    return num / max(den, 1e-30)
 
 
 def gate_dtypes(spec) -> list[str]:
@@ -207,31 +226,26 @@ def agrees(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> str | None:
     if tuple(out.shape) != tuple(ref.shape):
         return f"shape {tuple(out.shape)} != {tuple(ref.shape)}"
     if dtype in FLOAT_DTYPES:
-        o, r = out.double(), ref.double()
+        o, r = out.to(ref.device).double(), ref.double()
         if bool(torch.isnan(o).any() != torch.isnan(r).any()):
             return "NaN where the reference has none"
         err = rel_error(o, r)
         if not math.isfinite(err) or err > TOLERANCE[dtype]:
             return f"relative error {err:.3g} > {TOLERANCE[dtype]:g}"
         return None
-    wrong = (out.to(ref.dtype) != ref).double().mean().item() if out.numel() else 0.0
+    wrong = (out.to(ref.device, ref.dtype) != ref).double().mean().item() if out.numel() else 0.0
     return None if wrong <= 1e-3 else f"{wrong:.2%} of elements differ"
 
 
 # --- compiling ------------------------------------------------------------------------------------
 
-def _compile_worker(source: str, name: str, params: list, constexprs: dict, div16: list, aligned: bool,
-                    arch: int, num_warps: int, num_stages: int) -> dict:
-    """Runs in a worker process: compile one emitted kernel, return what KernelBinary needs."""
-    from ..compiler.codegen.build import compile_emitted
-    em = Emitted(name, source, [tuple(p) for p in params], constexprs, div16, aligned)
-    ck = compile_emitted(em, arch, num_warps, num_stages)
-    kb = KernelBinary.from_compiled(ck, [t for _, t in em.params])
-    return {"binary": kb, "ptx": ck.asm.get("ptx", "")}
-
-
 class Compiler:
-    """Compiles emitted kernels through the cache (kind `cubin`), in worker processes."""
+    """Compiles emitted kernels through the cache (kind `cubin`), in worker processes.
+
+    A kernel asked for twice (two jobs whose kernels differ only in what the source does not
+    bake in: sizes passed at run time) is compiled once: requests share one future by cache key.
+    `priority` orders the queue (lower first): the tuner compiles the job it is measuring before
+    the jobs it compiles ahead for; `release` cancels what is queued and no longer wanted."""
 
     def __init__(self, arch: int, cache: Any = None, workers: int = 1) -> None:
         self.arch = arch
@@ -241,6 +255,10 @@ class Compiler:
         self._lock = threading.Lock()
         self.hits = 0
         self.compiled = 0
+        self.shared = 0                 # requests answered by a compile another request started
+        self.seconds = 0.0              # worker time spent compiling
+        self._known: dict[str, tuple[futures.Future, futures.Future | None]] = {}   # key -> (result, queued)
+        self._holders: dict[str, int] = {}
 
     def key(self, em: Emitted, num_warps: int, num_stages: int) -> CacheKey:
         import hashlib
@@ -262,11 +280,18 @@ class Compiler:
                     self._pool = futures.ThreadPoolExecutor(1)
             return self._pool
 
-    def submit(self, em: Emitted, num_warps: int, num_stages: int) -> "futures.Future[tuple[KernelBinary, str]]":
+    def submit(self, em: Emitted, num_warps: int, num_stages: int,
+               priority: float = 0) -> "futures.Future[tuple[KernelBinary, str]]":
         """The kernel compiled, from the cache when this host made or checked that entry. A cubin
         from the remote (or of unknown origin) is never used as it is: the kernel is compiled here
         and the cached bytes are kept only when they equal this compile (`_settle`)."""
         key = self.key(em, num_warps, num_stages)
+        with self._lock:
+            known = self._known.get(key.digest)
+            if known is not None and not known[0].cancelled():
+                self._holders[key.digest] = self._holders.get(key.digest, 0) + 1
+                self.shared += 1
+                return known[0]
         hit = self.cache.lookup(key) if self.cache is not None else None
         unverified = None
         if hit is not None and not hit.trusted:
@@ -280,18 +305,32 @@ class Compiler:
                 return done
             except (KeyError, TypeError, ValueError, UnicodeDecodeError):
                 pass          # a record of another shape: compile again and overwrite
-        fut = self._executor().submit(_compile_worker, em.source, em.name, em.params, em.constexprs, em.div16,
-                                      em.aligned, self.arch, num_warps, num_stages)
+        pool = self._executor()
+        args = (compile_job, em.source, em.name, em.params, em.constexprs, em.div16, em.aligned, self.arch,
+                num_warps, num_stages)
+        fut = pool.submit_at(priority, *args) if hasattr(pool, "submit_at") else pool.submit(*args)
         out: futures.Future = futures.Future()
+        with self._lock:
+            self._known[key.digest] = (out, fut)
+            self._holders[key.digest] = 1
 
         def finish(f: futures.Future) -> None:
+            if f.cancelled():
+                out.cancel()
+                return
             try:
                 res = f.result()
             except BaseException as exc:  # noqa: BLE001 (a compile failure is a result: the candidate scores inf)
                 out.set_exception(exc)
                 return
-            kb, ptx = res["binary"], res["ptx"]
-            self.compiled += 1
+            try:
+                kb, ptx = binary_of(res, em.params), res["ptx"]
+            except BaseException as exc:  # noqa: BLE001 (a kernel XG cannot launch is a failed compile)
+                out.set_exception(exc)
+                return
+            with self._lock:
+                self.compiled += 1
+                self.seconds += res.get("seconds", 0.0)
             if self.cache is not None:
                 try:
                     self._settle(key, kb, ptx, unverified)
@@ -300,6 +339,19 @@ class Compiler:
             out.set_result((kb, ptx))
         fut.add_done_callback(finish)
         return out
+
+    def release(self, em: Emitted, num_warps: int, num_stages: int) -> None:
+        """One request for this kernel no longer needs it: the compile is cancelled when it is
+        still queued and nothing else asked for it."""
+        digest = self.key(em, num_warps, num_stages).digest
+        with self._lock:
+            held = self._holders.get(digest, 0) - 1
+            self._holders[digest] = max(held, 0)
+            known = self._known.get(digest)
+            if held > 0 or known is None or known[1] is None:
+                return
+            if known[1].cancel():
+                del self._known[digest]
 
     def _settle(self, key: CacheKey, kb: KernelBinary, ptx: str, unverified: Any) -> None:
         """Record this host's compile. An unchecked cached entry for the same key is kept when
@@ -362,6 +414,10 @@ class Tuner:
         self._float32_error = _Float32Error()
         self._neighbours: Neighbours | None = None
         self._neighbours_lock = threading.Lock()
+        self.seeds: dict[str, str] = {}         # kernel name -> this build's first winner (tuners may share it)
+        self._prefetched: dict[str, dict] = {}
+        self.events: Any = None                 # callable(kind, **fields): progress events
+        self.lookahead = 0                      # compiles to keep queued ahead (0: LOOKAHEAD)
 
     def _as_accurate_as_float32(self, outs: list[torch.Tensor], ref: list[torch.Tensor], data: JobData) -> str | None:
         """None when every output of a 3xTF32 candidate is at least as close to the float64
@@ -402,6 +458,9 @@ class Tuner:
             config = {str(k): int(x) for k, x in dict(v["config"]).items()}
             winner = Winner(config, "cache", float(v["ms"]), key.digest, int(v.get("candidates", 0)),
                             measured_on=str(v["measured_on"]))
+            search = thaw(v.get("search", {}))
+            if isinstance(search, dict) and all(isinstance(x, (int, bool)) for x in search.values()):
+                winner.search = search
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
         if not hit.trusted:
@@ -415,11 +474,12 @@ class Tuner:
             self.cache.adopt(hit, "remote-verified")
         return winner
 
-    def tune(self, job: Job) -> Winner:
+    def tune(self, job: Job, priority: float = 0, looked_up: bool = False) -> Winner:
+        """`job`'s winner under the policy; `looked_up`: the caller found no cache hit already."""
         key = self.key(job)
         if self.policy == "predict":
             return self._predict(job, key)
-        hit = self.from_cache(job, key)
+        hit = None if looked_up else self.from_cache(job, key)
         if hit is not None:
             return hit
         if self.policy == "strict":
@@ -430,10 +490,11 @@ class Tuner:
                                 f"host has none; use --tune=cache or --tune=predict, or build on a "
                                 f"{self.profile.name} host")
             return self._predict(job, key)
-        winner = self.measure(job, key)
+        winner = self.measure(job, key, priority)
         self._record(key, {"how": "measured", "origin": "measured", "config": winner.config, "ms": winner.ms,
                            "measured_on": winner.measured_on, "candidates": winner.candidates,
-                           "rejected": winner.rejected})
+                           "rejected": winner.rejected, "search": winner.to_json().get("search", {}),
+                           "timings": winner.timings})
         return winner
 
     def _predict(self, job: Job, key: CacheKey) -> Winner:
@@ -465,59 +526,150 @@ class Tuner:
             stored = None
         return miss_report(key, self._neighbours, stored)
 
-    def measure(self, job: Job, key: CacheKey) -> Winner:
+    def ranked(self, job: Job) -> list[Candidate]:
+        """The job's candidates, best-predicted first, with their predictions."""
+        ranked = rank(job.problem, self.candidates(job), self.profile) or \
+            rank(job.problem, [default_config(job.problem)], self.profile)
+        return [Candidate(config_key(c), c, ms) for ms, c in ranked]
+
+    def seed(self, job: Job, ranked: list[Candidate]) -> str | None:
+        """A neighbouring shape's winner of the same kernel (this build's, or the local cache's
+        nearest measured record), when it is one of this job's candidates: measured first."""
+        keys = {c.key for c in ranked}
+        with self._neighbours_lock:
+            mine = self.seeds.get(job.spec.name)
+        if mine in keys:
+            return mine
+        local = getattr(self.cache, "local", None)
+        if local is None:
+            return None
+        with self._neighbours_lock:
+            if self._neighbours is None:
+                try:
+                    self._neighbours = Neighbours.of(local)
+                except (CacheError, OSError):
+                    self._neighbours = Neighbours([])
+        near = self._neighbours.nearest(self.key(job))
+        try:
+            found = config_key({str(k): int(x) for k, x in dict(near.record.value["config"]).items()}) if near else None
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        return found if found in keys else None
+
+    def _submit(self, job: Job, c: Candidate, priority: float) -> tuple:
+        """(variant, emitted, compile future) of a candidate, or (variant, None, the emit error)."""
+        variant = job.fast_variant(c.config)
+        try:
+            em = emit(job.spec, c.config, variant)
+        except Exception as exc:  # noqa: BLE001 (a template that cannot be emitted scores inf)
+            return variant, None, exc
+        return variant, em, self.compiler.submit(em, c.config["num_warps"], c.config["num_stages"], priority=priority)
+
+    def prefetch(self, job: Job, priority: float) -> None:
+        """Start compiling the candidates `job` will measure first (`first_wave`), at `priority`,
+        so that they are ready when a GPU gets to the job. Kept until `measure` takes them."""
+        if self.compiler is None:
+            return
+        ranked = self.ranked(job)
+        wave = first_wave(ranked, self.seed(job, ranked), LOOKAHEAD)
+        self._prefetched[job.ident] = {c.key: self._submit(job, c, priority) for c in wave}
+
+    def measure(self, job: Job, key: CacheKey, priority: float = 0) -> Winner:
         assert self.measurer is not None and self.compiler is not None
-        cands = [c for _, c in rank(job.problem, self.candidates(job), self.profile)] or [default_config(job.problem)]
-        data = JobData(job)
+        t_start = time.monotonic()
+        ranked = self.ranked(job)
+        search = Search(ranked, seed=self.seed(job, ranked), exhaustive=exhaustive(),
+                        margin=template(job.problem.kind).bound_margin)
+        started = self._prefetched.pop(job.ident, {})
+        if not started:                 # nothing compiled ahead: start before the reference is made
+            started = {c.key: self._submit(job, c, priority) for c in search.upcoming(LOOKAHEAD)}
+        t_ref = time.monotonic()
+        data = JobData(job, device=getattr(self.measurer, "device", "cpu"))
         ref = data.reference(getattr(self.measurer, "device", "cpu"))
         out_dtypes = gate_dtypes(job.spec)
-        submitted = []
-        for cfg in cands:
-            variant = job.fast_variant(cfg)
-            try:
-                em = emit(job.spec, cfg, variant)
-                submitted.append((cfg, variant, em, self.compiler.submit(em, cfg["num_warps"], cfg["num_stages"])))
-            except Exception as exc:  # noqa: BLE001 (a template that cannot be emitted scores inf)
-                submitted.append((cfg, variant, None, exc))
+        t_ref = time.monotonic() - t_ref
+        races = getattr(self.measurer, "races", False)
         spent = 0.0               # seconds of measuring: the budget does not count waiting for compiles
-        best: tuple[float, dict] | None = None
+        waited = 0.0              # seconds waiting for compiles
         rejected: dict[str, str] = {}
-        for cfg, variant, em, fut in submitted:
-            ck = config_key(cfg)
-            if self.budget_s is not None and best is not None and spent > self.budget_s:
-                rejected[ck] = "time budget spent"
+        events = self.events
+        # Compiles are what a cold job waits for (ptxas: seconds each): the last job keeps every
+        # worker busy; earlier ones leave room for the jobs after them (`prefetch`).
+        lookahead = len(ranked) if search.exhaustive else self.lookahead or LOOKAHEAD
+        while (c := search.next()) is not None:
+            for ahead in search.upcoming(lookahead):
+                if ahead.key not in started:
+                    started[ahead.key] = self._submit(job, ahead, priority)
+            if self.budget_s is not None and search.best is not None and spent > self.budget_s:
+                search.skip(c.key, "time budget spent")
                 continue
-            if isinstance(fut, Exception):
-                rejected[ck] = f"emit failed: {fut}"
-                continue
-            try:
-                binary, _ptx = fut.result()
-            except Exception as exc:  # noqa: BLE001
-                rejected[ck] = f"compile failed: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+            variant, em, fut = started[c.key]
+            if em is None:
+                rejected[c.key] = f"emit failed: {fut}"
+                search.record(c.key, math.inf)
                 continue
             t0 = time.monotonic()
             try:
-                ms, outs = self.measurer.measure(job, variant, cfg, em, binary, data)
+                binary, _ptx = fut.result()
+            except Exception as exc:  # noqa: BLE001
+                rejected[c.key] = f"compile failed: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+                search.record(c.key, math.inf)
+                continue
+            finally:
+                waited += time.monotonic() - t0
+            t0 = time.monotonic()
+            try:
+                if races:
+                    ms, outs = self.measurer.measure(job, variant, c.config, em, binary, data,
+                                                     stop_above=search.stop_above())
+                else:
+                    ms, outs = self.measurer.measure(job, variant, c.config, em, binary, data)
             except Exception as exc:  # noqa: BLE001 (a launch failure scores inf)
-                rejected[ck] = f"run failed: {str(exc)[:200]}"
+                rejected[c.key] = f"run failed: {str(exc)[:200]}"
+                search.record(c.key, math.inf)
                 continue
             finally:
                 spent += time.monotonic() - t0
             why = next((w for w in (agrees(o, r, d) for o, r, d in zip(outs, ref, out_dtypes)) if w), None)
-            if why is None and cfg.get("TF32X3"):
+            if why is None and c.config.get("TF32X3"):
                 why = self._as_accurate_as_float32(outs, ref, data)
             if len(outs) != len(ref):
                 why = f"{len(outs)} outputs, expected {len(ref)}"
             if why:
-                rejected[ck] = f"wrong result: {why}"
+                rejected[c.key] = f"wrong result: {why}"
+                search.record(c.key, math.inf)
                 continue
             if not math.isfinite(ms):
-                rejected[ck] = "no time"
-                continue
-            if best is None or (ms, ck) < (best[0], config_key(best[1])):
-                best = (ms, cfg)
+                rejected[c.key] = "no time"
+            search.record(c.key, ms)
+            if events is not None:
+                best = search.best
+                events("candidate", job=job.ident, config=c.key, ms=ms, best_ms=best[0] if best else None,
+                       left=len(search.upcoming(len(ranked))))
+        for c in ranked:                # queued compiles nobody will measure: out of the pool's way
+            if c.key in started and c.key not in search.times and started[c.key][1] is not None:
+                self.compiler.release(started[c.key][1], c.config["num_warps"], c.config["num_stages"])
+        best = search.best
+        for k, why in search.pruned.items():
+            rejected.setdefault(k, why)
         if best is None:
             reasons = "; ".join(f"{k}: {v}" for k, v in list(rejected.items())[:5])
             raise TuneError(f"job {job.ident}: every candidate failed ({reasons})")
-        return Winner(best[1], "measured", best[0], key.digest, len(cands), rejected, self.measurer.gpu_name)
+        config = next(c.config for c in ranked if c.key == best[1])
+        with self._neighbours_lock:
+            self.seeds.setdefault(job.spec.name, best[1])
+        measured = sum(1 for k, ms in search.times.items() if k not in search.pruned and k not in rejected)
+        stats = {"candidates": len(ranked), "compiled": sum(1 for c in ranked if c.key in started
+                                                             and started[c.key][1] is not None),
+                 "measured": measured,
+                 "pruned": sum(1 for why in search.pruned.values() if why.startswith("bound")),
+                 "failed": sum(1 for k in rejected if k not in search.pruned),
+                 "seeded": search.seed is not None and search.order[0].key == search.seed,
+                 "seconds": round(time.monotonic() - t_start, 3), "measuring_s": round(spent, 3),
+                 "waiting_s": round(waited, 3), "reference_s": round(t_ref, 3)}
+        timings = [{"config": c.key, "predicted_ms": c.predicted_ms,
+                    "ms": search.times.get(c.key) if math.isfinite(search.times.get(c.key, math.inf)) else None}
+                   for c in ranked]
+        return Winner(config, "measured", best[0], key.digest, len(ranked), rejected, self.measurer.gpu_name,
+                      search=stats, timings=timings)
 

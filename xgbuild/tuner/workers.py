@@ -10,6 +10,8 @@ job it held with its exit code and the tail of its stderr, and is replaced for t
 from __future__ import annotations
 
 import collections
+import itertools
+import math
 import os
 import pickle
 import queue
@@ -92,23 +94,30 @@ class _Worker:
 
 
 class SubprocessPool(futures.Executor):
-    """A fixed number of worker subprocesses, started on first use, each fed by one thread."""
+    """A fixed number of worker subprocesses, started on first use, each fed by one thread. Jobs
+    run lowest `priority` first (`submit_at`), in submission order within a priority."""
 
     def __init__(self, workers: int) -> None:
         self.size = max(1, workers)
-        self._jobs: queue.Queue = queue.Queue()
+        self._jobs: queue.PriorityQueue = queue.PriorityQueue()
+        self._seq = itertools.count()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._live: set[_Worker] = set()
 
     def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> futures.Future:
         if kwargs:
             raise TypeError("SubprocessPool.submit takes positional arguments only")
+        return self.submit_at(0, fn, *args)
+
+    def submit_at(self, priority: float, fn: Callable, /, *args: Any) -> futures.Future:
+        """`submit`, run before every queued job of a higher `priority` number."""
         fut: futures.Future = futures.Future()
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot submit to a pool that was shut down")
-            self._jobs.put((fut, fn, args))
+            self._jobs.put((priority, next(self._seq), (fut, fn, args)))
             if len(self._threads) < self.size:
                 t = threading.Thread(target=self._serve, daemon=True)
                 t.start()
@@ -119,7 +128,7 @@ class SubprocessPool(futures.Executor):
         worker: _Worker | None = None
         try:
             while True:
-                job = self._jobs.get()
+                job = self._jobs.get()[2]
                 if job is _STOP:
                     return
                 fut, fn, args = job
@@ -129,13 +138,16 @@ class SubprocessPool(futures.Executor):
                     if worker is None or worker.proc.poll() is not None:
                         if worker is not None:
                             worker.close()
+                            self._live.discard(worker)
                         worker = _Worker()
+                        self._live.add(worker)
                     fut.set_result(worker.call(fn, args))
                 except BaseException as exc:  # noqa: BLE001 (the job's failure belongs to its future)
                     fut.set_exception(exc)
         finally:
             if worker is not None:
                 worker.close()
+                self._live.discard(worker)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
@@ -143,13 +155,16 @@ class SubprocessPool(futures.Executor):
             if cancel_futures:
                 while True:
                     try:
-                        job = self._jobs.get_nowait()
+                        job = self._jobs.get_nowait()[2]
                     except queue.Empty:
                         break
                     if job is not _STOP:
                         job[0].cancel()
+                for worker in list(self._live):     # compiles still running are not wanted either
+                    if worker.proc.poll() is None:
+                        worker.proc.kill()
             for _ in self._threads:
-                self._jobs.put(_STOP)
+                self._jobs.put((math.inf, next(self._seq), _STOP))     # after every queued job
         if wait:
             for t in self._threads:
                 t.join()

@@ -177,3 +177,93 @@ def test_time_gpu_on_a_real_device():
     name = measure.cuda_gpu_model(0)
     assert isinstance(name, str) and name
     assert measure.cuda_gpu_model(torch.cuda.device_count()) is None
+
+
+class ScriptedEvent(FakeEvent):
+    """Each timed run lasts the next of `durations` (the flush between runs takes no time)."""
+
+    durations: list[float] = []
+
+    def record(self) -> None:
+        if ScriptedEvent.started:
+            FakeEvent.clock += ScriptedEvent.durations.pop(0) if ScriptedEvent.durations else 1.0
+        ScriptedEvent.started = not ScriptedEvent.started
+        self.at = FakeEvent.clock
+
+    started = False
+
+
+def _scripted(monkeypatch, durations: list[float]) -> list[str]:
+    log: list[str] = []
+    torch = fake_torch(log)
+    torch.cuda.Event = ScriptedEvent
+    ScriptedEvent.durations, ScriptedEvent.started = list(durations), False
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    return log
+
+
+def test_time_gpu_stops_once_the_median_is_known(monkeypatch):
+    log = _scripted(monkeypatch, [1.0] * 100)
+    timing = measure.time_gpu(lambda s: log.append("run"), warmup=0, reps=50, min_reps=10, rel_ci=0.01)
+    assert timing.reps == 10 and timing.median_ms == 1.0 and log.count("run") == 10
+
+
+def test_time_gpu_keeps_timing_a_noisy_kernel_up_to_reps(monkeypatch):
+    log = _scripted(monkeypatch, [1.0, 1.5, 2.0, 2.5] * 30)
+    timing = measure.time_gpu(lambda s: log.append("run"), warmup=0, reps=50, min_reps=10, rel_ci=0.01)
+    assert timing.reps == 50
+
+
+def test_time_gpu_stops_a_loser_early(monkeypatch):
+    log = _scripted(monkeypatch, [5.0] * 100)
+    timing = measure.time_gpu(lambda s: None, warmup=0, reps=50, min_reps=10, rel_ci=0.0, stop_above=2.0)
+    assert timing.reps == 10 and timing.median_ms == 5.0
+    log = _scripted(monkeypatch, [1.0] * 100)         # a contender is timed in full
+    assert measure.time_gpu(lambda s: None, warmup=0, reps=50, min_reps=10, stop_above=2.0).reps == 50
+
+
+def test_median_interval_and_settled():
+    ordered = [float(x) for x in range(1, 101)]
+    lo, hi = measure.median_ci(ordered)
+    assert lo < 50.5 < hi and hi - lo < 25
+    assert measure.settled([1.0] * 10, 0.01)
+    assert not measure.settled([1.0, 2.0] * 5, 0.01)
+    assert measure.settled([1.0, 1.001] * 20, 0.01)
+
+
+def test_progress_writes_json_events_for_logs():
+    import json
+    stream = io.StringIO()
+    with TuneProgress(2, json_stream=stream) as bar:
+        bar.start_job("job-a", 12)
+        bar.event("candidate", job="job-a", config='{"BLOCK":1}', ms=0.5, best_ms=0.5, left=3)
+        bar.advance("job-a", "measured", 0.5, {"candidates": 12, "compiled": 6, "measured": 5, "pruned": 7})
+        bar.advance("job-b", "cache", float("inf"))
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [e["event"] for e in events] == ["start", "job", "candidate", "done", "done", "end"]
+    assert events[-1]["candidates_pruned"] == 7 and events[-1]["cached"] == 1 and events[-1]["ok"] is True
+    assert events[4]["ms"] is None                  # never Infinity: JSON parsers refuse it
+    assert all(isinstance(e["t"], float) for e in events)
+    assert not bar.visible
+
+
+def test_xgc_progress_json_streams_events_on_stderr(tmp_path):
+    """`xgc --progress json`: one JSON object per line on stderr while tuning (a CI log can parse
+    it), the build summary after; a value it does not know is a usage error."""
+    import json
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[3]
+    env = {**__import__("os").environ, "XG_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "xgbuild.cli.xgc", str(repo / "examples" / "mlp.xg"), "--target=H100",
+                           "--tune=predict", "--out", str(tmp_path / "mlp.xge"), "--progress", "json"],
+                          capture_output=True, text=True, timeout=300, cwd=repo, env=env)
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "end" and kinds.count("done") == events[0]["jobs"] >= 1
+    assert all(e["source"] == "predicted" for e in events if e["event"] == "done")
+    bad = subprocess.run([sys.executable, "-m", "xgbuild.cli.xgc", str(repo / "examples" / "mlp.xg"), "--target=H100",
+                          "--out", str(tmp_path / "x.xge"), "--progress", "loud"],
+                         capture_output=True, text=True, timeout=120, cwd=repo, env=env)
+    assert bad.returncode == 2 and "--progress takes auto, bar, json or none" in bad.stderr
+    assert "Traceback" not in bad.stderr and not (tmp_path / "x.xge").exists()

@@ -72,12 +72,12 @@ class FailingCompiler(Compiler):
         super().__init__(arch)
         self.fail = fail
 
-    def submit(self, em, num_warps, num_stages):
+    def submit(self, em, num_warps, num_stages, priority=0):
         if any(f in em.source for f in self.fail):
             f: futures.Future = futures.Future()
             f.set_exception(RuntimeError("out of resource: shared memory"))
             return f
-        return super().submit(em, num_warps, num_stages)
+        return super().submit(em, num_warps, num_stages, priority)
 
 
 def _configs(tuner, job):
@@ -358,3 +358,61 @@ def main() {
 """).optimized.main
     (job,), _ = plan(exact, {"M": 32, "K": 64, "N": 48})
     assert gate_dtypes(job.spec) == ["float32"]
+
+
+def test_compiler_shares_one_compile_per_kernel_and_cancels_released_ones(job) -> None:
+    """Two requests for the same kernel share a compile; a queued compile nobody wants is cancelled."""
+    from xgbuild.compiler.codegen.templates import emit
+    profile = load_profile("H100")
+    cands = Tuner(profile).candidates(job)[:3]
+    ems = [emit(job.spec, c, job.fast_variant(c)) for c in cands]
+    compiler = Compiler(90)                                  # one worker: later submissions queue
+    try:
+        a = compiler.submit(ems[0], cands[0]["num_warps"], cands[0]["num_stages"])
+        b = compiler.submit(ems[1], cands[1]["num_warps"], cands[1]["num_stages"], priority=1)
+        again = compiler.submit(ems[0], cands[0]["num_warps"], cands[0]["num_stages"])
+        assert again is a and compiler.shared == 1
+        compiler.release(ems[1], cands[1]["num_warps"], cands[1]["num_stages"])
+        assert b.cancelled()
+        kb, _ptx = a.result(timeout=300)
+        assert cubin_arch(kb.cubin) == 90 and compiler.compiled == 1
+        b2 = compiler.submit(ems[1], cands[1]["num_warps"], cands[1]["num_stages"])   # wanted again: compiled
+        assert b2 is not b and cubin_arch(b2.result(timeout=300)[0].cubin) == 90
+        # held twice, released once: still wanted
+        c1 = compiler.submit(ems[2], cands[2]["num_warps"], cands[2]["num_stages"])
+        compiler.submit(ems[2], cands[2]["num_warps"], cands[2]["num_stages"])
+        compiler.release(ems[2], cands[2]["num_warps"], cands[2]["num_stages"])
+        assert not c1.cancelled() and c1.result(timeout=300)
+    finally:
+        compiler.close()
+
+
+def test_measured_search_stops_early_and_reports_it(job) -> None:
+    """With times that follow the model, the search stops at the bound: fewer compiled and
+    measured than the space holds, the rest pruned with a reason, and the manifest entry says so."""
+    profile = load_profile("H100")
+    probe = Tuner(profile)
+    from xgbuild.tuner.search import Candidate
+    # the model's predictions spread out (0.01, 0.02, ... ms) and the measurements follow them
+    ranked = [Candidate(c.key, c.config, 0.01 * (i + 1)) for i, c in enumerate(probe.ranked(job)[:8])]
+    n = len(ranked)
+    assert n >= 5
+    times = {c.key: c.predicted_ms * 1.1 for c in ranked}
+    fake = FakeMeasurer(times)
+    compiler = Compiler(90)
+    tuner = Tuner(profile, policy="measure", measurer=fake, compiler=compiler)
+    tuner.candidates = lambda j: [c.config for c in ranked]
+    tuner.ranked = lambda j: ranked
+    import xgbuild.compiler.codegen.templates.rowwise as rowwise
+    old = rowwise.RowwiseTemplate.bound_margin
+    rowwise.RowwiseTemplate.bound_margin = 0.85           # this job is a rowwise one: let its bound act
+    try:
+        w = tuner.tune(job)
+    finally:
+        rowwise.RowwiseTemplate.bound_margin = old
+        compiler.close()
+    assert config_key(w.config) == ranked[0].key
+    s = w.to_json()["search"]
+    assert s["candidates"] == n and s["measured"] == len(fake.seen) < n and s["pruned"] == n - s["measured"]
+    assert all(w.rejected[c.key].startswith("bound:") for c in ranked if c.key not in fake.seen)
+    assert [r["config"] for r in w.timings] == [c.key for c in ranked]

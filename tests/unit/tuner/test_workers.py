@@ -57,3 +57,34 @@ def test_compile_at_top_level_of_a_script(tmp_path: Path) -> None:
                           cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "kernels" in proc.stdout and "bootstrapping" not in proc.stderr
+
+
+def test_jobs_run_lowest_priority_first() -> None:
+    import time
+    pool = SubprocessPool(1)
+    try:
+        pool.submit(time.sleep, 1.0)                          # holds the one worker while the rest queue
+        late = pool.submit_at(5, time.monotonic_ns)
+        soon = pool.submit_at(1, time.monotonic_ns)
+        same = [pool.submit_at(3, time.monotonic_ns) for _ in range(3)]
+        order = [f.result(timeout=60) for f in (soon, *same, late)]
+        assert order == sorted(order)                          # 1, then the 3s in submission order, then 5
+    finally:
+        pool.shutdown()
+
+
+def test_shutdown_with_cancel_stops_running_and_queued_jobs() -> None:
+    import time
+    pool = SubprocessPool(1)
+    running = pool.submit(time.sleep, 60)
+    queued = pool.submit(time.sleep, 60)
+    deadline = time.monotonic() + 60
+    while not pool._live and time.monotonic() < deadline:    # the worker process exists and holds the first
+        time.sleep(0.05)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    pool.shutdown(wait=True, cancel_futures=True)
+    assert time.monotonic() - t0 < 20
+    assert queued.cancelled()
+    with pytest.raises(WorkerDied):
+        running.result(timeout=5)

@@ -12,9 +12,10 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .emitter import Emitted
+if TYPE_CHECKING:       # (not imported at run time: compile workers load this module without torch)
+    from .emitter import Emitted
 
 
 def source_dir() -> Path:

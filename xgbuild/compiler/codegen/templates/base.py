@@ -95,6 +95,10 @@ class KernelTemplate(ABC):
     sizes: tuple[str, ...] = ()         # the `Problem` fields this kind needs >= 1
     tiled: bool = False                 # operands read as 2-D tiles: layouts always carry strides
     max_candidates: int = 48            # configs `tuner.space.candidates` keeps at most
+    # How far the tuner trusts this kind's cost model to stop measuring early (`tuner.search`):
+    # the model's most optimistic measured/predicted ratio times this bounds an unmeasured
+    # candidate's time. 0: measure every candidate (the model cannot rank them).
+    bound_margin: float = 0.85
     rules: tuple[Rule, ...] = ()        # pruning rules, in the order they are tried
 
     # --- code ------------------------------------------------------------------------------
