@@ -175,6 +175,23 @@ def child_env() -> dict[str, str]:
     return dict(os.environ)
 
 
+def tune_exhaustive() -> bool:
+    """XG_TUNE_EXHAUSTIVE=1: the tuner compiles and times every candidate in full (no bound, no
+    racing, 50 runs each): how it tuned before its search stopped early, kept for comparisons."""
+    return os.environ.get("XG_TUNE_EXHAUSTIVE", "") not in ("", "0")
+
+
+def tune_in_process() -> bool:
+    """XG_TUNE_IN_PROCESS=1: several local GPUs measure from threads of the build's own process
+    instead of one process each (`tuner.gpu_procs`)."""
+    return os.environ.get("XG_TUNE_IN_PROCESS", "") not in ("", "0")
+
+
+def visible_devices() -> list[str]:
+    """CUDA_VISIBLE_DEVICES as a list (empty when unset: every device is visible)."""
+    return [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+
+
 def use_triton_interpreter() -> None:
     """Make Triton interpret kernels on CPU tensors. Triton reads TRITON_INTERPRET once, when it is
     imported: call this before anything imports it. The one place XG writes the environment."""

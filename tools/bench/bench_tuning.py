@@ -13,8 +13,8 @@ D128 (both bf16, written in XG and built with the `xgc` CLI), and transformers' 
 - `autotune`: `torch.compile(mode="max-autotune")`, time to the first result.
 
 Each row is the child process's wall time (imports included, as a user waits for it) and the
-build's own time inside it. `--gpus 1 2` also tunes a stack of 12 matmuls of distinct shapes
-(`chain`: 12 jobs) on 1 and on 2 GPUs (cold, and
+build's own time inside it. `--gpus 1 2` also tunes a stack of 48 matmuls of distinct shapes
+(`chain`: 48 jobs, `--chain-jobs`) on 1 and on 2 GPUs (cold, and
 with Triton's cache warm so that measuring, not compiling, is what scales) and reports jobs per
 minute. Prints a table and writes JSON (and `--fixture`: every candidate's predicted and measured
 time from the exhaustive runs).
@@ -79,8 +79,12 @@ def _chain(widths: list[int]) -> str:
     return "\n".join(lines) + f"\ndef main() {{\n    return {body}\n}}\n"
 
 
-CHAIN = [1024 + 512 * i for i in range(13)]
-XG_WORKLOADS["chain"] = (_chain(CHAIN), {"T": 8192, **{f"W{i}": w for i, w in enumerate(CHAIN)}})
+def chain_workload(jobs: int) -> tuple[str, dict]:
+    widths = [1024 + (6144 // jobs) * i for i in range(jobs + 1)]
+    return _chain(widths), {"T": 8192, **{f"W{i}": w for i, w in enumerate(widths)}}
+
+
+XG_WORKLOADS["chain"] = chain_workload(int(os.environ.get("XG_BENCH_CHAIN_JOBS", "48")))
 WORKLOADS = (*XG_WORKLOADS, "gpt2")
 
 
@@ -259,12 +263,16 @@ def main() -> int:
     ap.add_argument("--gpt2-layers", type=int, default=12)
     ap.add_argument("--gpus", nargs="*", type=int, default=[], help="also tune GPT-2 on these many GPUs (1 2)")
     ap.add_argument("--scaling-workload", default="chain", choices=WORKLOADS)
+    ap.add_argument("--scaling-caches", nargs="*", default=["cold", "triton-warm"], choices=["cold", "triton-warm"],
+                    help="Triton's cache for the scaling runs: empty (cold) and/or warmed by a first run")
+    ap.add_argument("--chain-jobs", type=int, default=48, help="matmuls (jobs) in the `chain` workload")
     ap.add_argument("--json", default="bench_tuning.json")
     ap.add_argument("--fixture", default=None, help="write the exhaustive runs' per-candidate timings here")
     args = ap.parse_args()
     if args.child:
         child(args.child[0], args.child[1], Path(args.child[2]), args.gpt2_layers)
         return 0
+    os.environ["XG_BENCH_CHAIN_JOBS"] = str(args.chain_jobs)       # the children build the same chain
     import torch
     device = torch.cuda.get_device_name(0)
     print(f"{device} x{torch.cuda.device_count()}, torch {torch.__version__}, {os.cpu_count()} CPUs", flush=True)
@@ -283,12 +291,15 @@ def main() -> int:
             print(f"scaling: {n} GPUs asked for, {torch.cuda.device_count()} present: skipped")
             continue
         warm = Path(tempfile.mkdtemp(prefix="xg-triton-warm-"))
-        cold_run("xg", args.scaling_workload, args.gpt2_layers, gpus="0", triton_cache=warm)   # warms Triton's cache
+        if "triton-warm" in args.scaling_caches:        # warms Triton's cache
+            cold_run("xg", args.scaling_workload, args.gpt2_layers, gpus="0", triton_cache=warm)
         for label, cache in (("cold", None), ("triton-warm", warm)):
+            if label not in args.scaling_caches:
+                continue
             row = cold_run("xg", args.scaling_workload, args.gpt2_layers, gpus=",".join(map(str, range(n))),
                            triton_cache=cache)
             measured = [j for j in row.get("jobs", []) if j.get("source") == "measured"]
-            tuned_s = (row.get("xgc") or {}).get("seconds") or row.get("build_s")     # xgc: tuning and linking
+            tuned_s = (row.get("xgc") or {}).get("tune_s") or row.get("build_s")      # xgc: the jobs' tuning
             row.update(gpus=n, label=label, measured_jobs=len(measured), tuned_s=tuned_s,
                        jobs_per_min=60 * len(measured) / tuned_s if tuned_s else None)
             scaling.append(row)
@@ -325,7 +336,7 @@ def main() -> int:
                 print(f"  {j['job'][:70]}: {j['ms']:.4f} vs {o.get('ms', float('nan')):.4f}"
                       f"{'' if j['config'] == o.get('config') else ' (other config)'}")
     if scaling:
-        print(f"\n{args.scaling_workload}: tuning and linking time (xgc's own count), fresh XG cache each")
+        print(f"\n{args.scaling_workload}: the jobs' tuning time (xgc's `tune_s`), fresh XG cache each")
         print("| Triton cache | GPUs | measured jobs | seconds | jobs / min | scaling |")
         print("| --- | --- | --- | --- | --- | --- |")
         for r in scaling:

@@ -50,6 +50,8 @@ def tuning(profile: GpuProfile, policy: Policy, settings: Settings, workers: int
         cache = Recording(cache, origins)
     try:
         compiler = new_compiler(profile, cache, workers)
+        if measurers:
+            compiler.start()        # the workers' start-up overlaps planning and the cache lookups
         try:
             yield Tuning(profile, policy, cache, measurers, compiler)
         finally:

@@ -95,6 +95,7 @@ class Cache:
         self.upload_error: str | None = None    # set when an upload was refused (e.g. no token)
         self.poisoned: list[tuple[str, str]] = []   # (key, why) of records rejected this process
         self._warned: set[str] = set()
+        self.settings: Settings | None = None
 
     @classmethod
     def open(cls, settings: Settings) -> "Cache":
@@ -103,7 +104,9 @@ class Cache:
         if settings.remote_cache:
             remote = RemoteStore(settings.remote_cache, header=settings.remote_header_pair,
                                  timeout_s=settings.remote_timeout_s)
-        return cls(local, remote, upload=settings.remote_upload)
+        cache = cls(local, remote, upload=settings.remote_upload)
+        cache.settings = settings           # what another process (a GPU's measuring one) opens it with
+        return cache
 
     def close(self) -> None:
         self.local.close()

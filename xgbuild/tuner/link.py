@@ -24,11 +24,12 @@ from ..compiler.frontend.codes import KERNEL_COMPILE, NO_GPU_CODE, NO_TUNED_KERN
 from ..compiler.frontend.diagnostics import plain_error
 from ..compiler.ir.graph import Graph
 from ..hw import GpuProfile
+from .gpu_procs import GpuUnavailable
 from .jobs import Job, plan, tuning_env
 from .policy import Policy
 from .progress import TuneProgress
 from .space import default_config
-from .tuner import LOOKAHEAD, Compiler, Measurer, StrictMiss, Tuner, TuneError, Winner
+from .tuner import Compiler, Measurer, StrictMiss, Tuner, TuneError, Winner
 
 
 @dataclass
@@ -83,9 +84,13 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
                     continue
             queue.append((i, job))
         stop = threading.Event()
+        # GPU 0 measures from this process (nothing to start); any others from a process each,
+        # started now so that their start-up overlaps GPU 0's first jobs.
+        procs = _gpu_processes(measurers, cache, profile, policy, budget_s, compiler) if measuring and queue else []
+        runners: list[Any] = [tuners[0], *procs] if procs else tuners
 
         def ahead() -> None:
-            for i, job in list(queue):
+            for i, job in list(queue):      # (what a measuring process needs it finds in the cache)
                 if stop.is_set():
                     return
                 try:
@@ -106,18 +111,20 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
         if fetcher is not None:
             fetcher.start()
 
-        def worker(tuner: Tuner) -> None:
+        def worker(tuner: Any) -> None:
             while True:
                 with lock:
                     if not queue or errors:
                         return
                     i, job = queue.pop(0)
-                    # the last jobs have the compile workers to themselves: keep them all busy
-                    tuner.lookahead = max(LOOKAHEAD, compiler.workers // len(tuners)) \
-                        if compiler is not None and not queue else LOOKAHEAD
                 try:
-                    bar.start_job(job.ident, len(tuner.candidates(job)) if measuring else 0)
+                    bar.start_job(job.ident, len(tuners[0].candidates(job)) if measuring else 0)
                     w = tuner.tune(job, priority=i, looked_up=bool(measuring))
+                except GpuUnavailable as exc:      # the job goes back; the other GPUs carry on
+                    sys.stderr.write(f"warning: {exc}; tuning on the other GPUs\n")
+                    with lock:
+                        queue.insert(0, (i, job))
+                    return
                 except TuneError as exc:
                     with lock:
                         if isinstance(exc, StrictMiss):
@@ -132,11 +139,12 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
                 with lock:
                     winners[job.ident] = w
                     bar.advance(job.ident, w.source, w.ms, w.search)
+        t_tune = time.perf_counter()
         try:
-            if len(tuners) == 1:
-                worker(tuners[0])
+            if len(runners) == 1:
+                worker(runners[0])
             else:
-                threads = [threading.Thread(target=worker, args=(t,)) for t in tuners]
+                threads = [threading.Thread(target=worker, args=(t,)) for t in runners]
                 for t in threads:
                     t.start()
                 for t in threads:
@@ -146,6 +154,9 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
             if fetcher is not None:
                 fetcher.join()
             tuners[0]._prefetched.clear()
+            for p in procs:
+                p.close()
+            bar.tune_s = time.perf_counter() - t_tune
         if errors:
             raise errors[0]
     if missing:
@@ -154,6 +165,22 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
                         + f"\n  = help: measure them with --tune=measure on {profile.name} hosts (the winners "
                         "then reach every build through the XG cache), or build with --tune=cache")
     return winners
+
+
+def _gpu_processes(measurers: list | None, cache: Any, profile: GpuProfile, policy: Policy, budget_s: float | None,
+                   compiler: Compiler) -> list:
+    """A measuring process for each local GPU after the first when there are several (`gpu_procs`):
+    threads of one process share its interpreter lock. None for one GPU, or for measurers of
+    another kind."""
+    from ..settings import tune_in_process
+    from .cuda_measure import CudaMeasurer
+    if not measurers or len(measurers) < 2 or not all(isinstance(m, CudaMeasurer) for m in measurers) \
+            or tune_in_process():
+        return []
+    from .gpu_procs import GpuProcess
+    share = max(1, compiler.workers // len(measurers))
+    settings = getattr(cache, "settings", None)
+    return [GpuProcess(m.device_index, settings, profile, policy, budget_s, share) for m in measurers[1:]]
 
 
 def compile_winners(jobs: list[Job], winners: dict[str, Winner], compiler: Compiler
@@ -182,15 +209,18 @@ def compile_winners(jobs: list[Job], winners: dict[str, Winner], compiler: Compi
             "id": job.ident, "name": job.spec.name, "kind": job.spec.kind, "spec": job.spec.canonical(),
             "tuning": {**winners[job.ident].to_json(), "shape": job.shape_part()["sizes"]},
             "variants": []})
-        i = len(entry["variants"])
-        base = f"kernels/{job.spec.name}.{hashlib.sha256(job.ident.encode()).hexdigest()[:8]}.{i}.sm{arch}"
-        files[base + ".cubin"] = kb.cubin
-        files[base + ".ptx"] = ptx.encode()
+        # Files are named by their content: jobs whose kernels compiled to the same bytes (one
+        # kernel at many sizes) store them once; an engine of 192 such matmuls held 53 MB of
+        # copies, which read as a decompression bomb (110x).
+        cubin_sha, ptx_sha = hashlib.sha256(kb.cubin).hexdigest(), hashlib.sha256(ptx.encode()).hexdigest()
+        cubin_path = f"kernels/{job.spec.name}.{cubin_sha[:16]}.sm{arch}.cubin"
+        ptx_path = f"kernels/{job.spec.name}.{ptx_sha[:16]}.sm{arch}.ptx"
+        files[cubin_path] = kb.cubin
+        files[ptx_path] = ptx.encode()
         entry["variants"].append({
             "variant": variant.to_json(), "config": cfg, "params": [list(p) for p in em.params],
             "div16": em.div16, **kb.metadata(),
-            "cubin": base + ".cubin", "cubin_sha256": hashlib.sha256(kb.cubin).hexdigest(),
-            "ptx": base + ".ptx", "ptx_sha256": hashlib.sha256(ptx.encode()).hexdigest()})
+            "cubin": cubin_path, "cubin_sha256": cubin_sha, "ptx": ptx_path, "ptx_sha256": ptx_sha})
     return entries, files
 
 
@@ -234,8 +264,11 @@ def build_kernels(graph: Graph, profile: GpuProfile, *, policy: Policy = Policy.
     own = compiler is None
     compiler = compiler or new_compiler(profile, cache, workers)
     try:
+        bar = progress if isinstance(progress, TuneProgress) else \
+            TuneProgress(len(jobs), json_stream=sys.stderr) if progress == "json" else \
+            TuneProgress(len(jobs), enabled=bool(progress))
         winners = tune_jobs(jobs, profile, policy=policy, cache=cache, measurers=measurers, compiler=compiler,
-                            progress=progress, budget_s=budget_s)
+                            progress=bar, budget_s=budget_s)
         entries, files = compile_winners(jobs, winners, compiler)
     finally:
         if own:
@@ -245,7 +278,8 @@ def build_kernels(graph: Graph, profile: GpuProfile, *, policy: Policy = Policy.
              "compiled": compiler.compiled, "compile_cache_hits": compiler.hits,
              "measured": sources.count("measured"), "cache": sources.count("cache"),
              "predicted": sources.count("predicted"), "compile_shared": compiler.shared,
-             "compile_s": round(compiler.seconds, 3)}
+             "compile_s": round(compiler.seconds, 3), "tune_s": round(bar.tune_s, 3),
+             "gpus": len(measurers or [])}
     searched = [w.search for w in winners.values() if w.source == "measured" and w.search]
     if searched:
         stats["search"] = {k: sum(int(s.get(k, 0)) for s in searched)

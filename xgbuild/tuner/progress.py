@@ -46,6 +46,7 @@ class TuneProgress:
         self._jobs: dict[str, TaskID] = {}
         self._lock = threading.Lock()       # one GPU thread per job reports at once
         self._t0 = time.monotonic()
+        self.tune_s = 0.0    # seconds the jobs took, once done (set by `link.tune_jobs`)
 
     def __enter__(self) -> TuneProgress:
         self._t0 = time.monotonic()

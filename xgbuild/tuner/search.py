@@ -24,7 +24,6 @@ real jobs: it must never prune the candidate exhaustive measurement picks.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
 MARGIN = 0.85           # default: how much more optimistic than the most optimistic ratio seen a bound may be
@@ -35,7 +34,8 @@ RACE = 1.3              # a run already this much slower than the best so far st
 def exhaustive() -> bool:
     """`XG_TUNE_EXHAUSTIVE=1`: compile and measure every candidate fully (no bound, no racing,
     a fixed 50 runs each): how XG tuned before the search stopped early; for comparisons."""
-    return os.environ.get("XG_TUNE_EXHAUSTIVE", "") not in ("", "0")
+    from ..settings import tune_exhaustive
+    return tune_exhaustive()
 
 
 @dataclass(frozen=True)
@@ -100,10 +100,12 @@ class Search:
         return None
 
     def upcoming(self, n: int) -> list[Candidate]:
-        """Up to `n` candidates after the current one that the search may measure next (to compile ahead)."""
+        """Up to `n` candidates, from the current one on, that the search may measure next (what to
+        compile ahead): none that its bound already rules out (a later, lower ratio can bring one
+        back; it is then compiled when reached)."""
         out = []
         for c in self.order[self._next:]:
-            if len(out) >= n:
+            if len(out) >= n or not self.can_win(c):
                 break
             if c.key not in self.times and c.key not in self.pruned:
                 out.append(c)

@@ -52,7 +52,11 @@ from .space import candidates, default_config
 SPACE_VERSION = 2
 TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "float16": 5e-3, "bfloat16": 2e-2}
 MEASURE_POLICY = {"objective": "median-ms", "warmup": 5, "reps": 50, "l2-flush": True}
-LOOKAHEAD = 8           # compiles a job keeps queued ahead of the candidate it measures
+# Compiles a job keeps queued from the candidate it measures on (those its bound has not ruled
+# out), and the first wave compiled ahead for each job. A compile takes seconds (ptxas) and a
+# measurement milliseconds, so each round trip of waiting costs a compile's latency: a wide first
+# wave fills the workers at once; the few past the stop point are the price of not waiting.
+LOOKAHEAD = 16
 
 
 
@@ -188,9 +192,12 @@ class JobData:
         tf32 = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = False       # float32 means float32 products here
         try:
-            for nid in nodes:
-                n = graph.node(nid)
-                vals[nid] = ex.eval(n, [get(i) for i in n.inputs], {})
+            # The reference ops make constants (iota, full) with torch's factories: on `device` too,
+            # or a GPU reference of a masked kernel would fall back to the CPU (seconds of float64).
+            with torch.device(device):
+                for nid in nodes:
+                    n = graph.node(nid)
+                    vals[nid] = ex.eval(n, [get(i) for i in n.inputs], {})
         finally:
             torch.backends.cuda.matmul.allow_tf32 = tf32
         return [vals[nid] for nid in binding.outputs]     # on `device`: candidates are checked there
@@ -279,6 +286,12 @@ class Compiler:
                 else:
                     self._pool = futures.ThreadPoolExecutor(1)
             return self._pool
+
+    def start(self) -> None:
+        """Start the compile workers now: a measured build will need them all."""
+        pool = self._executor()
+        if hasattr(pool, "start"):
+            pool.start()
 
     def submit(self, em: Emitted, num_warps: int, num_stages: int,
                priority: float = 0) -> "futures.Future[tuple[KernelBinary, str]]":
@@ -417,7 +430,6 @@ class Tuner:
         self.seeds: dict[str, str] = {}         # kernel name -> this build's first winner (tuners may share it)
         self._prefetched: dict[str, dict] = {}
         self.events: Any = None                 # callable(kind, **fields): progress events
-        self.lookahead = 0                      # compiles to keep queued ahead (0: LOOKAHEAD)
 
     def _as_accurate_as_float32(self, outs: list[torch.Tensor], ref: list[torch.Tensor], data: JobData) -> str | None:
         """None when every output of a 3xTF32 candidate is at least as close to the float64
@@ -459,7 +471,7 @@ class Tuner:
             winner = Winner(config, "cache", float(v["ms"]), key.digest, int(v.get("candidates", 0)),
                             measured_on=str(v["measured_on"]))
             search = thaw(v.get("search", {}))
-            if isinstance(search, dict) and all(isinstance(x, (int, bool)) for x in search.values()):
+            if isinstance(search, dict) and all(isinstance(x, (int, bool, str)) for x in search.values()):
                 winner.search = search
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
@@ -593,9 +605,7 @@ class Tuner:
         waited = 0.0              # seconds waiting for compiles
         rejected: dict[str, str] = {}
         events = self.events
-        # Compiles are what a cold job waits for (ptxas: seconds each): the last job keeps every
-        # worker busy; earlier ones leave room for the jobs after them (`prefetch`).
-        lookahead = len(ranked) if search.exhaustive else self.lookahead or LOOKAHEAD
+        lookahead = len(ranked) if search.exhaustive else LOOKAHEAD
         while (c := search.next()) is not None:
             for ahead in search.upcoming(lookahead):
                 if ahead.key not in started:
@@ -667,6 +677,9 @@ class Tuner:
                  "seeded": search.seed is not None and search.order[0].key == search.seed,
                  "seconds": round(time.monotonic() - t_start, 3), "measuring_s": round(spent, 3),
                  "waiting_s": round(waited, 3), "reference_s": round(t_ref, 3)}
+        why = next((w for w in search.pruned.values() if w.startswith("bound")), None)
+        if why:
+            stats["stopped"] = why          # the first candidate the bound ruled out, with the numbers
         timings = [{"config": c.key, "predicted_ms": c.predicted_ms,
                     "ms": search.times.get(c.key) if math.isfinite(search.times.get(c.key, math.inf)) else None}
                    for c in ranked]

@@ -50,9 +50,9 @@ def _receive(stream: BinaryIO) -> Any:
     return pickle.loads(data)
 
 
-class _Worker:
-    def __init__(self) -> None:
-        env = child_env()
+class Worker:
+    def __init__(self, env_extra: dict[str, str] | None = None) -> None:
+        env = {**child_env(), **(env_extra or {})}
         root = str(Path(__file__).resolve().parents[2])          # the directory holding `xgbuild`
         env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         self.proc = subprocess.Popen([sys.executable, "-m", "xgbuild.tuner.workers"], stdin=subprocess.PIPE,
@@ -104,7 +104,15 @@ class SubprocessPool(futures.Executor):
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._live: set[_Worker] = set()
+        self._live: set[Worker] = set()
+
+    def start(self) -> None:
+        """Start every worker now (their imports overlap the caller's work) instead of on first use."""
+        with self._lock:
+            while not self._closed and len(self._threads) < self.size:
+                t = threading.Thread(target=self._serve, args=(True,), daemon=True)
+                t.start()
+                self._threads.append(t)
 
     def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> futures.Future:
         if kwargs:
@@ -124,9 +132,15 @@ class SubprocessPool(futures.Executor):
                 self._threads.append(t)
         return fut
 
-    def _serve(self) -> None:
-        worker: _Worker | None = None
+    def _serve(self, early: bool = False) -> None:
+        worker: Worker | None = None
         try:
+            if early:
+                try:
+                    worker = Worker()
+                    self._live.add(worker)
+                except OSError:
+                    worker = None       # tried again, and reported, when a job comes
             while True:
                 job = self._jobs.get()[2]
                 if job is _STOP:
@@ -139,7 +153,7 @@ class SubprocessPool(futures.Executor):
                         if worker is not None:
                             worker.close()
                             self._live.discard(worker)
-                        worker = _Worker()
+                        worker = Worker()
                         self._live.add(worker)
                     fut.set_result(worker.call(fn, args))
                 except BaseException as exc:  # noqa: BLE001 (the job's failure belongs to its future)

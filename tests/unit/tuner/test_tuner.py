@@ -366,7 +366,10 @@ def test_compiler_shares_one_compile_per_kernel_and_cancels_released_ones(job) -
     profile = load_profile("H100")
     cands = Tuner(profile).candidates(job)[:3]
     ems = [emit(job.spec, c, job.fast_variant(c)) for c in cands]
+    import threading
     compiler = Compiler(90)                                  # one worker: later submissions queue
+    gate = threading.Event()
+    compiler._executor().submit(gate.wait, 120)              # holds the worker until the queue is set up
     try:
         a = compiler.submit(ems[0], cands[0]["num_warps"], cands[0]["num_stages"])
         b = compiler.submit(ems[1], cands[1]["num_warps"], cands[1]["num_stages"], priority=1)
@@ -374,6 +377,7 @@ def test_compiler_shares_one_compile_per_kernel_and_cancels_released_ones(job) -
         assert again is a and compiler.shared == 1
         compiler.release(ems[1], cands[1]["num_warps"], cands[1]["num_stages"])
         assert b.cancelled()
+        gate.set()
         kb, _ptx = a.result(timeout=300)
         assert cubin_arch(kb.cubin) == 90 and compiler.compiled == 1
         b2 = compiler.submit(ems[1], cands[1]["num_warps"], cands[1]["num_stages"])   # wanted again: compiled
@@ -384,6 +388,7 @@ def test_compiler_shares_one_compile_per_kernel_and_cancels_released_ones(job) -
         compiler.release(ems[2], cands[2]["num_warps"], cands[2]["num_stages"])
         assert not c1.cancelled() and c1.result(timeout=300)
     finally:
+        gate.set()
         compiler.close()
 
 
@@ -416,3 +421,31 @@ def test_measured_search_stops_early_and_reports_it(job) -> None:
     assert s["candidates"] == n and s["measured"] == len(fake.seen) < n and s["pruned"] == n - s["measured"]
     assert all(w.rejected[c.key].startswith("bound:") for c in ranked if c.key not in fake.seen)
     assert [r["config"] for r in w.timings] == [c.key for c in ranked]
+
+
+def test_kernels_that_compile_to_the_same_bytes_are_stored_once(tmp_path) -> None:
+    """An engine of many matmuls of one kernel at different sizes stores its cubin and PTX once
+    (files are named by content), so it stays small and reads back (192 copies once tripped the
+    decompression-bomb cap at 110x)."""
+    from xgbuild.build.package import engine_of
+    from xgbuild.packager.engine_file import read_engine
+    from xgbuild.runtime.engine import Engine
+    from xgbuild.tuner.link import build_kernels
+    widths = [64 + 16 * i for i in range(13)]
+    src = "\n".join(["extern Tensor[bfloat16, T, W0] X"] + [f"extern Tensor[bfloat16, W{i}, W{i + 1}] M{i + 1}"
+                                                         for i in range(12)])
+    src += "\ndef main() {\n    return X" + "".join(f" @ M{i + 1}" for i in range(12)) + "\n}\n"
+    compiled = compile_source(src)
+    profile = load_profile("H100")
+    table = build_kernels(compiled.optimized.main, profile, policy="predict",
+                          dims={"T": 128, **{f"W{i}": w for i, w in enumerate(widths)}})
+    variants = [v for k in table.kernels for v in k["variants"]]
+    assert len(table.kernels) == 12 and len(variants) == 24
+    cubins = {v["cubin"] for v in variants}
+    assert len(cubins) < len(variants) and {p for p in table.files if p.endswith(".cubin")} == cubins
+    for v in variants:                       # a path names its bytes
+        assert v["cubin_sha256"][:16] in v["cubin"] and v["ptx_sha256"][:16] in v["ptx"]
+    path = tmp_path / "chain.xge"
+    engine_of(compiled, table, profile).save(path)
+    read_engine(path)
+    assert len(Engine.load(path).manifest["kernels"]) == 12

@@ -88,3 +88,35 @@ def test_shutdown_with_cancel_stops_running_and_queued_jobs() -> None:
     assert queued.cancelled()
     with pytest.raises(WorkerDied):
         running.result(timeout=5)
+
+
+def test_a_gpu_measuring_process_takes_jobs_and_reports_its_errors(tmp_path: Path) -> None:
+    """The per-GPU measuring process (`gpu_procs`): a job, the profile and the settings travel to
+    it; on a host without that GPU its refusal comes back as the tuner's own error, no traceback."""
+    from xgbuild.compiler.driver import compile_source
+    from xgbuild.hw import load_profile
+    from xgbuild.settings import Settings
+    from xgbuild.tuner.gpu_procs import GpuProcess, GpuUnavailable, visible_device
+    from xgbuild.tuner.jobs import plan, tuning_env
+    graph = compile_source("extern Tensor[float32, M, K] A\nextern Tensor[float32, K, N] B\n"
+                           "def main() {\n    return A @ B\n}\n").optimized.main
+    jobs, _ = plan(graph, tuning_env(graph, {"M": 64, "K": 64, "N": 64}))
+    proc = GpuProcess(1, Settings(cache_dir=tmp_path / "cache"), load_profile("H100"), "measure", None, 1)
+    try:
+        with pytest.raises(GpuUnavailable, match="did not start: TuneError: .*finds no H100 GPU"):
+            proc.tune(jobs[0], 0)
+    finally:
+        proc.close()
+    assert visible_device(3) == "3"
+
+
+def test_gpu_processes_only_for_several_real_gpus() -> None:
+    from xgbuild.hw import load_profile
+    from xgbuild.tuner.link import _gpu_processes
+    from xgbuild.tuner.tuner import Compiler
+
+    class Fake:
+        device_index = 0
+    compiler = Compiler(90)
+    assert _gpu_processes([Fake(), Fake()], None, load_profile("H100"), "measure", None, compiler) == []
+    assert _gpu_processes([], None, load_profile("H100"), "measure", None, compiler) == []
