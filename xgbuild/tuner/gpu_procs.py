@@ -58,8 +58,9 @@ def tune_here(settings: Any, profile_ref: tuple, policy: str, budget_s: float | 
         if not measurers:
             raise TuneError(f"the measuring process for GPU {','.join(visible_devices())} finds no "
                             f"{profile.name} GPU")
+        # Not started ahead: the build's own process compiles every job's first candidates into
+        # the shared cache, so this pool starts only if a job needs more.
         compiler = Compiler(profile.sm, cache, workers)
-        compiler.start()
         tuner = _STATE["tuner"] = Tuner(profile, policy=policy, cache=cache, measurer=measurers[0],
                                         budget_s=budget_s, compiler=compiler)
     return None if job is None else tuner.tune(job, priority=priority, looked_up=True)
