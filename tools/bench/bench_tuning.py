@@ -37,37 +37,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-MLP = """extern Tensor[bfloat16, T, D] X
-extern Tensor[bfloat16, D, F] W1
-extern Tensor[bfloat16, F] B1
-extern Tensor[bfloat16, F, D] W2
-def main() {
-    return gelu(X @ W1 + B1) @ W2
-}
-"""
-ATTENTION = """extern Tensor[bfloat16, B, H, S, E] Q
-extern Tensor[bfloat16, B, H, S, E] K
-extern Tensor[bfloat16, B, H, S, E] V
-def main() {
-    causal = reshape(arange(S), [S, 1]) >= reshape(arange(S), [1, S])
-    scores = where(causal, cast(Q @ transpose(K, 2, 3), float32) * 0.08838834764831845, -1e9)
-    return cast(softmax(scores, dim=3), bfloat16) @ V
-}
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_kernels import ATTENTION, MLP, RMSNORM, SOFTMAX  # noqa: E402  (the same workloads, same sources)
+
 XG_WORKLOADS = {
     "mlp": (MLP, {"T": 8192, "D": 4096, "F": 11008}),
     "attention": (ATTENTION, {"B": 4, "H": 32, "S": 2048, "E": 128}),
-    "rmsnorm": ("""extern Tensor[bfloat16, T, D] X
-extern Tensor[bfloat16, D] G
-def main() {
-    return X * rsqrt(mean(X * X, dim=1, keepdim=true) + 1e-6) * G
-}
-""", {"T": 16384, "D": 4096}),
-    "softmax": ("""extern Tensor[bfloat16, T, D] X
-def main() {
-    return softmax(X, dim=1)
-}
-""", {"T": 8192, "D": 8192}),
+    "rmsnorm": (RMSNORM, {"T": 16384, "D": 4096}),
+    "softmax": (SOFTMAX, {"T": 8192, "D": 8192}),
 }
 
 
