@@ -99,5 +99,9 @@ class GpuProcess:
                 raise GpuUnavailable(f"GPU {self.device_index}'s measuring process died: {exc}") from None
 
     def close(self) -> None:
+        """Stop the process; one still starting (the other GPUs took every job first) is killed
+        rather than waited for."""
+        if self._ready.is_alive():
+            self._worker.proc.kill()
         self._ready.join()
         self._worker.close()

@@ -120,3 +120,15 @@ def test_gpu_processes_only_for_several_real_gpus() -> None:
     compiler = Compiler(90)
     assert _gpu_processes([Fake(), Fake()], None, load_profile("H100"), "measure", None, compiler) == []
     assert _gpu_processes([], None, load_profile("H100"), "measure", None, compiler) == []
+
+
+def test_a_gpu_process_still_starting_is_not_waited_for(tmp_path: Path) -> None:
+    import time
+    from xgbuild.hw import load_profile
+    from xgbuild.settings import Settings
+    from xgbuild.tuner.gpu_procs import GpuProcess
+    proc = GpuProcess(1, Settings(cache_dir=tmp_path / "cache"), load_profile("H100"), "measure", None, 1)
+    t0 = time.monotonic()
+    proc.close()                                # at once: its start (torch, the profile) is not awaited
+    assert time.monotonic() - t0 < 2.0
+    assert proc._worker.proc.poll() is not None
