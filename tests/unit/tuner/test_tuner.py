@@ -449,3 +449,46 @@ def test_kernels_that_compile_to_the_same_bytes_are_stored_once(tmp_path) -> Non
     engine_of(compiled, table, profile).save(path)
     read_engine(path)
     assert len(Engine.load(path).manifest["kernels"]) == 12
+
+
+def test_a_gpu_whose_process_fails_hands_its_job_back(monkeypatch, capsys) -> None:
+    """Several GPUs: one whose measuring process cannot start gives its job back with a warning,
+    and the GPU measuring in the build's process tunes every job."""
+    import time
+    from xgbuild.tuner import link
+    from xgbuild.tuner.gpu_procs import GpuUnavailable
+    src = """extern Tensor[float32, T, D] X
+extern Tensor[float32, T, D] Y
+def main() {
+    return softmax(X, dim=1) + softmax(Y * 2.0, dim=1)
+}
+"""
+    g = compile_source(src).optimized.main
+    jobs, _ = plan(g, tuning_env(g, {"T": 64, "D": 128}))
+    assert len(jobs) >= 2
+
+    class Slow(FakeMeasurer):
+        def measure(self, *args):
+            time.sleep(0.05)                   # the failing GPU takes a job before this one is done
+            return super().measure(*args)
+
+    class Broken:
+        taken: list = []
+
+        def tune(self, job, priority=0, looked_up=True):
+            Broken.taken.append(job.ident)
+            raise GpuUnavailable("GPU 1's measuring process did not start: RuntimeError: no device")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(link, "_gpu_processes", lambda *a: [Broken()])
+    compiler = Compiler(90)
+    try:
+        winners = link.tune_jobs(jobs, load_profile("H100"), policy="measure",
+                                 measurers=[Slow({}), Slow({})], compiler=compiler)
+    finally:
+        compiler.close()
+    assert set(winners) == {j.ident for j in jobs} and all(w.source == "measured" for w in winners.values())
+    assert len(Broken.taken) == 1
+    assert "warning: GPU 1's measuring process did not start" in capsys.readouterr().err
