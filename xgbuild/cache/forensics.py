@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from xgbuild.cache.canonical import JSONValue, canonical_json
+from xgbuild.cache.canonical import canonical_json
 from xgbuild.cache.digests import DIGEST_LEN, is_digest
 from xgbuild.cache.errors import AmbiguousKeyError, CacheError, InvalidDigestError, shorten
 from xgbuild.cache.keys import CacheKey, PartDiff, diff_keys, render_value
@@ -103,28 +103,42 @@ class Neighbour:
 
 
 class Neighbours:
-    """The records of a store, loaded once, searched for the one nearest a given key."""
+    """The records of a store, loaded once, searched for the one nearest a given key. Each
+    record's kind, op and canonical parts are worked out once, on the first search: the tuner
+    asks for a neighbour of every job it measures."""
 
     def __init__(self, records: Iterable[Record]) -> None:
         self.records = list(records)
+        self._groups: dict[tuple[str, str], list[tuple[Record, dict[str, bytes]]]] | None = None
 
     @classmethod
     def of(cls, local: LocalStore) -> "Neighbours":
         return cls(local.records())
 
+    def _group(self, kind: str, op: str) -> list[tuple[Record, dict[str, bytes]]]:
+        """The records of one kind and op, each with its parts' canonical bytes."""
+        if self._groups is None:
+            groups: dict[tuple[str, str], list[tuple[Record, dict[str, bytes]]]] = {}
+            for record in self.records:
+                k = record.key
+                groups.setdefault((k.kind, kernel_summary(k)["op"]), []).append(
+                    (record, {n: canonical_json(v) for n, v in k.parts().items()}))
+            self._groups = groups
+        return self._groups.get((kind, op), [])
+
     def nearest(self, key: CacheKey, *, measured_only: bool = True) -> Neighbour | None:
         """Among records of the same `kind` and op, other than `key` itself, the one sharing the
         most parts with `key` (then the fewest differing fields, then the smallest key); None if
         there is no such record. Predicted records are left out unless `measured_only` is off."""
-        op = kernel_summary(key)["op"]
         mine = {n: canonical_json(v) for n, v in key.parts().items()}
         best: tuple[tuple, Neighbour] | None = None
-        for record in self.records:
+        for record, parts in self._group(key.kind, kernel_summary(key)["op"]):
             other = record.key
-            if (other.digest == key.digest or other.kind != key.kind or kernel_summary(other)["op"] != op
-                    or (measured_only and record.predicted)):
+            if other.digest == key.digest or (measured_only and record.predicted):
                 continue
-            equal = sum(mine[n] == canonical_json(v) for n, v in other.parts().items())
+            equal = sum(mine[n] == v for n, v in parts.items())
+            if best is not None and -equal > best[0][0]:
+                continue            # fewer equal parts: it cannot rank first (diffing it costs the most)
             diffs = diff_keys(key, other)
             rank = (-equal, len(diffs), other.digest)
             if best is None or rank < best[0]:

@@ -19,11 +19,11 @@ from .jobs import Job
 from .tuner import Compiler, TuneError, Tuner, Winner
 from .workers import Worker, WorkerDied
 
-_STATE: dict[str, Tuner] = {}
+_STATE: dict[str, Tuner] = {}       # in a measuring process: its tuner, made by the first call
 
 
 class GpuUnavailable(RuntimeError):
-    """A GPU's measuring process could not start or died: its jobs go to the other GPUs."""       # in a measuring process: its tuner, made by the first job
+    """A GPU's measuring process could not start or died: its jobs go to the other GPUs."""
 
 
 def visible_device(index: int) -> str:

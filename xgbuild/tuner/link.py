@@ -64,12 +64,7 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
     missing: list[str] = []
     lock = threading.Lock()
     errors: list[BaseException] = []
-    if isinstance(progress, TuneProgress):
-        bar = progress
-    elif progress == "json":
-        bar = TuneProgress(len(jobs), json_stream=sys.stderr)
-    else:
-        bar = TuneProgress(len(jobs), enabled=bool(progress))
+    bar = TuneProgress.of(len(jobs), progress)
     measuring = policy == Policy.MEASURE and measurers and compiler is not None
     with bar:
         for t in tuners:
@@ -264,9 +259,7 @@ def build_kernels(graph: Graph, profile: GpuProfile, *, policy: Policy = Policy.
     own = compiler is None
     compiler = compiler or new_compiler(profile, cache, workers)
     try:
-        bar = progress if isinstance(progress, TuneProgress) else \
-            TuneProgress(len(jobs), json_stream=sys.stderr) if progress == "json" else \
-            TuneProgress(len(jobs), enabled=bool(progress))
+        bar = TuneProgress.of(len(jobs), progress)
         winners = tune_jobs(jobs, profile, policy=policy, cache=cache, measurers=measurers, compiler=compiler,
                             progress=bar, budget_s=budget_s)
         entries, files = compile_winners(jobs, winners, compiler)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import threading
 import time
 from types import TracebackType
@@ -47,6 +48,16 @@ class TuneProgress:
         self._lock = threading.Lock()       # one GPU thread per job reports at once
         self._t0 = time.monotonic()
         self.tune_s = 0.0    # seconds the jobs took, once done (set by `link.tune_jobs`)
+
+    @classmethod
+    def of(cls, total: int, progress: "bool | str | TuneProgress") -> "TuneProgress":
+        """What a build's `progress` argument asks for: this one (a `TuneProgress`), a bar (True,
+        drawn on a terminal), JSON events on stderr ("json") or nothing (False)."""
+        if isinstance(progress, TuneProgress):
+            return progress
+        if progress == "json":
+            return cls(total, json_stream=sys.stderr)
+        return cls(total, enabled=bool(progress))
 
     def __enter__(self) -> TuneProgress:
         self._t0 = time.monotonic()

@@ -430,6 +430,7 @@ class Tuner:
         self.seeds: dict[str, str] = {}         # kernel name -> this build's first winner (tuners may share it)
         self._prefetched: dict[str, dict] = {}
         self.events: Any = None                 # callable(kind, **fields): progress events
+        self._memo: dict[tuple[str, str], Any] = {}
 
     def _as_accurate_as_float32(self, outs: list[torch.Tensor], ref: list[torch.Tensor], data: JobData) -> str | None:
         """None when every output of a 3xTF32 candidate is at least as close to the float64
@@ -441,16 +442,24 @@ class Tuner:
                 return f"3xTF32 error {err:.3g} > float32's own {b:.3g}"
         return None
 
+    def _once(self, what: str, job: Job, make: Any) -> Any:
+        """`make()` once per job (by ident) and kind of answer: a build asks for a job's search
+        space, key and ranking from several places (cache check, progress, compiling ahead,
+        measuring), and each costs milliseconds of pruning, ranking and hashing."""
+        known = self._memo.get((what, job.ident))
+        if known is None:
+            known = self._memo[(what, job.ident)] = make()
+        return known
+
     def candidates(self, job: Job) -> list[dict]:
-        return candidates(job.problem, self.profile)
+        return self._once("candidates", job, lambda: candidates(job.problem, self.profile))
 
     def key(self, job: Job) -> CacheKey:
-        return CacheKey(kernel_ir=job.spec.canonical(), shapes=job.shape_part(),
-                        dtypes=[d for d, _ in job.spec.operands],
-                        gpu_profile=self.profile.to_dict(),
-                        search_space={"version": SPACE_VERSION,
-                                      "configs": [config_key(c) for c in self.candidates(job)]},
-                        policy=MEASURE_POLICY)
+        return self._once("key", job, lambda: CacheKey(
+            kernel_ir=job.spec.canonical(), shapes=job.shape_part(), dtypes=[d for d, _ in job.spec.operands],
+            gpu_profile=self.profile.to_dict(),
+            search_space={"version": SPACE_VERSION, "configs": [config_key(c) for c in self.candidates(job)]},
+            policy=MEASURE_POLICY))
 
     def predicted(self, job: Job) -> tuple[dict, float, int]:
         # Reduced-precision products (3xTF32) are earned by measurement against float32's own
@@ -540,9 +549,11 @@ class Tuner:
 
     def ranked(self, job: Job) -> list[Candidate]:
         """The job's candidates, best-predicted first, with their predictions."""
-        ranked = rank(job.problem, self.candidates(job), self.profile) or \
-            rank(job.problem, [default_config(job.problem)], self.profile)
-        return [Candidate(config_key(c), c, ms) for ms, c in ranked]
+        def make() -> list[Candidate]:
+            ranked = rank(job.problem, self.candidates(job), self.profile) or \
+                rank(job.problem, [default_config(job.problem)], self.profile)
+            return [Candidate(config_key(c), c, ms) for ms, c in ranked]
+        return self._once("ranked", job, make)
 
     def seed(self, job: Job, ranked: list[Candidate]) -> str | None:
         """A neighbouring shape's winner of the same kernel (this build's, or the local cache's

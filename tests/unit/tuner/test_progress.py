@@ -215,10 +215,10 @@ def test_time_gpu_keeps_timing_a_noisy_kernel_up_to_reps(monkeypatch):
 
 
 def test_time_gpu_stops_a_loser_early(monkeypatch):
-    log = _scripted(monkeypatch, [5.0] * 100)
+    _scripted(monkeypatch, [5.0] * 100)
     timing = measure.time_gpu(lambda s: None, warmup=0, reps=50, min_reps=10, rel_ci=0.0, stop_above=2.0)
     assert timing.reps == 10 and timing.median_ms == 5.0
-    log = _scripted(monkeypatch, [1.0] * 100)         # a contender is timed in full
+    _scripted(monkeypatch, [1.0] * 100)               # a contender is timed in full
     assert measure.time_gpu(lambda s: None, warmup=0, reps=50, min_reps=10, stop_above=2.0).reps == 50
 
 
