@@ -178,13 +178,13 @@ def child_env() -> dict[str, str]:
 def tune_exhaustive() -> bool:
     """XG_TUNE_EXHAUSTIVE=1: the tuner compiles and times every candidate in full (no bound, no
     racing, 50 runs each): how it tuned before its search stopped early, kept for comparisons."""
-    return os.environ.get("XG_TUNE_EXHAUSTIVE", "") not in ("", "0")
+    return _flag(os.environ.get("XG_TUNE_EXHAUSTIVE"))
 
 
 def tune_in_process() -> bool:
     """XG_TUNE_IN_PROCESS=1: several local GPUs measure from threads of the build's own process
     instead of one process each (`tuner.gpu_procs`)."""
-    return os.environ.get("XG_TUNE_IN_PROCESS", "") not in ("", "0")
+    return _flag(os.environ.get("XG_TUNE_IN_PROCESS"))
 
 
 def visible_devices() -> list[str]:

@@ -95,6 +95,24 @@ class Winner:
         return out
 
 
+SEARCH_COUNTS = ("candidates", "compiled", "measured", "pruned", "failed")
+
+
+def _search_summary(value: Any) -> dict:
+    """A cached record's `search` summary as the manifest may carry it: the known counts as
+    non-negative ints, `seeded` as a bool, `stopped` as one line of at most 300 characters;
+    anything else in it (a record from a remote is untrusted) is left out."""
+    if not isinstance(value, dict):
+        return {}
+    out: dict = {k: value[k] for k in SEARCH_COUNTS
+                 if type(value.get(k)) is int and 0 <= value[k] < 2**31}
+    if isinstance(value.get("seeded"), bool):
+        out["seeded"] = value["seeded"]
+    if isinstance(value.get("stopped"), str):
+        out["stopped"] = value["stopped"].splitlines()[0][:300] if value["stopped"] else ""
+    return out
+
+
 class Measurer(Protocol):
     gpu_name: str
 
@@ -479,9 +497,7 @@ class Tuner:
             config = {str(k): int(x) for k, x in dict(v["config"]).items()}
             winner = Winner(config, "cache", float(v["ms"]), key.digest, int(v.get("candidates", 0)),
                             measured_on=str(v["measured_on"]))
-            search = thaw(v.get("search", {}))
-            if isinstance(search, dict) and all(isinstance(x, (int, bool, str)) for x in search.values()):
-                winner.search = search
+            winner.search = _search_summary(thaw(v.get("search", {})))
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
         if not hit.trusted:

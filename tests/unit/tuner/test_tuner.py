@@ -492,3 +492,16 @@ def main() {
     assert set(winners) == {j.ident for j in jobs} and all(w.source == "measured" for w in winners.values())
     assert len(Broken.taken) == 1
     assert "warning: GPU 1's measuring process did not start" in capsys.readouterr().err
+
+
+def test_a_cached_search_summary_reaches_the_manifest_only_as_known_fields() -> None:
+    """A record's `search` (perhaps from an untrusted remote) is cut to the known counts, a bool
+    and one short line before the engine's manifest carries it."""
+    from xgbuild.tuner.tuner import _search_summary
+    forged = {"candidates": 48, "compiled": "lots", "measured": -1, "pruned": 2**40, "failed": 0,
+              "seeded": "yes", "stopped": "bound: ...\nrm -rf /" + "x" * 10_000, "payload": "x" * 10**6}
+    assert _search_summary(forged) == {"candidates": 48, "failed": 0, "stopped": "bound: ..."}
+    assert _search_summary(["not", "a", "dict"]) == {} and _search_summary(None) == {}
+    honest = {"candidates": 48, "compiled": 20, "measured": 18, "pruned": 28, "failed": 2, "seeded": True,
+              "stopped": "bound: predicted 1.2 ms x 0.9 is not below the best measured 1.0 ms"}
+    assert _search_summary(honest) == honest
