@@ -3,10 +3,12 @@ each in a fresh process with empty caches (XG's, Triton's, Inductor's), on this 
 24's benchmark.
 
 Workloads: the MLP `gelu(x@W1+b1)@W2` at 8192x4096x11008, naive causal attention B4 H32 S2048
-D128 (both bf16, written in XG and built with the `xgc` CLI), and transformers' GPT2LMHeadModel
-(12 layers, batch 8 x 512, bf16) through `xg.compile`. Modes:
+D128 (both bf16, written in XG and built as `xgc --tune=measure` builds them, `xg.compile_file`),
+and transformers' GPT2LMHeadModel (12 layers, batch 8 x 512, bf16) through `xg.compile`. Modes:
 
-- `xg`: XG as it tunes by default (the search stops at the model's bound, losers raced);
+- `xg`: XG as it tunes by default (the search stops at the model's bound, losers raced), the build
+  timed in the process, after `import torch` and CUDA's start, as torch.compile's first call is;
+- `xgc`: the same build through the `xgc` CLI in a process of its own (its start-up included);
 - `exhaustive`: `XG_TUNE_EXHAUSTIVE=1`, every candidate compiled and timed 50 times: how XG tuned
   before; its winners are the "today's" kernels the new search must not be slower than, and its
   per-candidate timings are the fixture `tests/unit/tuner/test_search.py` holds the bound to;
@@ -178,7 +180,7 @@ def child(mode: str, workload: str, result: Path, layers: int) -> None:
                 engine = xg.compile(model, example_kwargs=kw, target=target, tune="measure")
             out["build_s"] = time.perf_counter() - t0
             manifest = engine.engine.manifest
-        else:
+        elif mode == "xgc":             # the CLI in a process of its own: its start-up included
             from xgbuild.runtime.engine import Engine
             src, dims = XG_WORKLOADS[workload]
             tmp = Path(tempfile.mkdtemp())
@@ -192,6 +194,22 @@ def child(mode: str, workload: str, result: Path, layers: int) -> None:
             out["build_s"] = time.perf_counter() - t0
             out["xgc"] = json.loads(proc.stdout).get("kernels")
             manifest = Engine.load(tmp / "w.xge").manifest
+        else:                           # the build `xgc --tune=measure` runs (`xg.compile_file`), in this process
+            from xgbuild.build.compile import compile_program
+            from xgbuild.build.engines import link_engine
+            from xgbuild.compiler.frontend import CheckOptions
+            from xgbuild.settings import Settings
+            src, dims = XG_WORKLOADS[workload]
+            tmp = Path(tempfile.mkdtemp())
+            (tmp / "w.xg").write_text(src)
+            torch.zeros(1, device="cuda")   # CUDA up, as for torch.compile's row (its inputs are on the GPU)
+            t0 = time.perf_counter()
+            settings = Settings.from_env()
+            options = CheckOptions(target=target, hw_dir=settings.hw_dir)
+            built = link_engine(compile_program(tmp / "w.xg", options), settings, policy="measure", dims=dims)
+            out["build_s"] = time.perf_counter() - t0
+            out["xgc"] = built.stats
+            manifest = built.engine.manifest
         out["jobs"] = _tuning_rows(manifest)
         if mode == "exhaustive":
             out["fixture"] = _fixture_rows()
@@ -236,7 +254,7 @@ def main() -> int:
     ap.add_argument("--child", nargs=3, metavar=("MODE", "WORKLOAD", "RESULT"))
     ap.add_argument("--workloads", nargs="*", default=["mlp", "attention", "gpt2"], choices=WORKLOADS)
     ap.add_argument("--modes", nargs="*", default=["xg", "exhaustive", "autotune"],
-                    choices=["xg", "exhaustive", "autotune"])
+                    choices=["xg", "xgc", "exhaustive", "autotune"])
     ap.add_argument("--gpt2-layers", type=int, default=12)
     ap.add_argument("--gpus", nargs="*", type=int, default=[], help="also tune GPT-2 on these many GPUs (1 2)")
     ap.add_argument("--scaling-workload", default="chain", choices=WORKLOADS)
@@ -285,9 +303,10 @@ def main() -> int:
         shutil.rmtree(warm, ignore_errors=True)
 
     print(f"\n{device}, torch {torch.__version__}; cold caches, fresh processes; seconds")
-    print("| workload | XG cold (wall / build) | XG exhaustive (wall / build) | max-autotune (wall / first call) | "
-          "XG / max-autotune (wall) | kernels XG / exhaustive (ms) | compiled / measured / pruned |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| workload | XG cold (wall / build) | xgc CLI (wall / process) | XG exhaustive (wall / build) | "
+          "max-autotune (wall / first call) | XG / max-autotune (build) | kernels XG / exhaustive (ms) | "
+          "compiled / measured / pruned |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for w in args.workloads:
         by = {r["mode"]: r for r in rows if r["workload"] == w}
 
@@ -295,14 +314,15 @@ def main() -> int:
             r = by.get(m)
             return "—" if r is None or "build_s" not in r else f"{r['wall_s']:.1f} / {r['build_s']:.1f}"
         xgr, ex, at = by.get("xg", {}), by.get("exhaustive", {}), by.get("autotune", {})
-        ratio = f"{xgr['wall_s'] / at['wall_s']:.2f}x" if "build_s" in xgr and "build_s" in at else "—"
+        ratio = f"{xgr['build_s'] / at['build_s']:.2f}x" if "build_s" in xgr and "build_s" in at else "—"
         kx, ke = _kernel_ms(xgr), _kernel_ms(ex)
         kern = f"{kx:.4f} / {ke:.4f}" if kx and ke else (f"{kx:.4f} / —" if kx else "—")
         s = (xgr.get("xgc") or {}).get("search") or {}
         if not s and xgr.get("jobs"):
             s = {k: sum((j.get("search") or {}).get(k, 0) for j in xgr["jobs"]) for k in ("compiled", "measured", "pruned")}
         counts = f"{s.get('compiled', '—')} / {s.get('measured', '—')} / {s.get('pruned', '—')}" if s else "—"
-        print(f"| {w} | {cell('xg')} | {cell('exhaustive')} | {cell('autotune')} | {ratio} | {kern} | {counts} |")
+        print(f"| {w} | {cell('xg')} | {cell('xgc')} | {cell('exhaustive')} | {cell('autotune')} | {ratio} | {kern} "
+              f"| {counts} |")
     for w in args.workloads:
         by = {r["mode"]: r for r in rows if r["workload"] == w}
         if "jobs" in by.get("xg", {}) and "jobs" in by.get("exhaustive", {}):

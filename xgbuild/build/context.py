@@ -25,17 +25,21 @@ class Tuning:
     cache: Any
     measurers: list
     compiler: Any           # tuner.Compiler: processes compiling kernels for the target's arch
+    gpu_procs: list = ()    # tuner.gpu_procs.GpuProcess: GPUs 1.. of this host, measuring from a process each
 
 
 @contextlib.contextmanager
 def tuning(profile: GpuProfile, policy: Policy, settings: Settings, workers: int | None = None,
-           origins: Any = None) -> Iterator[Tuning]:
+           origins: Any = None, budget_s: float | None = None) -> Iterator[Tuning]:
     """Open the cache (a cache that cannot be opened costs a warning, never the build), find the
-    measurers `policy` needs, start the compiler; close them all after. `origins` (an
-    `origins.Origins`): note there which tier served each cache hit, for the provenance."""
+    measurers `policy` needs, start the compiler and, with several GPUs, the measuring processes
+    of GPUs 1.. (each takes seconds to import torch and start CUDA: started here, that overlaps
+    planning and the cache lookups); close them all after (a process still starting is killed).
+    `origins` (an `origins.Origins`): note there which tier served each cache hit, for the
+    provenance. `budget_s`: the measuring processes' tuning budget, as `tune_jobs` takes it."""
     from ..cache import Cache
     from ..cache.errors import CacheError
-    from ..tuner.link import new_compiler
+    from ..tuner.link import gpu_processes, new_compiler
     measurers: list = []
     if policy == Policy.MEASURE:
         from ..tuner.cuda_measure import local_measurers
@@ -50,11 +54,15 @@ def tuning(profile: GpuProfile, policy: Policy, settings: Settings, workers: int
         cache = Recording(cache, origins)
     try:
         compiler = new_compiler(profile, cache, workers)
-        if measurers:
-            compiler.start()        # the workers' start-up overlaps planning and the cache lookups
+        procs: list = []
         try:
-            yield Tuning(profile, policy, cache, measurers, compiler)
+            if measurers:
+                compiler.start()        # the workers' start-up overlaps planning and the cache lookups
+                procs = gpu_processes(measurers, cache, profile, policy, budget_s, compiler)
+            yield Tuning(profile, policy, cache, measurers, compiler, procs)
         finally:
+            for p in procs:
+                p.close()
             compiler.close()
     finally:
         if cache is not None:

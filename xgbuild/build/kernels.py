@@ -23,6 +23,7 @@ def kernels_for(program: Any, profile: GpuProfile, policy: Policy, settings: Set
     with tuning(profile, policy, settings, workers, origins) as t, gpu_lease(t.measurers):
         return build_kernels(program.optimized.main, profile, policy=policy, dims=dims, cache=t.cache,
                              world=getattr(program, "num_gpu", 1), measurers=t.measurers, compiler=t.compiler,
+                             gpu_procs=t.gpu_procs,
                              progress=progress if progress == "json" else progress and sys.stderr.isatty())
 
 
@@ -31,8 +32,8 @@ def tune_program(program: Any, profile: GpuProfile, policy: Policy, settings: Se
                  budget_s: float | None = None) -> list[tuple[Any, Any]]:
     """Tune every job of a program without linking (winners go to the cache): (job, winner) pairs."""
     jobs, _ = plan_jobs(program.optimized.main, dims, program.num_gpu)
-    with tuning(profile, policy, settings, workers) as t:
+    with tuning(profile, policy, settings, workers, budget_s=budget_s) as t:
         with gpu_lease(t.measurers):
             winners = tune_jobs(jobs, profile, policy=policy, cache=t.cache, measurers=t.measurers,
-                                compiler=t.compiler, progress=progress, budget_s=budget_s)
+                                compiler=t.compiler, progress=progress, budget_s=budget_s, gpu_procs=t.gpu_procs)
     return [(job, winners[job.ident]) for job in jobs]

@@ -48,10 +48,10 @@ def tune_shard(shard: Path, out: Path, policy: Policy, settings: Settings, *, wo
     from .context import gpu_lease, tuning
     jobs = [job_from_json(d) for d in raw]
     t0 = time.perf_counter()
-    with tuning(profile, policy, settings, workers) as t:
+    with tuning(profile, policy, settings, workers, budget_s=budget_s) as t:
         with gpu_lease(t.measurers):
             winners = tune_jobs(jobs, profile, policy=policy, cache=t.cache, measurers=t.measurers,
-                                compiler=t.compiler, progress=progress, budget_s=budget_s)
+                                compiler=t.compiler, progress=progress, budget_s=budget_s, gpu_procs=t.gpu_procs)
         entries, files = compile_winners(jobs, winners, t.compiler)
     atomic_write(out, canonical_bytes(result_doc(target, arch, entries, files)))
     sources = [w.source for w in winners.values()]

@@ -51,11 +51,14 @@ def plan_jobs(graph: Graph, dims: dict[str, int] | None, world: int = 1) -> tupl
 
 def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.CACHE, cache: Any = None,
               measurers: list[Measurer] | None = None, compiler: Compiler | None = None,
-              progress: bool | str | TuneProgress = False, budget_s: float | None = None) -> dict[str, Winner]:
+              progress: bool | str | TuneProgress = False, budget_s: float | None = None,
+              gpu_procs: list | None = None) -> dict[str, Winner]:
     """A winner per job (by ident). Jobs fan out over the measurers, one thread per local GPU, in
     job order; when measuring, cache hits are settled first and a background thread compiles
     ahead: each job's first candidates, queued behind the jobs the GPUs are on (`Tuner.prefetch`).
-    `progress`: draw a bar (True), write JSON events on stderr ("json") or report to a `TuneProgress`."""
+    `progress`: draw a bar (True), write JSON events on stderr ("json") or report to a `TuneProgress`.
+    `gpu_procs`: the measuring processes of GPUs 1.. when the caller started them (and closes
+    them: `context.tuning`); otherwise they are started, and closed, here."""
     tuners = [Tuner(profile, policy=policy, cache=cache, measurer=m, budget_s=budget_s, compiler=compiler)
               for m in (measurers or [None])]
     for t in tuners[1:]:                        # one build: the seeds and compiles ahead are shared
@@ -80,8 +83,11 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
             queue.append((i, job))
         stop = threading.Event()
         # GPU 0 measures from this process (nothing to start); any others from a process each,
-        # started now so that their start-up overlaps GPU 0's first jobs.
-        procs = _gpu_processes(measurers, cache, profile, policy, budget_s, compiler) if measuring and queue else []
+        # started by the caller (`context.tuning`) or now, overlapping GPU 0's first jobs.
+        own = gpu_procs is None
+        procs: list = []
+        if measuring and queue:
+            procs = gpu_processes(measurers, cache, profile, policy, budget_s, compiler) if own else list(gpu_procs)
         runners: list[Any] = [tuners[0], *procs] if procs else tuners
 
         def ahead() -> None:
@@ -149,7 +155,7 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
             if fetcher is not None:
                 fetcher.join()
             tuners[0]._prefetched.clear()
-            for p in procs:
+            for p in procs if own else ():
                 p.close()
             bar.tune_s = time.perf_counter() - t_tune
         if errors:
@@ -162,7 +168,7 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
     return winners
 
 
-def _gpu_processes(measurers: list | None, cache: Any, profile: GpuProfile, policy: Policy, budget_s: float | None,
+def gpu_processes(measurers: list | None, cache: Any, profile: GpuProfile, policy: Policy, budget_s: float | None,
                    compiler: Compiler) -> list:
     """A measuring process for each local GPU after the first when there are several (`gpu_procs`):
     threads of one process share its interpreter lock. None for one GPU, or for measurers of
@@ -251,7 +257,7 @@ def host_cpus() -> int:
 def build_kernels(graph: Graph, profile: GpuProfile, *, policy: Policy = Policy.CACHE,
                   dims: dict[str, int] | None = None, cache: Any = None, measurers: list[Measurer] | None = None,
                   workers: int | None = None, progress: bool = False, budget_s: float | None = None,
-                  world: int = 1, compiler: Compiler | None = None) -> KernelTable:
+                  world: int = 1, compiler: Compiler | None = None, gpu_procs: list | None = None) -> KernelTable:
     """Plan, tune, compile and assemble a graph's kernel table. `compiler`: one the caller owns
     (and closes); otherwise one is made for this call."""
     t0 = time.perf_counter()
@@ -261,7 +267,7 @@ def build_kernels(graph: Graph, profile: GpuProfile, *, policy: Policy = Policy.
     try:
         bar = TuneProgress.of(len(jobs), progress)
         winners = tune_jobs(jobs, profile, policy=policy, cache=cache, measurers=measurers, compiler=compiler,
-                            progress=bar, budget_s=budget_s)
+                            progress=bar, budget_s=budget_s, gpu_procs=gpu_procs)
         entries, files = compile_winners(jobs, winners, compiler)
     finally:
         if own:

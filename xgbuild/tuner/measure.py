@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -61,6 +62,32 @@ def settled(times_ms: list[float], rel: float) -> bool:
     return mid > 0 and (hi - lo) / 2 <= rel * mid
 
 
+# The GPU is held busy while a batch of timed runs is enqueued, so that no run waits on the host:
+# a start event recorded on an idle GPU would time the host's launch too (a 4 us kernel measured
+# 12-16 us while the build's compile processes kept the host's CPUs busy).
+HOLD_FACTOR = 2.0       # x the host's time to enqueue the batch (the last batch's, or a warm-up's)
+HOLD_S = 50e-6
+HOLD_MAX_S = 0.02
+_CYCLES_PER_S: dict[int, float] = {}
+
+
+def _hold(torch, device: int, seconds: float) -> None:
+    """Enqueue a spin of about `seconds` on the current stream (`torch.cuda._sleep`, in GPU clock
+    cycles, calibrated once per device with events); nothing where torch lacks it."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None:
+        return
+    rate = _CYCLES_PER_S.get(device)
+    if rate is None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        sleep(1_000_000)
+        end.record()
+        torch.cuda.synchronize()
+        rate = _CYCLES_PER_S[device] = 1e6 / max(start.elapsed_time(end) / 1e3, 1e-6)
+    sleep(int(min(seconds, HOLD_MAX_S) * rate))
+
+
 def time_gpu(launch: Callable[[int], None], *, rotations: int = 1, warmup: int = 5, reps: int = 50,
              l2_bytes: int = 64 << 20, device: int = 0, min_reps: int | None = None, rel_ci: float = 0.0,
              stop_above: float | None = None, batch: int = 5) -> Timing:
@@ -68,7 +95,8 @@ def time_gpu(launch: Callable[[int], None], *, rotations: int = 1, warmup: int =
 
     Run i uses input set i % rotations. Before each timed run a buffer of 2 * `l2_bytes` is
     zeroed, so the run starts with nothing of its inputs in L2; CUDA events bracket the launch
-    alone, not the flush.
+    alone, not the flush, and each batch of runs is enqueued behind a GPU spin (`_hold`) that
+    outlasts its enqueueing, so the events time the GPU's work and not the host's.
 
     Adaptive when `min_reps` is given: after `min_reps` runs, and every `batch` runs after, it
     stops once the median's 95% interval is within +-`rel_ci` of it, or (`stop_above`) once the
@@ -85,19 +113,25 @@ def time_gpu(launch: Callable[[int], None], *, rotations: int = 1, warmup: int =
     first = reps if min_reps is None else max(1, min(min_reps, reps))
     with torch.cuda.device(device):
         flush = torch.empty(2 * l2_bytes, dtype=torch.uint8, device="cuda")
+        per_run = 0.0               # host seconds to enqueue one timed run (flush, events, launch)
         for i in range(warmup):
+            t = time.perf_counter()
             launch(i % rotations)
+            per_run = time.perf_counter() - t       # the last warm-up's: the first loads modules
         times: list[float] = []
         torch.cuda.synchronize()
         while len(times) < reps:
             n = first if not times else min(batch, reps - len(times))
             starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
             ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            _hold(torch, device, HOLD_FACTOR * n * per_run + HOLD_S)
+            t = time.perf_counter()
             for i in range(n):
                 flush.zero_()
                 starts[i].record()
                 launch((warmup + len(times) + i) % rotations)
                 ends[i].record()
+            per_run = (time.perf_counter() - t) / n
             torch.cuda.synchronize()
             times += [start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
             if min_reps is None:

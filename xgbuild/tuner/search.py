@@ -12,13 +12,13 @@ stops as soon as no unmeasured candidate can still win by its predicted bound:
   predicted slower still): they are pruned, each with that reason;
 - at least `min_measured` candidates are measured successfully first (a single lucky ratio says
   little), and a candidate that failed (compile error, wrong result) counts for nothing;
-- the margin is the kernel kind's (`KernelTemplate.bound_margin`): 0.85 where the model ranks
-  tile configs (matmul, attention), 0 (measure all) for memory-bound kinds, whose candidates all
-  sit within noise of the bandwidth floor where the model's ratios scatter.
+- the margin is the kernel kind's (`KernelTemplate.bound_margin`): 0.85 for matmul and 0.75 for
+  attention, where the model ranks tile configs, 0 (measure all) for memory-bound kinds, whose
+  candidates all sit within noise of the bandwidth floor where the model's ratios scatter.
 
 `exhaustive=True` (`XG_TUNE_EXHAUSTIVE=1`) measures everything, as before this module existed.
-`tests/unit/tuner/test_search.py` holds the rule to recorded H100 timings of every candidate of
-real jobs: it must never prune the candidate exhaustive measurement picks.
+`tests/unit/tuner/test_search.py` holds the rule to recorded H100 and H200 timings of every
+candidate of real jobs: it must never prune the candidate exhaustive measurement picks.
 """
 
 from __future__ import annotations

@@ -160,6 +160,27 @@ def test_time_gpu_flushes_and_rotates(monkeypatch):
     assert timing.reps == 4 and timing.median_ms == 1.0
 
 
+def test_time_gpu_holds_the_gpu_while_each_batch_is_enqueued(monkeypatch):
+    """A batch of timed runs goes behind a GPU spin longer than its enqueueing (calibrated once, in
+    cycles): a start event recorded on an idle GPU would time the host's launch as well."""
+    log: list[str] = []
+    torch = fake_torch(log)
+    torch.cuda._sleep = lambda cycles: log.append(f"hold {cycles}")
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(measure, "_CYCLES_PER_S", {})
+    measure.time_gpu(lambda s: log.append("run"), warmup=1, reps=7, min_reps=5, batch=2, device=3)
+    holds = [i for i, line in enumerate(log) if line.startswith("hold")]
+    assert log[holds[0]] == "hold 1000000"                # the calibration: 1e6 cycles took 1 ms
+    rate = measure._CYCLES_PER_S[3]
+    assert rate == pytest.approx(1e9)
+    batches = holds[1:]
+    assert len(batches) == 2 and all(log[i + 1] == "flush" for i in batches)    # 5 runs, then 2
+    assert log[batches[0] + 1:batches[1]].count("run") == 5
+    for i in batches:       # at least the fixed part, at most the cap
+        cycles = int(log[i].split()[1])
+        assert measure.HOLD_S * rate <= cycles <= measure.HOLD_MAX_S * rate
+
+
 def test_time_gpu_rejects_bad_counts():
     with pytest.raises(ValueError, match="rotations >= 1"):
         measure.time_gpu(lambda s: None, rotations=0)

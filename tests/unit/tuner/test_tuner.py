@@ -482,7 +482,7 @@ def main() {
         def close(self):
             pass
 
-    monkeypatch.setattr(link, "_gpu_processes", lambda *a: [Broken()])
+    monkeypatch.setattr(link, "gpu_processes", lambda *a: [Broken()])
     compiler = Compiler(90)
     try:
         winners = link.tune_jobs(jobs, load_profile("H100"), policy="measure",
@@ -505,3 +505,47 @@ def test_a_cached_search_summary_reaches_the_manifest_only_as_known_fields() -> 
     honest = {"candidates": 48, "compiled": 20, "measured": 18, "pruned": 28, "failed": 2, "seeded": True,
               "stopped": "bound: predicted 1.2 ms x 0.9 is not below the best measured 1.0 ms"}
     assert _search_summary(honest) == honest
+
+
+def test_the_callers_measuring_processes_are_used_and_left_open(monkeypatch) -> None:
+    """`context.tuning` starts GPUs 1..'s processes before planning (their start-up is seconds of
+    torch and CUDA): `tune_jobs` uses those, starts none of its own, and leaves closing to the
+    caller, which may tune again with them."""
+    import time
+    from xgbuild.tuner import link
+    from xgbuild.tuner.tuner import Winner
+    src = """extern Tensor[float32, T, D] X
+extern Tensor[float32, T, D] Y
+def main() {
+    return softmax(X, dim=1) + softmax(Y * 2.0, dim=1)
+}
+"""
+    g = compile_source(src).optimized.main
+    jobs, _ = plan(g, tuning_env(g, {"T": 64, "D": 128}))
+
+    class Slow(FakeMeasurer):
+        def measure(self, *args):
+            time.sleep(0.05)
+            return super().measure(*args)
+
+    class Proc:
+        def __init__(self):
+            self.taken, self.closed = [], False
+
+        def tune(self, job, priority=0, looked_up=True):
+            self.taken.append(job.ident)
+            return Winner({"BLOCK_N": 128, "num_warps": 4, "num_stages": 1}, "measured", 1.0, "k")
+
+        def close(self):
+            self.closed = True
+
+    proc = Proc()
+    monkeypatch.setattr(link, "gpu_processes", lambda *a: pytest.fail("started processes of its own"))
+    compiler = Compiler(90)
+    try:
+        winners = link.tune_jobs(jobs, load_profile("H100"), policy="measure", measurers=[Slow({}), Slow({})],
+                                 compiler=compiler, gpu_procs=[proc])
+    finally:
+        compiler.close()
+    assert set(winners) == {j.ident for j in jobs}
+    assert proc.taken and not proc.closed

@@ -110,16 +110,16 @@ def test_a_gpu_measuring_process_takes_jobs_and_reports_its_errors(tmp_path: Pat
     assert visible_device(3) == "3"
 
 
-def test_gpu_processes_only_for_several_real_gpus() -> None:
+def testgpu_processes_only_for_several_real_gpus() -> None:
     from xgbuild.hw import load_profile
-    from xgbuild.tuner.link import _gpu_processes
+    from xgbuild.tuner.link import gpu_processes
     from xgbuild.tuner.tuner import Compiler
 
     class Fake:
         device_index = 0
     compiler = Compiler(90)
-    assert _gpu_processes([Fake(), Fake()], None, load_profile("H100"), "measure", None, compiler) == []
-    assert _gpu_processes([], None, load_profile("H100"), "measure", None, compiler) == []
+    assert gpu_processes([Fake(), Fake()], None, load_profile("H100"), "measure", None, compiler) == []
+    assert gpu_processes([], None, load_profile("H100"), "measure", None, compiler) == []
 
 
 def test_a_gpu_process_still_starting_is_not_waited_for(tmp_path: Path) -> None:

@@ -369,7 +369,7 @@ def rowwise(e: Emitter) -> Emitted:
             w.indent -= 1
     for i, k in enumerate(spec.outputs):
         if spec.nodes[k].level != "full":
-            e.store(i, "row", row_vals[k], None)
+            e.store(i, "row", row_vals[k], None, block=False)
     return e.finish({"BLOCK_N": e.config["BLOCK_N"]})
 
 
