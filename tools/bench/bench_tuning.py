@@ -299,7 +299,9 @@ def main() -> int:
                        jobs_per_min=60 * len(measured) / tuned_s if tuned_s else None)
             scaling.append(row)
             print(f"scaling {label} {n} GPU(s): {len(measured)} jobs in {tuned_s or float('nan'):.1f} s "
-                  f"-> {row['jobs_per_min'] or 0:.1f} jobs/min", flush=True)
+                  f"-> {row['jobs_per_min'] or 0:.1f} jobs/min"
+                  + "".join(f", {k} {(row.get('xgc') or {})[k]}" for k in ("by_gpu", "gpu_start_s", "search_s")
+                            if k in (row.get("xgc") or {})), flush=True)
         shutil.rmtree(warm, ignore_errors=True)
 
     print(f"\n{device}, torch {torch.__version__}; cold caches, fresh processes; seconds")

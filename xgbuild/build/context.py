@@ -56,9 +56,9 @@ def tuning(profile: GpuProfile, policy: Policy, settings: Settings, workers: int
         compiler = new_compiler(profile, cache, workers)
         procs: list = []
         try:
-            if measurers:
-                compiler.start()        # the workers' start-up overlaps planning and the cache lookups
-                procs = gpu_processes(measurers, cache, profile, policy, budget_s, compiler)
+            if measurers:       # their start-up overlaps planning and the cache lookups
+                procs = gpu_processes(measurers, cache, profile, policy, budget_s, compiler)   # first: the
+                compiler.start()        # measuring processes' torch import is on the critical path
             yield Tuning(profile, policy, cache, measurers, compiler, procs)
         finally:
             for p in procs:

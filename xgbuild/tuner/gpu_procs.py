@@ -12,6 +12,7 @@ shared XG cache (and Triton's), so the parent links the winners without compilin
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from ..settings import visible_devices
@@ -58,9 +59,11 @@ def tune_here(settings: Any, profile_ref: tuple, policy: str, budget_s: float | 
         if not measurers:
             raise TuneError(f"the measuring process for GPU {','.join(visible_devices())} finds no "
                             f"{profile.name} GPU")
-        # Not started ahead: the build's own process compiles every job's first candidates into
-        # the shared cache, so this pool starts only if a job needs more.
+        # The build's own process compiles every job's first candidates into the shared cache;
+        # this pool compiles what a job here needs beyond them. Started now, with the process,
+        # and not at the first such candidate (its workers' start then held that job seconds).
         compiler = Compiler(profile.sm, cache, workers)
+        compiler.start()
         tuner = _STATE["tuner"] = Tuner(profile, policy=policy, cache=cache, measurer=measurers[0],
                                         budget_s=budget_s, compiler=compiler)
     return None if job is None else tuner.tune(job, priority=priority, looked_up=True)
@@ -77,6 +80,8 @@ class GpuProcess:
         self._worker = Worker({"CUDA_VISIBLE_DEVICES": visible_device(device_index)})
         self._lock = threading.Lock()           # one call at a time on the worker's pipes
         self._starting: BaseException | None = None
+        self._t0 = time.monotonic()
+        self.ready_s: float | None = None       # seconds from here until its GPU, cache and pool were up
         self._ready = threading.Thread(target=self._start, daemon=True)
         self._ready.start()
 
@@ -84,6 +89,7 @@ class GpuProcess:
         try:
             with self._lock:
                 self._worker.call(tune_here, (*self._args, None, 0))
+            self.ready_s = round(time.monotonic() - self._t0, 3)
         except BaseException as exc:  # noqa: BLE001 (reported by the first job)
             self._starting = exc
 

@@ -285,4 +285,12 @@ def build_kernels(graph: Graph, profile: GpuProfile, *, policy: Policy = Policy.
                            for k in ("candidates", "compiled", "measured", "pruned", "failed", "seeded")}
         stats["search_s"] = {k: round(sum(float(s.get(k, 0)) for s in searched), 3)
                              for k in ("seconds", "measuring_s", "waiting_s", "reference_s")}
+        by_gpu: dict[str, list[float]] = {}
+        for s in searched:
+            if isinstance(s.get("gpu"), str):
+                by_gpu.setdefault(s["gpu"], []).append(float(s.get("seconds", 0)))
+        if len(by_gpu) > 1:         # how the jobs spread over the host's GPUs: jobs and seconds each
+            stats["by_gpu"] = {g: {"jobs": len(v), "seconds": round(sum(v), 3)} for g, v in sorted(by_gpu.items())}
+    if gpu_procs:
+        stats["gpu_start_s"] = [p.ready_s for p in gpu_procs]
     return assemble(jobs, launches, entries, files, stats)

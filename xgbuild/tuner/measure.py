@@ -65,7 +65,8 @@ def settled(times_ms: list[float], rel: float) -> bool:
 # The GPU is held busy while a batch of timed runs is enqueued, so that no run waits on the host:
 # a start event recorded on an idle GPU would time the host's launch too (a 4 us kernel measured
 # 12-16 us while the build's compile processes kept the host's CPUs busy).
-HOLD_FACTOR = 2.0       # x the host's time to enqueue the batch (the last batch's, or a warm-up's)
+HOLD_FACTOR = 1.25      # x the host's time to enqueue the batch (the last batch's, or a warm-up's),
+                        # less the GPU time of the runs that follow the first (the median so far)
 HOLD_S = 50e-6
 HOLD_MAX_S = 0.02
 _CYCLES_PER_S: dict[int, float] = {}
@@ -124,7 +125,9 @@ def time_gpu(launch: Callable[[int], None], *, rotations: int = 1, warmup: int =
             n = first if not times else min(batch, reps - len(times))
             starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
             ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-            _hold(torch, device, HOLD_FACTOR * n * per_run + HOLD_S)
+            # Enough spin that the GPU, running each run as it arrives, never waits on the host.
+            gpu_run = sorted(times)[len(times) // 2] / 1e3 if times else 0.0
+            _hold(torch, device, max(0.0, HOLD_FACTOR * n * per_run - (n - 1) * gpu_run) + HOLD_S)
             t = time.perf_counter()
             for i in range(n):
                 flush.zero_()
