@@ -8,6 +8,7 @@ cubin/PTX files are a pure function of the graph, the target and the winners.
 
 from __future__ import annotations
 
+import concurrent.futures as futures
 import hashlib
 import os
 import sys
@@ -120,6 +121,8 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
                     i, job = queue.pop(0)
                 try:
                     bar.start_job(job.ident, len(tuners[0].candidates(job)) if measuring else 0)
+                    if tuner is not tuners[0]:
+                        _await_first_wave(tuners[0], job)
                     w = tuner.tune(job, priority=i, looked_up=bool(measuring))
                 except GpuUnavailable as exc:      # the job goes back; the other GPUs carry on
                     sys.stderr.write(f"warning: {exc}; tuning on the other GPUs\n")
@@ -166,6 +169,16 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
                         + f"\n  = help: measure them with --tune=measure on {profile.name} hosts (the winners "
                         "then reach every build through the XG cache), or build with --tune=cache")
     return winners
+
+
+def _await_first_wave(tuner: Tuner, job: Job, timeout_s: float = 120.0) -> None:
+    """Before a measuring process gets `job`: wait for the compiles of its first wave that this
+    process started ahead (`Tuner.prefetch`), so that the other process finds them in the shared
+    cache instead of compiling them again, in a pool of its own that is still starting."""
+    wave = tuner._prefetched.pop(job.ident, {})
+    pending = [entry[2] for entry in wave.values() if entry[1] is not None]
+    if pending:
+        futures.wait(pending, timeout=timeout_s)
 
 
 def gpu_processes(measurers: list | None, cache: Any, profile: GpuProfile, policy: Policy, budget_s: float | None,
@@ -285,12 +298,14 @@ def build_kernels(graph: Graph, profile: GpuProfile, *, policy: Policy = Policy.
                            for k in ("candidates", "compiled", "measured", "pruned", "failed", "seeded")}
         stats["search_s"] = {k: round(sum(float(s.get(k, 0)) for s in searched), 3)
                              for k in ("seconds", "measuring_s", "waiting_s", "reference_s")}
-        by_gpu: dict[str, list[float]] = {}
+        by_gpu: dict[str, list[dict]] = {}
         for s in searched:
             if isinstance(s.get("gpu"), str):
-                by_gpu.setdefault(s["gpu"], []).append(float(s.get("seconds", 0)))
+                by_gpu.setdefault(s["gpu"], []).append(s)
         if len(by_gpu) > 1:         # how the jobs spread over the host's GPUs: jobs and seconds each
-            stats["by_gpu"] = {g: {"jobs": len(v), "seconds": round(sum(v), 3)} for g, v in sorted(by_gpu.items())}
+            stats["by_gpu"] = {g: {"jobs": len(v), **{k: round(sum(float(s.get(k, 0)) for s in v), 3)
+                                                     for k in ("seconds", "measuring_s", "waiting_s")}}
+                               for g, v in sorted(by_gpu.items())}
     if gpu_procs:
         stats["gpu_start_s"] = [p.ready_s for p in gpu_procs]
     return assemble(jobs, launches, entries, files, stats)

@@ -52,6 +52,7 @@ from .space import candidates, default_config
 SPACE_VERSION = 2
 TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "float16": 5e-3, "bfloat16": 2e-2}
 MEASURE_POLICY = {"objective": "median-ms", "warmup": 5, "reps": 50, "l2-flush": True}
+COMPILE_NICE = 10          # compile workers' niceness: the measuring loops (host-bound launches) keep their CPUs
 # Compiles a job keeps queued from the candidate it measures on (those its bound has not ruled
 # out), and the first wave compiled ahead for each job. A compile takes seconds (ptxas) and a
 # measurement milliseconds, so each round trip of waiting costs a compile's latency: a wide first
@@ -300,7 +301,7 @@ class Compiler:
             if self._pool is None:
                 if self.workers > 1:
                     from .workers import SubprocessPool
-                    self._pool = SubprocessPool(self.workers)
+                    self._pool = SubprocessPool(self.workers, nice=COMPILE_NICE)
                 else:
                     self._pool = futures.ThreadPoolExecutor(1)
             return self._pool

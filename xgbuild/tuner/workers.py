@@ -26,6 +26,7 @@ from typing import Any, BinaryIO, Callable
 from ..settings import child_env
 
 _HEADER = struct.Struct("<Q")
+NICE_ENV = "XG_WORKER_NICE"     # a worker raises its own niceness by this much at start
 _STOP = object()
 
 
@@ -95,10 +96,13 @@ class Worker:
 
 class SubprocessPool(futures.Executor):
     """A fixed number of worker subprocesses, started on first use, each fed by one thread. Jobs
-    run lowest `priority` first (`submit_at`), in submission order within a priority."""
+    run lowest `priority` first (`submit_at`), in submission order within a priority. `nice`: the
+    workers' (and their children's, ptxas's) niceness increment: compiles yield the CPUs to the
+    GPU-measuring loops, whose launches are host-bound and time-critical."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, nice: int = 0) -> None:
         self.size = max(1, workers)
+        self._env = {NICE_ENV: str(int(nice))} if nice else None
         self._jobs: queue.PriorityQueue = queue.PriorityQueue()
         self._seq = itertools.count()
         self._threads: list[threading.Thread] = []
@@ -137,7 +141,7 @@ class SubprocessPool(futures.Executor):
         try:
             if early:
                 try:
-                    worker = Worker()
+                    worker = Worker(self._env)
                     self._live.add(worker)
                 except OSError:
                     worker = None       # tried again, and reported, when a job comes
@@ -153,7 +157,7 @@ class SubprocessPool(futures.Executor):
                         if worker is not None:
                             worker.close()
                             self._live.discard(worker)
-                        worker = Worker()
+                        worker = Worker(self._env)
                         self._live.add(worker)
                     fut.set_result(worker.call(fn, args))
                 except BaseException as exc:  # noqa: BLE001 (the job's failure belongs to its future)
@@ -187,6 +191,12 @@ class SubprocessPool(futures.Executor):
 def _main() -> int:
     # The replies get a descriptor of their own; descriptor 1 (what the job, its C code and its
     # child processes print to) goes to stderr, so nothing can corrupt the reply stream.
+    nice = os.environ.pop(NICE_ENV, "")
+    if nice.isdigit():
+        try:
+            os.nice(int(nice))
+        except OSError:
+            pass
     stdin = sys.stdin.buffer
     stdout = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)

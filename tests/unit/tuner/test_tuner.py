@@ -549,3 +549,22 @@ def main() {
         compiler.close()
     assert set(winners) == {j.ident for j in jobs}
     assert proc.taken and not proc.closed
+
+
+def test_a_measuring_process_gets_a_job_once_its_first_wave_is_compiled() -> None:
+    """The build's process compiled the job's first wave ahead: the other GPU's process gets the
+    job when those compiles are done (it then finds them in the shared cache, instead of
+    compiling them again in a pool of its own that is still starting)."""
+    import threading
+    import time
+    from concurrent import futures as cf
+    from types import SimpleNamespace
+    from xgbuild.tuner.link import _await_first_wave
+    slow, failed = cf.Future(), cf.Future()
+    tuner = SimpleNamespace(_prefetched={"job-a": {"c0": (None, "em", slow), "c1": (None, None, failed)}})
+    threading.Timer(0.2, slow.set_result, args=(("cubin", "ptx"),)).start()
+    t0 = time.monotonic()
+    _await_first_wave(tuner, SimpleNamespace(ident="job-a"))
+    assert slow.done() and time.monotonic() - t0 >= 0.15     # waited for the compile, not the emit failure
+    assert "job-a" not in tuner._prefetched                   # the wave is the other process's now
+    _await_first_wave(tuner, SimpleNamespace(ident="job-b"))  # nothing compiled ahead: no wait

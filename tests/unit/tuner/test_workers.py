@@ -132,3 +132,20 @@ def test_a_gpu_process_still_starting_is_not_waited_for(tmp_path: Path) -> None:
     proc.close()                                # at once: its start (torch, the profile) is not awaited
     assert time.monotonic() - t0 < 2.0
     assert proc._worker.proc.poll() is not None
+
+
+def test_compile_workers_run_nicer_than_the_build() -> None:
+    """Compiles yield the CPUs to the GPU-measuring loops: a pool's workers (and ptxas under them)
+    raise their niceness; a plain Worker (a GPU's measuring process) does not."""
+    import os
+    from xgbuild.tuner.workers import SubprocessPool, Worker
+    pool = SubprocessPool(1, nice=7)
+    try:
+        assert pool.submit(os.nice, 0).result(timeout=60) == os.nice(0) + 7
+    finally:
+        pool.shutdown()
+    plain = Worker()
+    try:
+        assert plain.call(os.nice, (0,)) == os.nice(0)
+    finally:
+        plain.close()
