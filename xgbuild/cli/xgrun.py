@@ -2,10 +2,17 @@
 
     xgrun ENGINE [--inputs FILE] [--output FILE] [--device cpu|cuda] [--check|--no-check]
                  [--seed N] [--dim NAME=SIZE ...] [--json]
+                 [--warmup N] [--iterations N] [--profile] [--trace FILE.json]
                  [--nproc N] [--timeout S] [--output-per-rank] [--allow-fallback]
                  [--trusted-keys DIR] [--expect-digest HEX]
 
-Without `--inputs`, every external gets seeded random values; symbolic dims take `--dim` sizes
+`--warmup N` runs N times first, untimed; `--iterations N` times N runs (min, mean, p50, p95, p99,
+max). `--profile` times every kernel of those runs on its own (CUDA events; on the CPU each node):
+a row per kernel with its launches, p50/p95/p99, share of the run, bytes, FLOPs and share of the
+target's roofline, named by the source lines it stores, and the host's share of the run;
+`--trace FILE.json` writes those runs in Chrome's trace format (chrome://tracing, Perfetto).
+Profiled runs launch kernel by kernel (no CUDA graph). Without `--inputs`, every external gets
+seeded random values; symbolic dims take `--dim` sizes
 (default 16). `--nproc N` runs the engine's sharding plan on N ranks of this host (gloo on CPU,
 NCCL with `--device cuda`); under torchrun or SLURM (RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT
 set) each process is one rank of a run that may span hosts. Outputs are gathered to rank 0, which
@@ -21,6 +28,7 @@ it runs only with `--allow-fallback` or a trusted signature (the calls are check
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import replace
@@ -30,7 +38,9 @@ from typing import List, Optional
 import typer
 
 from ..errors import XGError
+from ..packager.archive import atomic_write
 from ..runtime.engine import Engine
+from ..runtime.profile import Profiler, percentile, render
 from ..runtime.tensor_io import TensorIOError, describe, load_tensors, random_inputs, save_tensors
 from ..settings import RunSettings, SettingsError, child_env, dist_env
 from .common import EXIT_USAGE, emit_json, fail, make_app, parse_dims, run
@@ -64,6 +74,12 @@ def main_cmd(
                                                 "engine of this bundle digest"),
     allow_fallback: bool = typer.Option(False, "--allow-fallback", help="run an engine that calls PyTorch "
                                         "operators (built with fallback='eager'); only for engines you trust"),
+    warmup: int = typer.Option(0, "--warmup", min=0, help="untimed runs first"),
+    iterations: int = typer.Option(1, "--iterations", min=1, help="timed runs (their min, mean, p50, p95, p99, max)"),
+    profile: bool = typer.Option(False, "--profile", help="time every kernel of the timed runs (CUDA events; "
+                                 "on the CPU every node) and print a row per kernel"),
+    trace: Optional[Path] = typer.Option(None, "--trace", metavar="FILE.json", help="write the timed runs as a "
+                                         "Chrome trace (chrome://tracing, Perfetto)"),
     version: bool = version_option("xgrun"),
 ) -> None:
     """Run ENGINE and print each output's shape, dtype and checksum."""
@@ -76,12 +92,17 @@ def main_cmd(
     run_settings = RunSettings.from_env()
     if trusted_keys is not None:
         run_settings = replace(run_settings, trusted_keys=trusted_keys)
+    if trace is not None and (trace.is_dir() or not trace.parent.is_dir()):
+        fail(f"--trace {trace}: not a file in an existing directory", EXIT_USAGE)
     if output_per_rank and output is None:
         fail("--output-per-rank needs --output FILE (each rank writes FILE with .rankK before the suffix)", EXIT_USAGE)
     try:
         denv = dist_env()
     except SettingsError as exc:
         fail(str(exc), EXIT_USAGE)
+    if (profile or trace is not None or warmup or iterations > 1) and (nproc > 1 or (denv and denv.world_size > 1)):
+        fail("--warmup, --iterations, --profile and --trace time one process's runs; a run of several "
+             "ranks (--nproc, torchrun, SLURM) is not profiled: profile the engine on one GPU", EXIT_USAGE)
     if nproc > 1:
         if denv is not None:
             fail(f"--nproc starts ranks itself, but this process is already rank {denv.rank} of "
@@ -119,9 +140,26 @@ def main_cmd(
         if device == "cuda":
             eng.cuda_executor(check=check)       # a clear refusal before any tensor moves
             values = {k: v.to("cuda") for k, v in values.items()}
-        result = eng.run(values, device=device, check=check)
+        for _ in range(warmup):
+            eng.run(values, device=device, check=check)
+        profiler = Profiler(device) if profile or trace is not None else None
+        walls = []
+        for _ in range(iterations):
+            result = eng.run(values, device=device, check=check, profiler=profiler)
+            walls.append(result.metadata["timings"]["total_ms"])
     except (XGError, TensorIOError) as exc:
         fail(str(exc))
+    extra: dict = {}
+    if iterations > 1:
+        extra["runs_ms"] = run_stats(walls)
+    if profiler is not None:
+        peaks, bandwidth = _roofline(eng.manifest["target"]) if device == "cuda" else (None, None)
+        extra["profile"] = profiler.summary(peaks, bandwidth)
+        if trace is not None:
+            try:
+                atomic_write(trace, json.dumps(profiler.chrome_trace()).encode())
+            except OSError as exc:
+                fail(f"cannot write the trace {trace}: {exc}")
     outputs = {name: t.cpu() for name, t in result.tensors.items()}     # files and checksums from host memory
     if output is not None:
         if output_per_rank:         # one process is rank 0 of 1: the same file name as in a run of N
@@ -130,7 +168,39 @@ def main_cmd(
             save_tensors(output, outputs)
         except TensorIOError as exc:
             fail(str(exc))
-    _report(engine, eng, device, check, load_ms, result, outputs, json_out)
+    tail = ""
+    if "runs_ms" in extra:
+        r = extra["runs_ms"]
+        tail = (f" (last of {iterations}; min {r['min']:.3f}, mean {r['mean']:.3f}, p50 {r['p50']:.3f}, "
+                f"p95 {r['p95']:.3f}, p99 {r['p99']:.3f}, max {r['max']:.3f} ms)")
+    _report(engine, eng, device, check, load_ms, result, outputs, json_out, extra, tail=tail)
+    if "profile" in extra and not json_out:
+        sys.stdout.write(render(extra["profile"]) + "\n")
+    if trace is not None and not json_out:
+        sys.stdout.write(f"trace: {trace}\n")
+
+
+def run_stats(walls: list[float]) -> dict:
+    """min, mean, p50, p95, p99 and max of the timed runs' wall times (ms)."""
+    ordered = sorted(walls)
+    return {"min": ordered[0], "mean": sum(ordered) / len(ordered),
+            **{f"p{q}": percentile(ordered, q) for q in (50, 95, 99)}, "max": ordered[-1]}
+
+
+def _roofline(target: str):
+    """(FLOP/s by dtype, bytes/s) of the engine's target for the profile's roofline column; (None,
+    None) when its profile cannot be read here."""
+    from ..compiler.codegen.templates.roofline import matmul_peak, scalar_peak, tensor_cores
+    from ..hw import load_profile
+    from ..settings import Settings
+    try:
+        hw = load_profile(target, Settings.from_env().hw_dir)
+    except Exception:  # noqa: BLE001 (the column is left empty: the profile is still useful)
+        return None, None
+
+    def peaks(dtype):
+        return matmul_peak(dtype, hw) if dtype and tensor_cores(dtype) else scalar_peak("float32", hw)
+    return peaks, hw.hbm_bandwidth_bytes_per_s
 
 
 def _report(engine, eng, device: str, check: bool, load_ms: float, result, outputs: dict, json_out: bool,

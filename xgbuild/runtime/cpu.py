@@ -94,7 +94,7 @@ def take_rows(n: Node, table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 @dataclass
 class RunOutput:
     values: dict[int, torch.Tensor]     # output node id -> value
-    timings: list[dict]                 # per node: id, op, line, ms
+    timings: list[dict]                 # per node: id, op, line, ms, start_ms (from the run's start)
 
 
 class CpuExecutor:
@@ -120,6 +120,7 @@ class CpuExecutor:
                 last_use[i] = n.id
         vals: dict[int, torch.Tensor] = {}
         timings: list[dict] = []
+        t_run = time.perf_counter()
         with torch.no_grad():
             for n in graph.nodes:
                 t0 = time.perf_counter()
@@ -135,7 +136,7 @@ class CpuExecutor:
                 vals[n.id] = value if value.dtype == want else value.to(want)
                 if self.timings:
                     timings.append({"id": n.id, "op": n.op.value, "line": n.src[0] if n.src else None,
-                                    "ms": (time.perf_counter() - t0) * 1e3})
+                                    "ms": (time.perf_counter() - t0) * 1e3, "start_ms": (t0 - t_run) * 1e3})
                 if not self.check:    # free what no later node reads (check mode keeps all, to trace NaNs)
                     for i in n.inputs:
                         if last_use.get(i) == n.id and i not in outputs:

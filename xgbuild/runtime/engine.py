@@ -29,7 +29,7 @@ from ..settings import RunSettings
 from .cpu import CpuExecutor
 from .extern import admit
 from .summary import RunMetadata, engine_summary
-from ..dtypes import XG_NAMES
+from ..dtypes import TORCH_DTYPES, XG_NAMES
 
 
 def engine_trust(file: EngineFile, trusted_keys: Path | str | TrustedKeys, where: str) -> Trust:
@@ -205,9 +205,11 @@ class Engine:
 
     # --- running --------------------------------------------------------------------------------
     def run(self, external_values: Mapping[str, Any] | None = None, *, device: str = "cpu", check: bool = True,
-            float64: bool = False, wait: bool = True) -> RunResult:
+            float64: bool = False, wait: bool = True, profiler: Any = None) -> RunResult:
         """Runs the engine. On cuda, `wait=False` returns as soon as the work is queued on torch's
-        current stream (as a PyTorch op does); the reported timings are then queueing times."""
+        current stream (as a PyTorch op does); the reported timings are then queueing times.
+        `profiler` (`runtime.profile.Profiler`): this run is one profiled iteration, each kernel
+        (on the CPU, each node) timed on its own; on cuda it runs kernel by kernel and waits."""
         if device not in ("cpu", "cuda"):
             raise InputError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
         if device == "cuda":
@@ -217,10 +219,22 @@ class Engine:
         else:
             executor = CpuExecutor(float64=float64, check=check)
         inputs = self.prepare_inputs(external_values, device)
+        if profiler is not None:
+            if device == "cuda":
+                torch.cuda.synchronize()        # the iteration starts on an idle GPU
+            profiler.begin()
         t0 = time.perf_counter()
         graph, env, cached = self.specialised(inputs)
-        out = executor.run(graph, inputs, wait=wait) if device == "cuda" else executor.run(graph, inputs)
+        if device == "cuda":
+            out = executor.run(graph, inputs, wait=wait or profiler is not None, profiler=profiler)
+        else:
+            out = executor.run(graph, inputs)
         total_ms = (time.perf_counter() - t0) * 1e3
+        if profiler is not None:
+            iteration = profiler.iteration
+            profiler.end()
+            if device == "cpu":
+                _profile_ops(profiler, graph, out.timings, iteration)
         value = _build(graph.output, out.values)
         metadata = {
             "target": self.manifest["target"],
@@ -265,6 +279,17 @@ class Engine:
         ex = self._cuda[arch]
         ex.check = check
         return ex
+
+
+def _profile_ops(profiler: Any, graph: Graph, timings: list[dict], iteration: int) -> None:
+    """The CPU reference path's node timings as a profiled iteration's spans."""
+    from ..compiler.ir.serialize import where
+    from .profile import node_cost
+    for t in timings:
+        n = graph.node(t["id"])
+        flops, moved = node_cost(graph, n, lambda d: TORCH_DTYPES[d].itemsize)
+        profiler.host_op(f"n{n.id}", f"{n.op.value} %{n.id}", where(n.src) if n.src else f"%{n.id}",
+                         t.get("start_ms", 0.0), t["ms"], flops=flops, nbytes=moved, iteration=iteration)
 
 
 def _needs_kernels(graph: Graph) -> bool:

@@ -120,9 +120,23 @@ class KernelExecutor:
         self._replays: dict[tuple, Replay] = {}
         self._dynamic: dict[int, tuple[Graph, bool]] = {}
         self._consts: dict[tuple, torch.Tensor] = {}
+        # `runtime.profile.Profiler` while a run is profiled: each launch bracketed by CUDA events,
+        # nothing replayed (a replay's launches are not told apart).
+        self.profiler = None
+
+    def _go(self, index: int, plan: KernelPlan, graph: Graph, launch: Launch, chosen: Compiled, grid: tuple,
+            args: list) -> None:
+        """Launch one kernel, through the profiler when one is listening."""
+        if self.profiler is None:
+            self.launch(chosen, grid, args)
+            return
+        from .profile import launch_cost
+        flops, moved, dtype = launch_cost(plan.spec, launch)
+        self.profiler.timed(f"k{index}", plan.spec.name, _where(graph, plan.binding.outputs),
+                            lambda: self.launch(chosen, grid, args), flops=flops, nbytes=moved, dtype=dtype)
 
     def run(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
-        key = self._key(graph, inputs) if self.replay else None
+        key = self._key(graph, inputs) if self.replay and self.profiler is None else None
         known = self._replays.get(key) if key is not None else None
         if known is not None and known.graph is graph:
             return self._replay(graph, known, inputs)
@@ -142,7 +156,13 @@ class KernelExecutor:
             if isinstance(plan, ExternStep):
                 from .extern import call
                 n = graph.node(plan.node)
-                value[n.id] = call(n, [value(i) for i in n.inputs], self.device, memo)
+                if self.profiler is None:
+                    value[n.id] = call(n, [value(i) for i in n.inputs], self.device, memo)
+                else:
+                    args_in = [value(i) for i in n.inputs]
+                    value[n.id] = self.profiler.timed(f"x{index}", f"torch {str(n.attr('call'))[:60]}",
+                                                      _where(graph, [n.id]),
+                                                      lambda: call(n, args_in, self.device, memo))
                 steps = None            # torch allocates its own outputs: nothing to replay
                 for c in ready.get(index, ()):
                     value.start(c)
@@ -151,7 +171,7 @@ class KernelExecutor:
             outs = [torch.empty(shape, dtype=dt, device=self.device) for shape, dt in shapes]
             launch = bind(plan, graph, value, outs, flags, self._checks(plan, guarded))
             if index in blocked:        # block by block of rows, launches and transfers interleaved
-                self._launch_blocked(plan, launch, outs, blocked[index], value)
+                self._launch_blocked(index, graph, plan, launch, outs, blocked[index], value)
                 for n in ready.get(index, ()):
                     value.start(n)
                 continue                # (SPMD ranks record no replays)
@@ -159,7 +179,7 @@ class KernelExecutor:
             grid = grid_for(chosen, plan.spec, launch)
             args = arguments(chosen, launch)
             if all(grid):
-                self.launch(chosen, grid, args)
+                self._go(index, plan, graph, launch, chosen, grid, args)
             for nid, t in zip(plan.binding.outputs, outs):
                 value[nid] = t
             for n in ready.get(index, ()):
@@ -229,8 +249,8 @@ class KernelExecutor:
                 out[index] = Blocks(nodes, [[span] for span in spans] if len(spans) > 1 else [[]], spans)
         return out
 
-    def _launch_blocked(self, plan: KernelPlan, launch: Launch, outs: list[torch.Tensor], blocks: "Blocks",
-                        value: Values) -> None:
+    def _launch_blocked(self, index: int, graph: Graph, plan: KernelPlan, launch: Launch, outs: list[torch.Tensor],
+                        blocks: "Blocks", value: Values) -> None:
         """Launch `plan` block by block (see `_blocked`), each block's collectives issued right after
         its launches; their consumers wait for every block."""
         assert self.collective is not None
@@ -245,7 +265,7 @@ class KernelExecutor:
                 chosen = choose(plan, part)
                 grid = grid_for(chosen, plan.spec, part)
                 if all(grid):
-                    self.launch(chosen, grid, arguments(chosen, part))
+                    self._go(index, plan, graph, part, chosen, grid, arguments(chosen, part))
             for n, pos in blocks.nodes:
                 if n.op is Op.ALL_REDUCE:
                     piece = outs[pos][ranges[0][0]:ranges[0][1]] if ranges else outs[pos]
@@ -358,6 +378,17 @@ class KernelExecutor:
         return _outputs(graph, value, self._consts)
 
 
+def _where(graph: Graph, nids) -> str:
+    """The source lines (or an imported model's module paths) of the nodes a kernel stores."""
+    seen: list[str] = []
+    for nid in nids:
+        src = graph.node(nid).src
+        text = src_text(src) if src else f"%{nid}"
+        if text not in seen:
+            seen.append(text)
+    return ", ".join(seen[:3]) + (f" (+{len(seen) - 3})" if len(seen) > 3 else "")
+
+
 @dataclass
 class Blocks:
     """How a kernel runs with the collectives of its outputs (`KernelExecutor._blocked`): per block,
@@ -465,11 +496,19 @@ class CudaExecutor:
             self.launcher.launch(c.handle, grid, args)
         self.kernels = KernelExecutor(plans, launch, self.device, replay=True)
 
-    def run(self, graph: Graph, inputs: dict[str, torch.Tensor], wait: bool = True) -> RunOutput:
-        """Runs the kernels on torch's current stream; `wait` synchronises first (timings are then real)."""
+    def run(self, graph: Graph, inputs: dict[str, torch.Tensor], wait: bool = True, profiler=None) -> RunOutput:
+        """Runs the kernels on torch's current stream; `wait` synchronises first (timings are then real).
+        `profiler` (`runtime.profile.Profiler`): time each launch, kernel by kernel (no CUDA graph)."""
         t0 = time.perf_counter()
         self.kernels.check_indices = self.kernels.check_outputs = self.check
-        values, flags = self._values(graph, inputs)
+        if profiler is not None:
+            self.kernels.profiler = profiler
+            try:
+                values, flags = self.kernels.run(graph, inputs), self.kernels.flags
+            finally:
+                self.kernels.profiler = None
+        else:
+            values, flags = self._values(graph, inputs)
         if self.check:
             check_outputs(self.kernels, graph, inputs, values, flags)
         if wait:

@@ -451,12 +451,8 @@ def test_kernels_that_compile_to_the_same_bytes_are_stored_once(tmp_path) -> Non
     assert len(Engine.load(path).manifest["kernels"]) == 12
 
 
-def test_a_gpu_whose_process_fails_hands_its_job_back(monkeypatch, capsys) -> None:
-    """Several GPUs: one whose measuring process cannot start gives its job back with a warning,
-    and the GPU measuring in the build's process tunes every job."""
-    import time
-    from xgbuild.tuner import link
-    from xgbuild.tuner.gpu_procs import GpuUnavailable
+def _two_softmax_jobs() -> list:
+    """Two measured jobs (two softmax kernels), for the several-GPU tests."""
     src = """extern Tensor[float32, T, D] X
 extern Tensor[float32, T, D] Y
 def main() {
@@ -464,7 +460,16 @@ def main() {
 }
 """
     g = compile_source(src).optimized.main
-    jobs, _ = plan(g, tuning_env(g, {"T": 64, "D": 128}))
+    return plan(g, tuning_env(g, {"T": 64, "D": 128}))[0]
+
+
+def test_a_gpu_whose_process_fails_hands_its_job_back(monkeypatch, capsys) -> None:
+    """Several GPUs: one whose measuring process cannot start gives its job back with a warning,
+    and the GPU measuring in the build's process tunes every job."""
+    import time
+    from xgbuild.tuner import link
+    from xgbuild.tuner.gpu_procs import GpuUnavailable
+    jobs = _two_softmax_jobs()
     assert len(jobs) >= 2
 
     class Slow(FakeMeasurer):
@@ -514,14 +519,7 @@ def test_the_callers_measuring_processes_are_used_and_left_open(monkeypatch) -> 
     import time
     from xgbuild.tuner import link
     from xgbuild.tuner.tuner import Winner
-    src = """extern Tensor[float32, T, D] X
-extern Tensor[float32, T, D] Y
-def main() {
-    return softmax(X, dim=1) + softmax(Y * 2.0, dim=1)
-}
-"""
-    g = compile_source(src).optimized.main
-    jobs, _ = plan(g, tuning_env(g, {"T": 64, "D": 128}))
+    jobs = _two_softmax_jobs()
 
     class Slow(FakeMeasurer):
         def measure(self, *args):
