@@ -192,6 +192,12 @@ def visible_devices() -> list[str]:
     return [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
 
 
+def visible_device(index: int) -> str:
+    """The CUDA_VISIBLE_DEVICES entry for torch's device `index` in this process."""
+    visible = visible_devices()
+    return visible[index] if index < len(visible) else str(index)
+
+
 def use_triton_interpreter() -> None:
     """Make Triton interpret kernels on CPU tensors. Triton reads TRITON_INTERPRET once, when it is
     imported: call this before anything imports it. The one place XG writes the environment."""

@@ -12,12 +12,11 @@ import json
 import math
 from typing import Any
 
-import triton
 
 from .. import __version__
 from ..compiler.ir.graph import Graph
 from ..compiler.ir.verify import shape_problem
-from ..dtypes import TORCH_DTYPES
+from ..dtypes import ITEMSIZE
 from ..errors import EngineError
 from ..hw import GpuProfile
 
@@ -59,7 +58,7 @@ def build_manifest(*, graph: Graph, program_blob: bytes, profile: GpuProfile, nu
               for name, nid in graph.inputs if name not in bound]
     manifest = {
         "format_version": FORMAT_VERSION,
-        "toolchain": {"xg": __version__, "triton": triton.__version__},
+        "toolchain": {"xg": __version__, "triton": _triton_version()},
         "target": profile.name,
         "target_profile": profile.to_dict(),
         "num_gpu": num_gpu,
@@ -147,7 +146,7 @@ def check_sizes(graph: Graph, manifest: dict, where: str) -> None:
         problem = shape_problem(n.shape)
         if problem:
             raise EngineError(f"{where}: node %{n.id} ({n.op.value}) has a malformed shape ({problem})")
-        size = math.prod(d for d in n.shape if isinstance(d, int)) * TORCH_DTYPES[n.dtype].itemsize
+        size = math.prod(d for d in n.shape if isinstance(d, int)) * ITEMSIZE[n.dtype]
         if size > limit:
             raise EngineError(f"{where}: node %{n.id} ({n.op.value}) is {n.dtype}{list(n.shape)}, "
                               f"{size} bytes, more than the {limit} bytes of memory of the target's GPUs")
@@ -164,3 +163,9 @@ def _paths(manifest: dict) -> list:
     except (KeyError, TypeError, IndexError, AttributeError) as exc:
         raise ValueError(f"{type(exc).__name__}: {exc}") from None
     return paths
+
+
+def _triton_version() -> str:
+    """Triton's version, for a manifest being built (imported here: reading an engine needs no Triton)."""
+    import triton
+    return triton.__version__

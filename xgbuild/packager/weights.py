@@ -8,22 +8,23 @@ same model and weights give the same engine bytes; the manifest names it by its 
 without the library: its length, nesting and entries are checked, and every tensor's offsets against
 its dtype and shape and against the file's size, so that a caller can compare shapes with what it
 expects before a byte of data is read. `load_weights` loads an engine's weights only once their
-header matches what the manifest declares, tensor for tensor.
+header matches what the manifest declares, tensor for tensor. Reading and checking need neither
+torch nor Triton (a deploy host's engine reader); writing and loading the tensors import torch.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
-from safetensors.torch import load as _load
-from safetensors.torch import save as _save
+from typing import TYPE_CHECKING
 
 from ..compiler.ir.serialize import bounded_json
 from ..compiler.ir.verify import shape_problem
 from ..errors import EngineError
 from .manifest import sha256
+
+if TYPE_CHECKING:
+    import torch
 
 PATH = "weights.safetensors"
 MAX_HEADER = 100 << 20            # the library's own limit
@@ -98,11 +99,12 @@ def _offsets(name: str, record: object) -> tuple[int, int]:
     return offsets[0], offsets[1]
 
 
-def weights_blob(tensors: dict[str, torch.Tensor]) -> tuple[bytes, dict]:
+def weights_blob(tensors: dict[str, "torch.Tensor"]) -> tuple[bytes, dict]:
     """The safetensors bytes and the manifest's `weights` entry for `tensors`."""
+    from safetensors.torch import save
     # Copies: safetensors refuses tensors that share memory (tied weights) or are not contiguous.
     ordered = {name: tensors[name].detach().cpu().contiguous().clone() for name in sorted(tensors)}
-    blob = _save(ordered)
+    blob = save(ordered)
     entry = {"path": PATH, "sha256": sha256(blob),
              "tensors": [{"name": n, "dtype": str(t.dtype).rsplit(".", 1)[-1], "shape": list(t.shape)}
                          for n, t in ordered.items()]}
@@ -124,6 +126,7 @@ def check_weights(blob: bytes, declared: list[dict], where: str) -> None:
                           f"manifest declares {wanted.get(name, 'nothing')}")
 
 
-def load_weights(blob: bytes) -> dict[str, torch.Tensor]:
+def load_weights(blob: bytes) -> dict[str, "torch.Tensor"]:
     """The tensors of weights already checked with `check_weights` (the engine loader does)."""
-    return _load(blob)
+    from safetensors.torch import load
+    return load(blob)

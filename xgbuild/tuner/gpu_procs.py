@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from ..settings import visible_devices
+from ..settings import visible_device, visible_devices
 from .jobs import Job
 from .tuner import Compiler, TuneError, Tuner, Winner
 from .workers import Worker, WorkerDied
@@ -25,12 +25,6 @@ _STATE: dict[str, Tuner] = {}       # in a measuring process: its tuner, made by
 
 class GpuUnavailable(RuntimeError):
     """A GPU's measuring process could not start or died: its jobs go to the other GPUs."""
-
-
-def visible_device(index: int) -> str:
-    """The CUDA_VISIBLE_DEVICES entry for torch's device `index` in this process."""
-    visible = visible_devices()
-    return visible[index] if index < len(visible) else str(index)
 
 
 def _profile(name: str, hw_dir: Any, expected: dict) -> Any:

@@ -706,7 +706,7 @@ class Tuner:
                  "seconds": round(time.monotonic() - t_start, 3), "measuring_s": round(spent, 3),
                  "waiting_s": round(waited, 3), "reference_s": round(t_ref, 3)}
         if isinstance(getattr(self.measurer, "device_index", None), int):   # which GPU of the host measured it
-            from .gpu_procs import visible_device
+            from ..settings import visible_device
             stats["gpu"] = visible_device(self.measurer.device_index)
         why = next((w for w in search.pruned.values() if w.startswith("bound")), None)
         if why:
