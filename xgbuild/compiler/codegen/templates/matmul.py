@@ -20,7 +20,7 @@ from ..triton_matmul import matmul
 from .base import Config, KernelTemplate, Problem, config_key, make_config, next_pow2
 from .local import build, domain_level
 from .roofline import (BASE_REGS_PER_THREAD, L2_SPEEDUP, MEMORY_LATENCY_S, MIN_ACC_ELEMENTS_PER_THREAD,
-                       SMEM_HEADROOM_BYTES, blocks_per_sm, matmul_peak, over_smem, smem_feed, stream_s,
+                       SMEM_HEADROOM_BYTES, blocks_per_sm, matmul_peak, over_smem, pipelined_feed, stream_s,
                        tensor_cores, tf32x3)
 
 BLOCK_M = (16, 32, 64, 128, 256)
@@ -256,7 +256,7 @@ class MatmulTemplate(KernelTemplate):
         sm_peak = top.flops / hw.sm_count
         step_flops = 2 * bm * bn * bk
         k_steps = math.ceil(p.k / bk)
-        feed = smem_feed(p, c, hw, sm_peak)
+        feed = pipelined_feed(p, c, hw, sm_peak)
 
         def sm_seconds(resident: int) -> float:
             """One SM running `resident` tiles at once, start to end: each k-step takes the longer
