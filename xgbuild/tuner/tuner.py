@@ -92,7 +92,8 @@ class Winner:
         if self.measured_on:
             out["measured_on"] = self.measured_on
         if self.search:
-            out["search"] = {k: v for k, v in self.search.items() if not k.endswith("_s") and k != "seconds"}
+            # (times and which GPU measured are this build's telemetry, not the engine's: left out)
+            out["search"] = {k: v for k, v in self.search.items() if not k.endswith("_s") and k not in ("seconds", "gpu")}
         return out
 
 

@@ -566,3 +566,12 @@ def test_a_measuring_process_gets_a_job_once_its_first_wave_is_compiled() -> Non
     assert slow.done() and time.monotonic() - t0 >= 0.15     # waited for the compile, not the emit failure
     assert "job-a" not in tuner._prefetched                   # the wave is the other process's now
     _await_first_wave(tuner, SimpleNamespace(ident="job-b"))  # nothing compiled ahead: no wait
+
+
+def test_a_winners_json_leaves_out_this_builds_telemetry() -> None:
+    """Which GPU measured a job and how long it took differ from build to build: the engine's
+    manifest keeps the search's counts and reasons only (a rebuild gives the same bytes)."""
+    from xgbuild.tuner.tuner import Winner
+    w = Winner({"BLOCK": 1}, "measured", 1.0, "k", search={"measured": 3, "pruned": 2, "gpu": "1", "seconds": 2.5,
+                                                         "waiting_s": 1.0, "stopped": "bound: ..."})
+    assert w.to_json()["search"] == {"measured": 3, "pruned": 2, "stopped": "bound: ..."}
