@@ -41,10 +41,10 @@ from bench_torch_models import DTYPES, local_target, rel_err  # noqa: E402  (the
 MODELS = ("gpt2", "llama1b", "bert", "vit", "resnet50", "whisper")
 
 
-def _text(vocab: int, token_types: bool = False) -> Callable[[argparse.Namespace], dict]:
+def _text(vocab: int, token_types: bool = False, device: str = "cuda") -> Callable[[argparse.Namespace], dict]:
     def inputs(args: argparse.Namespace) -> dict:
-        ids = torch.randint(0, vocab, (args.batch, args.seq), device="cuda")
-        mask = torch.ones(args.batch, args.seq, dtype=torch.long, device="cuda")
+        ids = torch.randint(0, vocab, (args.batch, args.seq), device=device)
+        mask = torch.ones(args.batch, args.seq, dtype=torch.long, device=device)
         mask[0, args.seq // 2:] = 0
         kw = {"input_ids": ids, "attention_mask": mask}
         if token_types:
@@ -53,35 +53,38 @@ def _text(vocab: int, token_types: bool = False) -> Callable[[argparse.Namespace
     return inputs
 
 
-def build(name: str, layers: int | None) -> tuple[torch.nn.Module, Callable[[argparse.Namespace], dict]]:
-    """The model (eval mode, no KV cache) and a function of the run's arguments giving its inputs."""
+def build(name: str, layers: int | None, device: str = "cuda") -> tuple[torch.nn.Module,
+                                                                       Callable[[argparse.Namespace], dict]]:
+    """The model (eval mode, no KV cache) and a function of the run's arguments giving its inputs
+    (on `device`)."""
     import transformers as T
 
     def depth(n: int) -> int:
         return layers or n
     if name == "gpt2":
         cfg = T.GPT2Config(n_layer=depth(12), n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)
-        model, inputs = T.GPT2LMHeadModel(cfg), _text(50257)
+        model, inputs = T.GPT2LMHeadModel(cfg), _text(50257, device=device)
     elif name == "llama1b":
         cfg = T.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=depth(16),
                             num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=2048)
-        model, inputs = T.LlamaModel(cfg), _text(32000)
+        model, inputs = T.LlamaModel(cfg), _text(32000, device=device)
     elif name == "bert":
         cfg = T.BertConfig(num_hidden_layers=depth(12))
-        model, inputs = T.BertModel(cfg, add_pooling_layer=False), _text(cfg.vocab_size, token_types=True)
+        model, inputs = T.BertModel(cfg, add_pooling_layer=False), _text(cfg.vocab_size, token_types=True,
+                                                                        device=device)
     elif name == "vit":
         cfg = T.ViTConfig(num_hidden_layers=depth(12), image_size=224, patch_size=16)
         model = T.ViTModel(cfg, add_pooling_layer=False)
 
         def inputs(args: argparse.Namespace) -> dict:
-            return {"pixel_values": torch.randn(args.images, 3, 224, 224, device="cuda")}
+            return {"pixel_values": torch.randn(args.images, 3, 224, 224, device=device)}
     elif name == "resnet50":
         cfg = T.ResNetConfig(depths=[3, 4, 6, 3] if layers is None else [1] * 4, layer_type="bottleneck",
                              hidden_sizes=[256, 512, 1024, 2048], embedding_size=64)
         model = T.ResNetModel(cfg)
 
         def inputs(args: argparse.Namespace) -> dict:
-            return {"pixel_values": torch.randn(args.images, 3, 224, 224, device="cuda")}
+            return {"pixel_values": torch.randn(args.images, 3, 224, 224, device=device)}
     elif name == "whisper":
         cfg = T.WhisperConfig(d_model=512, encoder_layers=depth(6), encoder_attention_heads=8, encoder_ffn_dim=2048,
                               decoder_layers=1, decoder_attention_heads=8, decoder_ffn_dim=2048,   # whisper-base
@@ -89,7 +92,7 @@ def build(name: str, layers: int | None) -> tuple[torch.nn.Module, Callable[[arg
         model = T.WhisperModel(cfg).get_encoder()
 
         def inputs(args: argparse.Namespace) -> dict:
-            return {"input_features": torch.randn(args.batch, 80, 3000, device="cuda")}
+            return {"input_features": torch.randn(args.batch, 80, 3000, device=device)}
     else:
         raise SystemExit(f"unknown model {name} ({', '.join(MODELS)})")
     if hasattr(model.config, "use_cache"):
