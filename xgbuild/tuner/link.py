@@ -142,7 +142,11 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
                     return
                 with lock:
                     winners[job.ident] = w
-                    bar.advance(job.ident, w.source, w.ms, w.search)
+                    try:
+                        bar.advance(job.ident, w.source, w.ms, w.search)
+                    except BaseException as exc:  # noqa: BLE001 (a thread's error is the build's, not a traceback)
+                        errors.append(exc)
+                        return
         t_tune = time.perf_counter()
         try:
             if len(runners) == 1:

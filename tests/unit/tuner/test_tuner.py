@@ -19,6 +19,7 @@ from xgbuild.runtime.cuda import cubin_arch
 from xgbuild.settings import Settings
 from xgbuild.tuner.jobs import plan, tuning_env
 from xgbuild.tuner.link import build_kernels
+from xgbuild.tuner.policy import Policy
 from xgbuild.compiler.codegen.templates.base import config_key
 from xgbuild.tuner.space import default_config
 from xgbuild.tuner.tuner import Compiler, JobData, Tuner, TuneError
@@ -575,3 +576,70 @@ def test_a_winners_json_leaves_out_this_builds_telemetry() -> None:
     w = Winner({"BLOCK": 1}, "measured", 1.0, "k", search={"measured": 3, "pruned": 2, "gpu": "1", "seconds": 2.5,
                                                          "waiting_s": 1.0, "stopped": "bound: ..."})
     assert w.to_json()["search"] == {"measured": 3, "pruned": 2, "stopped": "bound: ..."}
+
+
+def test_an_error_in_a_gpu_thread_is_the_builds_error(capsys) -> None:
+    """Several GPUs measure from threads: an error after a job is measured (here the progress
+    display's) ends the build with that error, not with a thread's traceback on stderr."""
+    import time
+    from xgbuild.tuner import link
+    from xgbuild.tuner.progress import TuneProgress
+    jobs = _two_softmax_jobs()
+
+    class Slow(FakeMeasurer):
+        def measure(self, *args):
+            time.sleep(0.02)
+            return super().measure(*args)
+
+    class Broken(TuneProgress):
+        def advance(self, *args, **kwargs):
+            raise RuntimeError("the display broke")
+
+    compiler = Compiler(90)
+    try:
+        with pytest.raises(RuntimeError, match="the display broke"):
+            link.tune_jobs(jobs, load_profile("H100"), policy="measure", measurers=[Slow({}), Slow({})],
+                           compiler=compiler, progress=Broken(len(jobs)))
+    finally:
+        compiler.close()
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_tuning_context_starts_the_gpu_processes_first_and_closes_them(monkeypatch, tmp_path) -> None:
+    """With several GPUs, `context.tuning` starts GPUs 1..'s measuring processes before the compile
+    pool (their torch import is on the critical path), hands them to the build, and closes them
+    (a process still starting is killed) when the step ends, even when it fails."""
+    from xgbuild.build import context
+    from xgbuild.tuner import cuda_measure, link
+    log: list[str] = []
+
+    class Proc:
+        def close(self):
+            log.append("proc closed")
+
+    class FakeCompiler:
+        workers = 4
+
+        def start(self):
+            log.append("pool started")
+
+        def close(self):
+            log.append("pool closed")
+
+    monkeypatch.setattr(cuda_measure, "local_measurers", lambda profile: [FakeMeasurer({}), FakeMeasurer({})])
+    monkeypatch.setattr(link, "new_compiler", lambda *a: FakeCompiler())
+    monkeypatch.setattr(link, "gpu_processes", lambda *a: log.append("procs started") or [Proc()])
+    monkeypatch.setenv("XG_CACHE_DIR", str(tmp_path / "cache"))
+    settings = Settings.from_env()
+    with context.tuning(load_profile("H100"), Policy.MEASURE, settings) as t:
+        assert len(t.gpu_procs) == 1 and log == ["procs started", "pool started"]
+    assert log[2:] == ["proc closed", "pool closed"]
+    log.clear()
+    with pytest.raises(RuntimeError):
+        with context.tuning(load_profile("H100"), Policy.MEASURE, settings):
+            raise RuntimeError("the build failed")
+    assert log == ["procs started", "pool started", "proc closed", "pool closed"]
+    log.clear()
+    with context.tuning(load_profile("H100"), Policy.CACHE, settings) as t:     # nothing measured: none
+        assert not t.gpu_procs
+    assert "procs started" not in log
