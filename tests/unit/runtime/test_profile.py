@@ -5,25 +5,15 @@ kernels and the lines they store), and the aggregation: percentiles, shares, roo
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from interpreted import interpreted_report
 
 from xgbuild.runtime.profile import Profiler, Span, percentile, render
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
-
 
 def test_profiled_gpu_launches_under_the_interpreter() -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, str(HERE / "interpret_profile.py")], capture_output=True, text=True,
-                          env=env, timeout=600, cwd=str(HERE))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = interpreted_report("interpret_profile.py")
     assert report["error"] < 1e-4                      # profiled runs compute the same result
     s = report["summary"]
     assert s["iterations"] == 3 and s["device"] == "cuda"
