@@ -29,7 +29,7 @@ def test_version_names_xg_triton_torch_and_the_driver(prog: str) -> None:
 
 
 def test_a_driver_that_loads_is_named_by_its_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cuda_runtime, "_driver", lambda: SimpleNamespace(cuDriverGetVersion=lambda: (0, 12080)))
+    monkeypatch.setattr(cuda_runtime, "driver_module", lambda: SimpleNamespace(cuDriverGetVersion=lambda: (0, 12080)))
     assert cuda_runtime.driver_version() == "12.8"
     assert "CUDA driver 12.8 (cuda-bindings " in cli("xgc", "--version").out
 
@@ -37,6 +37,6 @@ def test_a_driver_that_loads_is_named_by_its_version(monkeypatch: pytest.MonkeyP
 def test_no_driver_is_said_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
     def missing():
         raise cuda_runtime.CudaRuntimeError("cuda-python is not installed")
-    monkeypatch.setattr(cuda_runtime, "_driver", missing)
+    monkeypatch.setattr(cuda_runtime, "driver_module", missing)
     assert cuda_runtime.driver_version() is None
     assert "no CUDA driver (cuda-bindings " in cli("xgrun", "--version").out

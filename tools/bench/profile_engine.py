@@ -7,7 +7,7 @@ share. Writes the Chrome trace and the JSON summary.
 
     python tools/bench/profile_engine.py [--model gpt2] [--layers N] [--batch 8] [--seq 512]
         [--dtype bfloat16] [--policy cache|predict|measure] [--device cuda|cpu]
-        [--warmup 3] [--iterations 20] [--out out/profile]
+        [--warmup 3] [--iterations 20] [--out out/profile] [--runtime auto|torch|native]
 
 `--device cpu` profiles the CPU reference path (an engine without kernels): a smoke test of the
 same steps on a host without a GPU.
@@ -49,6 +49,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--out", default="out/profile")
+    ap.add_argument("--runtime", default="auto", choices=["auto", "torch", "native"],
+                    help="xgrun's runtime: native is the deploy runtime (no torch)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -67,7 +69,7 @@ def main() -> int:
     save_tensors(inputs, {k: v.cpu() for k, v in kw.items()})
     cmd = [sys.executable, "-m", "xgbuild.cli.xgrun", str(path), "--device", args.device, "--inputs", str(inputs),
            "--warmup", str(args.warmup), "--iterations", str(args.iterations), "--profile", "--trace", str(trace),
-           "--json"]
+           "--json", "--runtime", args.runtime]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if proc.returncode:
         sys.stderr.write(proc.stderr)
@@ -76,7 +78,8 @@ def main() -> int:
     (out / f"{args.model}.profile.json").write_text(json.dumps(summary, indent=1))
     name = torch.cuda.get_device_name(0) if not cpu else "CPU"
     print(f"{args.model} ({args.layers or 'all'} layers, {args.dtype}, batch {args.batch} x {args.seq}) on {name}, "
-          f"{args.policy} winners; `xgrun --warmup {args.warmup} --iterations {args.iterations} --profile`")
+          f"{args.policy} winners; `xgrun --runtime {args.runtime} --warmup {args.warmup} --iterations {args.iterations} "
+          "--profile`")
     print(render(summary["profile"], limit=30))
     print(f"trace: {trace}  summary: {out / f'{args.model}.profile.json'}")
     return 0

@@ -6,7 +6,12 @@
                  [--nproc N] [--timeout S] [--output-per-rank] [--allow-fallback]
                  [--trusted-keys DIR] [--expect-digest HEX]
 
-`--warmup N` runs N times first, untimed; `--iterations N` times N runs (min, mean, p50, p95, p99,
+`--runtime native` runs the engine on the deploy runtime, which imports neither torch nor Triton
+(cuda-python and numpy; inputs and outputs .npz or .safetensors; random inputs from numpy's
+generator); `--runtime torch` on the torch-backed one (CUDA graphs, PyTorch fallbacks, several
+ranks, the CPU reference); `auto` (default) takes torch where it is installed, else native.
+`--dry-run` loads and verifies the engine and checks the inputs against its signature, without a
+device. `--warmup N` runs N times first, untimed; `--iterations N` times N runs (min, mean, p50, p95, p99,
 max). `--profile` times every kernel of those runs on its own (CUDA events; on the CPU each node):
 a row per kernel with its launches, p50/p95/p99, share of the run, bytes, FLOPs and share of the
 target's roofline, named by the source lines it stores, and the host's share of the run;
@@ -39,9 +44,8 @@ import typer
 
 from ..errors import XGError
 from ..packager.archive import atomic_write
-from ..runtime.engine import Engine
+from ..runtime.host_io import TensorIOError
 from ..runtime.profile import Profiler, percentile, render
-from ..runtime.tensor_io import TensorIOError, describe, load_tensors, random_inputs, save_tensors
 from ..settings import RunSettings, SettingsError, child_env, dist_env
 from .common import EXIT_USAGE, emit_json, fail, make_app, parse_dims, run
 from .version import version_option
@@ -80,11 +84,40 @@ def main_cmd(
                                  "on the CPU every node) and print a row per kernel"),
     trace: Optional[Path] = typer.Option(None, "--trace", metavar="FILE.json", help="write the timed runs as a "
                                          "Chrome trace (chrome://tracing, Perfetto)"),
+    runtime: str = typer.Option("auto", "--runtime", help="auto, torch or native (the deploy runtime: no torch, "
+                                "cuda only)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="load and verify the engine and check the inputs; "
+                                 "run nothing"),
     version: bool = version_option("xgrun"),
 ) -> None:
     """Run ENGINE and print each output's shape, dtype and checksum."""
     if device not in ("cpu", "cuda"):
         fail(f"--device takes cpu or cuda, got {device!r}", EXIT_USAGE)
+    if runtime not in ("auto", "torch", "native"):
+        fail(f"--runtime takes auto, torch or native, got {runtime!r}", EXIT_USAGE)
+    if runtime == "auto":
+        runtime = "torch" if _torch_installed() else "native"
+    if runtime == "native":
+        if device != "cuda" and not dry_run:
+            fail("the deploy runtime (--runtime native) runs on cuda; --device cpu is the torch-backed "
+                 "CPU reference (install torch, or pass --device cuda)", EXIT_USAGE)
+        if nproc > 1 or output_per_rank:
+            fail("several ranks (--nproc, --output-per-rank) run on the torch-backed runtime (--runtime torch)",
+                 EXIT_USAGE)
+        if trace is not None and (trace.is_dir() or not trace.parent.is_dir()):
+            fail(f"--trace {trace}: not a file in an existing directory", EXIT_USAGE)
+        run_settings = RunSettings.from_env()
+        if trusted_keys is not None:
+            run_settings = replace(run_settings, trusted_keys=trusted_keys)
+        if expect_digest is not None:
+            from ..packager.signing import normal_digest
+            if normal_digest(expect_digest) is None:
+                fail(f"--expect-digest takes a bundle digest (64 hex digits), got {expect_digest!r}", EXIT_USAGE)
+        _run_native(engine, inputs, output, check, seed, dim, json_out, run_settings, expect_digest, warmup,
+                    iterations, profile, trace, dry_run)
+        return
+    from ..runtime.engine import Engine
+    from ..runtime.tensor_io import describe, save_tensors
     if expect_digest is not None:
         from ..packager.signing import normal_digest
         if normal_digest(expect_digest) is None:
@@ -137,6 +170,11 @@ def main_cmd(
         eng = Engine.load(engine, run_settings, expect_digest=expect_digest, allow_fallback=allow_fallback)
         load_ms = (time.perf_counter() - t_load) * 1e3
         values = _inputs_for(eng, inputs, seed, dim)
+        if dry_run:
+            eng.prepare_inputs(values, "cpu")
+            eng.specialised(eng.prepare_inputs(values, "cpu"))
+            _report_dry(engine, eng.digest, eng.manifest, load_ms, values, describe, json_out)
+            return
         if device == "cuda":
             eng.cuda_executor(check=check)       # a clear refusal before any tensor moves
             values = {k: v.to("cuda") for k, v in values.items()}
@@ -168,12 +206,7 @@ def main_cmd(
             save_tensors(output, outputs)
         except TensorIOError as exc:
             fail(str(exc))
-    tail = ""
-    if "runs_ms" in extra:
-        r = extra["runs_ms"]
-        tail = (f" (last of {iterations}; min {r['min']:.3f}, mean {r['mean']:.3f}, p50 {r['p50']:.3f}, "
-                f"p95 {r['p95']:.3f}, p99 {r['p99']:.3f}, max {r['max']:.3f} ms)")
-    _report(engine, eng, device, check, load_ms, result, outputs, json_out, extra, tail=tail)
+    _report(engine, eng, device, check, load_ms, result, outputs, json_out, extra, iterations=iterations)
     if "profile" in extra and not json_out:
         sys.stdout.write(render(extra["profile"]) + "\n")
     if trace is not None and not json_out:
@@ -204,19 +237,31 @@ def _roofline(target: str):
 
 
 def _report(engine, eng, device: str, check: bool, load_ms: float, result, outputs: dict, json_out: bool,
-            extra: dict | None = None, ranks: str = "", tail: str = "") -> None:
+            extra: dict | None = None, ranks: str = "", tail: str = "", iterations: int = 1) -> None:
     """The run's summary: one JSON object, or a line per output between a header and timings."""
+    from ..runtime.tensor_io import describe
+    _summary_out(engine, eng.digest, eng.manifest["target"], device, check, load_ms,
+                 result.metadata["timings"]["total_ms"], {name: describe(v) for name, v in outputs.items()},
+                 result.metadata["specialization"], json_out, extra, iterations, ranks=ranks, tail=tail)
+
+
+def _summary_out(engine, digest: str, target: str, device: str, check: bool, load_ms: float, run_ms: float,
+                 described: dict, specialization: dict, json_out: bool, extra: dict | None = None,
+                 iterations: int = 1, ranks: str = "", tail: str = "") -> None:
+    if not tail and extra and "runs_ms" in extra:
+        r = extra["runs_ms"]
+        tail = (f" (last of {iterations}; min {r['min']:.3f}, mean {r['mean']:.3f}, p50 {r['p50']:.3f}, "
+                f"p95 {r['p95']:.3f}, p99 {r['p99']:.3f}, max {r['max']:.3f} ms)")
     summary = {
-        "engine": str(engine), "digest": eng.digest, "target": eng.manifest["target"], "device": device,
-        "check": check, "load_ms": load_ms, "run_ms": result.metadata["timings"]["total_ms"], **(extra or {}),
-        "outputs": {name: describe(v) for name, v in outputs.items()},
-        "specialization": result.metadata["specialization"],
+        "engine": str(engine), "digest": digest, "target": target, "device": device,
+        "check": check, "load_ms": load_ms, "run_ms": run_ms, **(extra or {}),
+        "outputs": described, "specialization": specialization,
     }
     if json_out:
         emit_json(summary)
         return
     out = sys.stdout
-    out.write(f"engine {engine} ({eng.digest[:12]}), target {summary['target']}, device {device}, "
+    out.write(f"engine {engine} ({digest[:12]}), target {summary['target']}, device {device}, "
               f"{ranks}check {'on' if check else 'off'}\n")
     for name, d in summary["outputs"].items():
         out.write(f"  {name:<12} {d['dtype']:<9} {str(d['shape']):<16} checksum {d['checksum']}\n")
@@ -227,6 +272,8 @@ def _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, 
               run_settings, expect_digest, allow_fallback: bool) -> None:
     """One rank of a distributed run: its shards in, whole outputs to rank 0 (which reports)."""
     from ..runtime.distributed import check_world, init_group, leave_group, rank_slices, run_spmd
+    from ..runtime.engine import Engine
+    from ..runtime.tensor_io import save_tensors
     t_load = time.perf_counter()
     try:
         eng = Engine.load(engine, run_settings, expect_digest=expect_digest, allow_fallback=allow_fallback)
@@ -266,16 +313,103 @@ def _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, 
             tail=f" (rank 0: {comm['collectives']} collectives, {comm['wait_ms']:.1f} ms waiting on them)")
 
 
-def _inputs_for(eng: Engine, inputs, seed: int, dim: list[str]) -> dict:
-    if inputs is not None:       # headers checked against the signature before data is read
-        return load_tensors(inputs, expected={s["name"]: (s["dtype"], tuple(s["shape"])) for s in eng.signature})
+def _inputs_for(eng, inputs, seed: int, dim: list[str], native: bool = False) -> dict:
+    """The run's inputs: from the file (headers checked against the signature before data is
+    read), or seeded random ones (torch's generator; numpy's on the deploy runtime)."""
+    expected = {s["name"]: (s["dtype"], tuple(s["shape"])) for s in eng.signature}
+    if inputs is not None:
+        if native:
+            from ..runtime.host_io import load_host_tensors
+            return load_host_tensors(inputs, expected=expected)
+        from ..runtime.tensor_io import load_tensors
+        return load_tensors(inputs, expected=expected)
     sizes = _dims(dim)
     sig = {}
     for spec in eng.signature:
         shape = tuple(d if isinstance(d, int) else sizes.get(d, DEFAULT_DIM) for d in spec["shape"])
         sig[spec["name"]] = (spec["dtype"], shape)
     # Integer inputs used as indices (imported models) are drawn inside their declared range.
-    return random_inputs(sig, seed, {s["name"]: tuple(s["range"]) for s in eng.signature if "range" in s})
+    ranges = {s["name"]: tuple(s["range"]) for s in eng.signature if "range" in s}
+    if native:
+        from ..runtime.host_io import random_host_inputs
+        return random_host_inputs(sig, seed, ranges)
+    from ..runtime.tensor_io import random_inputs
+    return random_inputs(sig, seed, ranges)
+
+
+def _torch_installed() -> bool:
+    import importlib.util
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _run_native(engine: Path, inputs, output, check: bool, seed: int, dim: list[str], json_out: bool,
+                run_settings: RunSettings, expect_digest, warmup: int, iterations: int, profile: bool, trace,
+                dry_run: bool) -> None:
+    """xgrun on the deploy runtime (`runtime/native.py`): no torch, no Triton."""
+    from ..runtime.host_io import describe_host, save_host_tensors
+    from ..runtime.native import NativeEngine
+    t_load = time.perf_counter()
+    try:
+        eng = NativeEngine.load(engine, run_settings, expect_digest=expect_digest)
+        load_ms = (time.perf_counter() - t_load) * 1e3
+        values = _inputs_for(eng, inputs, seed, dim, native=True)
+        eng.check_inputs(values)
+        if dry_run:
+            _report_dry(engine, eng.digest, eng.manifest, load_ms, values, describe_host, json_out)
+            return
+        eng.executor()                          # a clear refusal (no GPU, another arch) before memory moves
+        for _ in range(warmup):
+            eng.run(values, check=check)
+        profiler = eng.profiler() if profile or trace is not None else None
+        walls = []
+        for _ in range(iterations):
+            result = eng.run(values, check=check, profiler=profiler)
+            walls.append(result.run_ms)
+        outputs = result.to_host()
+    except (XGError, TensorIOError) as exc:
+        fail(str(exc))
+    extra: dict = {"runtime": "native"}
+    if iterations > 1:
+        extra["runs_ms"] = run_stats(walls)
+    if profiler is not None:
+        peaks, bandwidth = _roofline(eng.manifest["target"])
+        extra["profile"] = profiler.summary(peaks, bandwidth)
+        if trace is not None:
+            try:
+                atomic_write(trace, json.dumps(profiler.chrome_trace()).encode())
+            except OSError as exc:
+                fail(f"cannot write the trace {trace}: {exc}")
+    if output is not None:
+        try:
+            save_host_tensors(output, outputs)
+        except TensorIOError as exc:
+            fail(str(exc))
+    described = {name: describe_host(v) for name, v in outputs.items()}
+    _summary_out(engine, eng.digest, eng.manifest["target"], "cuda", check, load_ms, result.run_ms, described,
+                 result.specialization, json_out, extra, iterations)
+    if "profile" in extra and not json_out:
+        sys.stdout.write(render(extra["profile"]) + "\n")
+    if trace is not None and not json_out:
+        sys.stdout.write(f"trace: {trace}\n")
+
+
+def _report_dry(engine, digest: str, manifest: dict, load_ms: float, values: dict, describe, json_out: bool) -> None:
+    """--dry-run: the engine verified and the inputs checked against its signature; nothing ran."""
+    summary = {"engine": str(engine), "digest": digest, "target": manifest["target"], "dry_run": True,
+               "load_ms": load_ms, "kernels": len(manifest.get("kernels", [])),
+               "inputs": {name: describe(v) for name, v in values.items()}}
+    if json_out:
+        emit_json(summary)
+        return
+    out = sys.stdout
+    out.write(f"engine {engine} ({digest[:12]}), target {summary['target']}, {summary['kernels']} kernels: "
+              f"verified, inputs match its signature (dry run: nothing ran)\n")
+    for name, d in summary["inputs"].items():
+        out.write(f"  {name:<12} {d['dtype']:<9} {str(d['shape']):<16} checksum {d['checksum']}\n")
+    out.write(f"load {load_ms:.1f} ms\n")
 
 
 def main() -> None:

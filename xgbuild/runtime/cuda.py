@@ -1,7 +1,9 @@
 """Launches ahead-of-time Triton cubins through the CUDA driver API: no Triton JIT or compile at run time.
 
-A `KernelBinary` is what an engine stores per kernel; `KernelLauncher` loads it into torch's
-primary context (`cuModuleLoadData`) and launches it (`cuLaunchKernel`) on a torch stream.
+A `KernelBinary` is what an engine stores per kernel; `KernelLauncher` loads it into the device's
+primary context (`cuModuleLoadData`) and launches it (`cuLaunchKernel`) on a stream: torch's current
+one, with torch tensors as arguments (`TorchMemory`), or the deploy runtime's (`device.CudaDevice`,
+DeviceArrays, no torch).
 The launch mirrors Triton 3.6's own launcher (`triton/backends/nvidia/driver.py`):
 
 - the PTX entry takes the non-constexpr parameters in order, then two pointers: the global
@@ -12,8 +14,8 @@ The launch mirrors Triton 3.6's own launcher (`triton/backends/nvidia/driver.py`
 - float scalars are passed as their bit patterns: bf16 keeps the top 16 bits of the fp32 value
   (truncation, like Triton's `pack_bf16`), fp16 rounds to nearest.
 
-Importing this module touches neither CUDA nor `cuda.bindings`: both load on first use, so CPU-only
-hosts import it freely and get a `CudaRuntimeError` when they try to launch.
+Importing this module touches neither torch, CUDA nor `cuda.bindings`: each loads on first use, so
+CPU-only hosts (and deploy hosts without torch) import it freely.
 """
 
 from __future__ import annotations
@@ -27,8 +29,6 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from ..errors import XGError
 
@@ -110,9 +110,9 @@ class KernelBinary:
         return tuple(i for i, ty in enumerate(self.params) if ty == "bf16")
 
     @functools.cached_property
-    def pointer_dtypes(self) -> tuple[tuple[int, torch.dtype | None], ...]:
-        """(position, torch dtype its tensor must have) for each pointer parameter."""
-        return tuple((i, getattr(torch, _POINTEE[ty[1:]], None)) for i, ty in enumerate(self.params) if ty[0] == "*")
+    def pointer_dtypes(self) -> tuple[tuple[int, str], ...]:
+        """(position, dtype name its tensor must have, torch's spelling) for each pointer parameter."""
+        return tuple((i, _POINTEE[ty[1:]]) for i, ty in enumerate(self.params) if ty[0] == "*")
 
     def metadata(self) -> dict:
         """Everything but the cubin, as JSON: what a cache record or an engine manifest stores."""
@@ -166,17 +166,16 @@ def _ptx_param_sizes(ptx: str, name: str) -> list[int]:
     return sizes
 
 
-def pack_args(k: KernelBinary, args: Sequence[Any], device_index: int) -> bytes:
-    """Checks `args` against `k.params` and returns the argument block (`k.layout`, NULL scratch)."""
+def pack_args(k: KernelBinary, args: Sequence[Any], device_index: int, memory: Any = None) -> bytes:
+    """Checks `args` against `k.params` and returns the argument block (`k.layout`, NULL scratch).
+    `memory` checks each pointer argument and gives its address (default: torch tensors)."""
     if len(args) != len(k.params):
         raise CudaRuntimeError(f"kernel `{k.name}` takes {len(k.params)} arguments "
                                f"({', '.join(k.params)}), got {len(args)}")
+    memory = memory or TorchMemory(device_index)
     values = list(args)
-    for i, dtype in k.pointer_dtypes:
-        a = args[i]
-        if not (isinstance(a, torch.Tensor) and a.is_cuda and a.get_device() == device_index and a.dtype == dtype):
-            raise CudaRuntimeError(_pointer_problem(k, i, a, device_index))
-        values[i] = a.data_ptr()
+    for i, pointee in k.pointer_dtypes:
+        values[i] = memory.pointer(k.name, i, k.params[i], args[i], pointee)
     try:
         for i in k.bf16_slots:
             values[i] = _bf16_bits(args[i])
@@ -185,17 +184,40 @@ def pack_args(k: KernelBinary, args: Sequence[Any], device_index: int) -> bytes:
         raise CudaRuntimeError(_scalar_problem(k, args)) from None
 
 
+class TorchMemory:
+    """The launcher's memory backend for torch tensors on one device: pointer checks, scratch from
+    torch's caching allocator, torch's current stream."""
+
+    def __init__(self, device_index: int) -> None:
+        import torch
+        self.torch, self.device_index = torch, device_index
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton uses: no Stream object
+        self.current_stream = (lambda: raw(device_index)) if raw else (
+            lambda: torch.cuda.current_stream(device_index).cuda_stream)
+
+    def pointer(self, kernel: str, i: int, ty: str, a: Any, pointee: str) -> int:
+        torch = self.torch
+        where = f"kernel `{kernel}` argument {i} (`{ty}`)"
+        if not isinstance(a, torch.Tensor):
+            raise CudaRuntimeError(f"{where} must be a CUDA tensor, got {type(a).__name__}")
+        if not a.is_cuda or a.get_device() != self.device_index:
+            raise CudaRuntimeError(f"{where} must be a tensor on cuda:{self.device_index}, got one on {a.device}")
+        if a.dtype != getattr(torch, pointee, None):
+            raise CudaRuntimeError(f"{where} must be a torch.{pointee} tensor, got {a.dtype}")
+        return a.data_ptr()
+
+    def scratch(self, nbytes: int, align: int, stream: int, keep: list) -> int:
+        torch = self.torch
+        buf = torch.empty(nbytes + align - 1, dtype=torch.uint8, device=f"cuda:{self.device_index}")
+        if stream != self.current_stream():
+            # the caching allocator must not hand the block to its stream while ours still runs
+            buf.record_stream(torch.cuda.ExternalStream(stream, device=buf.device))
+        keep.append(buf)
+        return -(-buf.data_ptr() // align) * align
+
+
 def _bf16_bits(value: float) -> int:
     return struct.unpack("<I", struct.pack("<f", float(value)))[0] >> 16
-
-
-def _pointer_problem(k: KernelBinary, i: int, a: Any, device_index: int) -> str:
-    where = f"kernel `{k.name}` argument {i} (`{k.params[i]}`)"
-    if not isinstance(a, torch.Tensor):
-        return f"{where} must be a CUDA tensor, got {type(a).__name__}"
-    if not a.is_cuda or a.get_device() != device_index:
-        return f"{where} must be a tensor on cuda:{device_index}, got one on {a.device}"
-    return f"{where} must be a {dict(k.pointer_dtypes)[i]} tensor, got {a.dtype}"
 
 
 def _scalar_problem(k: KernelBinary, args: Sequence[Any]) -> str:
@@ -219,7 +241,8 @@ def _scalar_problem(k: KernelBinary, args: Sequence[Any]) -> str:
     return f"kernel `{k.name}`: arguments do not match ({', '.join(k.params)})"
 
 
-def _driver() -> Any:
+def driver_module() -> Any:
+    """`cuda.bindings.driver`, or a CudaRuntimeError saying how to install it."""
     try:
         from cuda.bindings import driver
     except ImportError as exc:
@@ -231,7 +254,7 @@ def _driver() -> Any:
 def driver_version() -> str | None:
     """The installed CUDA driver's version ("12.8"), or None without cuda-python or a loadable driver."""
     try:
-        err, version = _driver().cuDriverGetVersion()
+        err, version = driver_module().cuDriverGetVersion()
     except (CudaRuntimeError, RuntimeError, OSError):   # cuda-python's own when libcuda is not found
         return None
     if err:
@@ -239,11 +262,11 @@ def driver_version() -> str | None:
     return f"{version // 1000}.{version % 1000 // 10}"
 
 
-def _check(result: tuple, call: str) -> Any:
+def check_call(result: tuple, call: str) -> Any:
     """Unwraps a cuda-python `(CUresult, values...)` tuple; a failure names the call and the error."""
     err = result[0]
     if err:  # CUresult is an int enum and CUDA_SUCCESS is 0
-        ok, text = _driver().cuGetErrorString(err)
+        ok, text = driver_module().cuGetErrorString(err)
         detail = f" ({text.decode()})" if not ok and text else ""
         raise CudaRuntimeError(f"{call} failed: {getattr(err, 'name', err)}{detail}")
     return result[1] if len(result) == 2 else result[1:] or None
@@ -251,6 +274,7 @@ def _check(result: tuple, call: str) -> Any:
 
 def device_arch(device_index: int = 0) -> int:
     """Compute capability of a torch CUDA device as major*10 + minor (90 on H100)."""
+    import torch
     if not torch.cuda.is_available():
         raise CudaRuntimeError("no CUDA device: torch.cuda.is_available() is False")
     major, minor = torch.cuda.get_device_capability(device_index)
@@ -270,42 +294,49 @@ class _Loaded:
 class KernelLauncher:
     """Loads `KernelBinary`s into one device's primary context (torch's) and launches them."""
 
-    def __init__(self, device_index: int = 0) -> None:
-        if not torch.cuda.is_available():
-            raise CudaRuntimeError("no CUDA device: torch.cuda.is_available() is False")
-        if not 0 <= device_index < torch.cuda.device_count():
-            raise CudaRuntimeError(f"no CUDA device {device_index}: {torch.cuda.device_count()} device(s) present")
-        self._drv = drv = _driver()
+    def __init__(self, device_index: int = 0, memory: Any = None) -> None:
+        """`memory`: pointers, scratch and the stream come from it (`device.CudaDevice`); by
+        default from torch (`TorchMemory`), whose device must exist."""
+        if memory is None:
+            import torch
+            if not torch.cuda.is_available():
+                raise CudaRuntimeError("no CUDA device: torch.cuda.is_available() is False")
+            if not 0 <= device_index < torch.cuda.device_count():
+                raise CudaRuntimeError(f"no CUDA device {device_index}: {torch.cuda.device_count()} device(s) present")
+            memory = TorchMemory(device_index)
+            arch = device_arch(device_index)
+        else:
+            arch = memory.arch
+        self.memory = memory
+        self._drv = drv = driver_module()
         try:
             init = drv.cuInit(0)
         except (RuntimeError, OSError) as exc:  # cuda-python's own error when libcuda cannot be loaded
             raise CudaRuntimeError(f"cannot load the CUDA driver: {exc}") from None
-        _check(init, "cuInit")
+        check_call(init, "cuInit")
         self.device_index = device_index
-        self.arch = device_arch(device_index)
-        self._device = _check(drv.cuDeviceGet(device_index), "cuDeviceGet")
+        self.arch = arch
+        self._device = check_call(drv.cuDeviceGet(device_index), "cuDeviceGet")
         # The primary context is the one torch's runtime uses, so tensors' pointers are valid in it.
-        self._ctx = _check(drv.cuDevicePrimaryCtxRetain(self._device), "cuDevicePrimaryCtxRetain")
-        self._shared_optin = _check(drv.cuDeviceGetAttribute(
+        self._ctx = check_call(drv.cuDevicePrimaryCtxRetain(self._device), "cuDevicePrimaryCtxRetain")
+        self._shared_optin = check_call(drv.cuDeviceGetAttribute(
             drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, self._device),
             "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)")
         self._loaded: dict[tuple[str, str], _Loaded] = {}  # (cubin digest, entry name) -> kernel
         self._lock = threading.Lock()  # argument blocks are shared by all threads launching a kernel
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton uses: no Stream object
-        self._current_stream = (lambda: raw(device_index)) if raw else (
-            lambda: torch.cuda.current_stream(device_index).cuda_stream)
+        self._current_stream = memory.current_stream
 
     def _enter(self) -> bool:
         """Makes our context current; True when the caller's must be restored (`_exit`)."""
-        current = _check(self._drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        current = check_call(self._drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
         if int(current) == int(self._ctx):
             return False
-        _check(self._drv.cuCtxPushCurrent(self._ctx), "cuCtxPushCurrent")
+        check_call(self._drv.cuCtxPushCurrent(self._ctx), "cuCtxPushCurrent")
         return True
 
     def _exit(self, pushed: bool) -> None:
         if pushed:
-            _check(self._drv.cuCtxPopCurrent(), "cuCtxPopCurrent")
+            check_call(self._drv.cuCtxPopCurrent(), "cuCtxPopCurrent")
 
     def load(self, k: KernelBinary) -> Any:
         """Loads `k`'s cubin once (cached by cubin sha256 and entry name); returns its CUfunction."""
@@ -319,27 +350,29 @@ class KernelLauncher:
         return loaded
 
     def _load_new(self, k: KernelBinary) -> _Loaded:
-        if k.arch != self.arch:
+        ptx = k.arch == 0               # PTX (the runtime's own kernels): the driver compiles it for this GPU
+        if not ptx and k.arch != self.arch:
             raise CudaRuntimeError(f"kernel `{k.name}` built for sm_{k.arch}, device is sm_{self.arch}")
-        if cubin_arch(k.cubin) != k.arch:
+        if not ptx and cubin_arch(k.cubin) != k.arch:
             raise CudaRuntimeError(f"kernel `{k.name}` says sm_{k.arch} but its cubin is for sm_{cubin_arch(k.cubin)}")
         if k.shared > max(self._shared_optin, _SHARED_DEFAULT_LIMIT):
             raise CudaRuntimeError(f"kernel `{k.name}` needs {k.shared} bytes of shared memory, "
                                    f"device allows {self._shared_optin}")
         drv = self._drv
-        image = (ctypes.c_char * len(k.cubin)).from_buffer_copy(k.cubin)
+        data = k.cubin + b"\0" if ptx else k.cubin
+        image = (ctypes.c_char * len(data)).from_buffer_copy(data)
         pushed = self._enter()
         try:
-            module = _check(drv.cuModuleLoadData(ctypes.addressof(image)), f"cuModuleLoadData({k.name})")
+            module = check_call(drv.cuModuleLoadData(ctypes.addressof(image)), f"cuModuleLoadData({k.name})")
             try:
-                fn = _check(drv.cuModuleGetFunction(module, k.name.encode()), f"cuModuleGetFunction({k.name})")
+                fn = check_call(drv.cuModuleGetFunction(module, k.name.encode()), f"cuModuleGetFunction({k.name})")
                 if k.shared > _SHARED_DEFAULT_LIMIT:
                     attr = drv.CUfunction_attribute
-                    _check(drv.cuFuncSetCacheConfig(fn, drv.CUfunc_cache.CU_FUNC_CACHE_PREFER_SHARED),
+                    check_call(drv.cuFuncSetCacheConfig(fn, drv.CUfunc_cache.CU_FUNC_CACHE_PREFER_SHARED),
                            "cuFuncSetCacheConfig")
-                    static = _check(drv.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn),
+                    static = check_call(drv.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn),
                                     "cuFuncGetAttribute(SHARED_SIZE_BYTES)")
-                    _check(drv.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    check_call(drv.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                   self._shared_optin - static),
                            "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
             except CudaRuntimeError:
@@ -358,26 +391,21 @@ class KernelLauncher:
         """A per-program scratch buffer as Triton's launcher allocates it, or NULL when size is 0."""
         if size == 0:
             return 0
-        buf = torch.empty(size * programs + align - 1, dtype=torch.uint8, device=f"cuda:{self.device_index}")
-        if stream != self._current_stream():
-            # the caching allocator must not hand the block to its stream while ours still runs
-            buf.record_stream(torch.cuda.ExternalStream(stream, device=buf.device))
-        keep.append(buf)
-        return -(-buf.data_ptr() // align) * align
+        return self.memory.scratch(size * programs, align, stream, keep)
 
-    def launch(self, k: KernelBinary, grid: tuple[int, int, int], args: Sequence[torch.Tensor | int | float],
+    def launch(self, k: KernelBinary, grid: tuple[int, int, int], args: Sequence[Any],
                stream: int | None = None) -> None:
         """Launches `k` on `grid` programs, asynchronously on `stream` (torch's current by default)."""
         if len(grid) != 3 or not all(isinstance(g, int) and g >= 0 for g in grid):
             raise CudaRuntimeError(f"kernel `{k.name}`: grid must be 3 non-negative ints, got {grid!r}")
-        data = pack_args(k, args, self.device_index)  # validates before anything is loaded or allocated
+        data = pack_args(k, args, self.device_index, self.memory)  # validates before anything is loaded or allocated
         loaded = self._load(k)
         programs = grid[0] * grid[1] * grid[2]
         if programs == 0:  # Triton skips empty grids too
             return
         if stream is None:
             stream = self._current_stream()
-        keep: list[torch.Tensor] = []  # scratch lives until the launch is enqueued (stream-ordered frees)
+        keep: list = []  # scratch lives until the launch is enqueued (stream-ordered frees)
         scratch = (self._scratch(k.global_scratch_size, k.global_scratch_align, programs, stream, keep),
                    self._scratch(k.profile_scratch_size, k.profile_scratch_align, programs, stream, keep))
         with self._lock:
@@ -386,7 +414,7 @@ class KernelLauncher:
                 struct.pack_into("<QQ", loaded.block, len(data) - 2 * _SLOT, *scratch)
             pushed = self._enter()
             try:
-                _check(self._drv.cuLaunchKernel(loaded.function, grid[0], grid[1], grid[2], 32 * k.num_warps,
+                check_call(self._drv.cuLaunchKernel(loaded.function, grid[0], grid[1], grid[2], 32 * k.num_warps,
                                                 1, 1, k.shared, stream, ctypes.addressof(loaded.pointers), 0),
                        f"cuLaunchKernel({k.name})")
             finally:
@@ -397,8 +425,8 @@ class KernelLauncher:
         pushed = self._enter()
         try:
             for loaded in self._loaded.values():
-                _check(self._drv.cuModuleUnload(loaded.module), "cuModuleUnload")
+                check_call(self._drv.cuModuleUnload(loaded.module), "cuModuleUnload")
         finally:
             self._exit(pushed)
         self._loaded.clear()
-        _check(self._drv.cuDevicePrimaryCtxRelease(self._device), "cuDevicePrimaryCtxRelease")
+        check_call(self._drv.cuDevicePrimaryCtxRelease(self._device), "cuDevicePrimaryCtxRelease")

@@ -20,25 +20,16 @@ from ..compiler.ir.graph import Graph
 from ..compiler.ir.lower import ERROR_CODES
 from ..compiler.passes.specialize import SpecializationError, bind_symbols, specialize
 from ..errors import EngineError, ExecutionError, InputError
-from ..packager.engine_file import EngineFile, read_engine, save_engine_file
-from ..packager.signing import (Envelope, SigningError, Trust, TrustedKeys, digest_problem, load_trusted_keys, normal_digest,
-                                trust_verdict)
+from ..packager.engine_file import EngineFile, save_engine_file
+from ..packager.signing import Envelope, Trust, TrustedKeys
 from ..packager.manifest import check_sizes
 from ..packager.weights import load_weights
 from ..settings import RunSettings
 from .cpu import CpuExecutor
 from .extern import admit
+from .native import engine_trust, open_engine  # noqa: F401 (engine_trust: part of this module's API)
 from .summary import RunMetadata, engine_summary
 from ..dtypes import TORCH_DTYPES, XG_NAMES
-
-
-def engine_trust(file: EngineFile, trusted_keys: Path | str | TrustedKeys, where: str) -> Trust:
-    """The trust verdict of a loaded engine file against a trust root (a directory or its keys)."""
-    try:
-        keys = trusted_keys if isinstance(trusted_keys, TrustedKeys) else load_trusted_keys(trusted_keys)
-    except SigningError as exc:
-        raise EngineError(str(exc)) from None
-    return trust_verdict(file.envelope, file.digest, keys, where)
 
 
 @dataclass(frozen=True)
@@ -93,21 +84,8 @@ class Engine:
         or a trusted key signed it: a file is only as trustworthy as whoever could write it
         (runtime/extern.py `admit`); its calls are checked against XG's allow-list either way."""
         settings = settings or RunSettings()
-        file = read_engine(Path(path))
+        file, trust = open_engine(path, settings, trusted_keys, expect_digest)
         where = f"engine {path}"
-        if expect_digest is not None:
-            expected = normal_digest(expect_digest) if isinstance(expect_digest, str) else None
-            if expected is None:
-                raise EngineError(f"expect_digest must be 64 hex digits (a bundle digest), got {expect_digest!r}")
-            problem = digest_problem(file.digest, expected, where)
-            if problem:
-                raise EngineError(problem)
-        trusted_keys = trusted_keys if trusted_keys is not None else settings.trusted_keys
-        trust = None
-        if trusted_keys is not None:
-            trust = engine_trust(file, trusted_keys, where)
-            if not trust.trusted:
-                raise EngineError(trust.problem)
         admit(file.graph, allow_fallback or trust is not None, where)
         return cls(file, settings, trust=trust)
 
@@ -308,7 +286,7 @@ def _as_tensor(name: str, value: Any) -> torch.Tensor:
         if value.dtype == object:
             raise InputError(f"input `{name}` is a numpy object array; pass numbers")
         try:
-            return torch.from_numpy(np.ascontiguousarray(value))
+            return torch.from_numpy(value if value.flags.c_contiguous else value.copy(order="C"))
         except TypeError as exc:
             raise InputError(f"input `{name}`: numpy dtype {value.dtype} is not supported ({exc})") from None
     if isinstance(value, bool):

@@ -26,6 +26,7 @@ from ..compiler.ir.serialize import where as src_text
 from ..dtypes import TORCH_DTYPES
 from ..errors import ExecutionError, XGError
 from .cpu import CpuExecutor, RunOutput
+from .native import check_bits, guarded_outputs, made_by, where_of as _where
 from .replay import MAX_REPLAYS, Replay, recipe
 from .values import Collective, Values
 
@@ -104,8 +105,7 @@ class KernelExecutor:
         self.world = world
         self.split_collectives = 0      # after a run: how many collectives went in several blocks
         # node id -> (index of the plan step that makes it, its position among that step's outputs)
-        self._made = {nid: (index, pos) for index, plan in enumerate(plans)
-                      for pos, nid in enumerate([plan.node] if isinstance(plan, ExternStep) else plan.binding.outputs)}
+        self._made = made_by(plans)
         # Check mode: a GATHER whose indices the program computed (no input check saw them) has
         # them range-checked after the run (one device sync), where a kernel would read zeros.
         self.check_indices = False
@@ -331,17 +331,7 @@ class KernelExecutor:
         that output's (a slice is not: the flag would see the elements it leaves out)."""
         known = self._guards.get(id(graph))
         if known is None or known[0] is not graph:
-            stored, covered = set(), set()
-            for nid in tree_ids(graph.output):
-                base = graph.node(nid)
-                while base.op in (Op.RESHAPE, Op.TRANSPOSE) and base.inputs:
-                    base = graph.node(base.inputs[0])
-                made = self._made.get(base.id)
-                if made is not None and not isinstance(self.plans[made[0]], ExternStep) and \
-                        TORCH_DTYPES[base.dtype].is_floating_point:
-                    stored.add(base.id)
-                    covered.add(nid)
-            known = self._guards[id(graph)] = (graph, frozenset(stored), frozenset(covered))
+            known = self._guards[id(graph)] = (graph, *guarded_outputs(graph, self.plans, self._made))
         return known
 
     def _flags(self, graph: Graph) -> tuple[torch.Tensor, frozenset[int]]:
@@ -355,10 +345,7 @@ class KernelExecutor:
         self.flags = torch.zeros(1, dtype=torch.int32, device=self.device)
         return self.flags, self._guard(graph)[1]
 
-    @staticmethod
-    def _checks(plan: KernelPlan, guarded: frozenset[int]) -> int:
-        """The `checks` bits of `plan`'s launch: its outputs that hold guarded values."""
-        return sum(1 << i for i, nid in enumerate(plan.binding.outputs) if nid in guarded)
+    _checks = staticmethod(check_bits)
 
     def _replay(self, graph: Graph, known: Replay, inputs: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
         produced: list[list[torch.Tensor]] = []
@@ -376,17 +363,6 @@ class KernelExecutor:
         if self.check_indices:
             check_gather_indices(graph, value)
         return _outputs(graph, value, self._consts)
-
-
-def _where(graph: Graph, nids) -> str:
-    """The source lines (or an imported model's module paths) of the nodes a kernel stores."""
-    seen: list[str] = []
-    for nid in nids:
-        src = graph.node(nid).src
-        text = src_text(src) if src else f"%{nid}"
-        if text not in seen:
-            seen.append(text)
-    return ", ".join(seen[:3]) + (f" (+{len(seen) - 3})" if len(seen) > 3 else "")
 
 
 @dataclass

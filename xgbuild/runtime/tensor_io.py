@@ -17,13 +17,9 @@ Owns what `xgrun --inputs FILE --output FILE` and `xg.run_engine` read and write
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
 import os
-import re
-import secrets
-import stat
 import sys
 import warnings
 import zipfile
@@ -31,36 +27,21 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-import numpy as np
 import safetensors.torch
 import torch
 
 from ..dtypes import TORCH_DTYPES, XG_NAMES, xg_dtype  # noqa: F401 (re-exported)
-from ..packager.weights import MAX_HEADER, SAFETENSORS_DTYPES, TensorSpec, safetensors_header
-
-SUFFIXES = (".npz", ".safetensors", ".pt", ".pth")
-_FORMAT_NAMES = {".npz": ".npz archive", ".safetensors": "safetensors file",
-                 ".pt": "PyTorch tensor file", ".pth": "PyTorch tensor file"}
-
-
-# An XG external name: the lexer's NAME token that is not a keyword (`frontend/lexer.py`).
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_KEYWORDS = frozenset({"import", "def", "return", "if", "else", "with", "match", "extern", "true", "false",
-                       "and", "or", "not"})
-
-# 1980-01-01 is the earliest time a zip entry can carry; a fixed stamp keeps `.npz` bytes stable.
-_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
-
-
-class TensorIOError(Exception):
-    """A tensor file could not be read or written; the message is one line naming the file."""
+from ..packager.weights import SAFETENSORS_DTYPES
+# The checks and formats every reader shares, torch or not (the deploy runtime reads without it).
+from .host_io import (KEYWORDS as _KEYWORDS, NAME_RE as _NAME_RE, SUFFIXES, Budget as _Budget,  # noqa: F401
+                      Expected, FORMAT_NAMES as _FORMAT_NAMES, TensorIOError,
+                      check_output as _check_output, fd_path as _fd_path, format_hint as _hint,
+                      host_memory as _host_memory, open_regular as _open_regular, read_npz,
+                      safetensors_specs as _safetensors_specs, suffix_of as _suffix, summarize as _summarize,
+                      write_atomic as _write_atomic, write_npz)
 
 
 # ---------------------------------------------------------------------------------------- reading
-
-# {name: (XG dtype, shape)}, symbols (str) standing for any size: what the caller will accept.
-Expected = Mapping[str, tuple[str, tuple]]
-
 
 def load_tensors(path: Path, *, role: str = "inputs file", expected: Expected | None = None,
                  max_bytes: int | None = None) -> dict[str, torch.Tensor]:
@@ -101,79 +82,6 @@ def load_tensors(path: Path, *, role: str = "inputs file", expected: Expected | 
         if suffix in (".pt", ".pth"):                  # the pickle gave shapes only now
             budget.admit(name, XG_NAMES.get(t.dtype, str(t.dtype)), tuple(t.shape))
     return out
-
-
-class _Budget:
-    """Checks each tensor a header declares, before its data is read: against the caller's
-    expected signature and against a total byte budget."""
-
-    def __init__(self, where: str, expected: Expected | None, max_bytes: int) -> None:
-        self.where, self.expected, self.left, self.max_bytes = where, expected, max_bytes, max_bytes
-
-    def admit(self, name: object, dtype: str, shape: tuple) -> None:
-        if self.expected is not None and isinstance(name, str):
-            if name not in self.expected:
-                raise TensorIOError(f"{self.where}: unknown input `{name}`; the engine takes "
-                                    f"{', '.join(f'`{n}`' for n in self.expected) or 'no inputs'}")
-            want_dtype, want_shape = self.expected[name]
-            if dtype in TORCH_DTYPES and dtype != want_dtype:
-                raise TensorIOError(f"{self.where}: input `{name}` has dtype {dtype}, the engine expects "
-                                    f"{want_dtype} (XG never converts implicitly)")
-            if len(shape) != len(want_shape):
-                raise TensorIOError(f"{self.where}: input `{name}` must have rank {len(want_shape)} "
-                                    f"(shape {list(want_shape)}), got shape {list(shape)}")
-            for axis, (w, d) in enumerate(zip(want_shape, shape)):
-                if isinstance(w, int) and w != d:
-                    raise TensorIOError(f"{self.where}: input `{name}` must have shape {list(want_shape)}, "
-                                        f"got {list(shape)} (dimension {axis} must be {w})")
-        if dtype in TORCH_DTYPES:
-            self.left -= math.prod(shape) * TORCH_DTYPES[dtype].itemsize
-            if self.left < 0:
-                raise TensorIOError(f"{self.where}: its tensors declare more than {self.max_bytes} bytes "
-                                    "(this host's memory); refused before reading them")
-
-
-def _host_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):     # not POSIX: no budget beyond the file's own
-        return 1 << 62
-
-
-_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-_KIND_NAMES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def _open_regular(path: Path, role: str) -> BinaryIO:
-    """`path` opened for reading, once it is known to be a regular file. O_NONBLOCK keeps a FIFO
-    from blocking the open; the check is on the opened file, so a swap after it changes nothing."""
-    try:
-        fd = os.open(path, os.O_RDONLY | _O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
-    except FileNotFoundError:
-        raise TensorIOError(f"{role} {path} does not exist") from None
-    except OSError as e:
-        # A socket cannot be opened at all (ENXIO): say what it is rather than the errno.
-        with contextlib.suppress(OSError):
-            if stat.S_ISSOCK(os.stat(path).st_mode):
-                raise TensorIOError(f"{role} {path} is not a regular file (a socket)") from None
-        raise TensorIOError(f"cannot read {role} {path}: {e.strerror or e}") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = next((f" ({name})" for test, name in _KIND_NAMES if test(mode)), "")
-        raise TensorIOError(f"{role} {path} is not a regular file{kind}")
-    if _O_NONBLOCK:
-        os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
-
-
-def _fd_path(f: BinaryIO) -> str:
-    """A path that opens the very file `f` has open (Linux's /proc), for libraries that take a path."""
-    proc = f"/proc/self/fd/{f.fileno()}"
-    if not os.path.exists(proc):
-        raise TensorIOError("sliced loading needs /proc/self/fd (Linux)")
-    return proc
 
 
 def load_tensor_shards(path: Path, split: dict[str, int], rank: int, world: int, *,
@@ -249,45 +157,7 @@ _NPY_MAX_HEADER = 10000          # numpy's own default
 
 
 def _read_npz(f: BinaryIO, size: int, budget: _Budget) -> list[tuple[str, torch.Tensor]]:
-    with zipfile.ZipFile(f) as zf:
-        infos = zf.infolist()
-        # Every member's .npy header first: its dtype and shape, checked against the caller's
-        # signature, and the size they imply against the size the zip records (which bounds what
-        # inflating it can produce), before any array is inflated.
-        for info in infos:
-            if not info.filename.endswith(".npy"):
-                raise ValueError(f"entry {info.filename!r} is not a .npy array")
-            with zf.open(info) as member:
-                version = np.lib.format.read_magic(member)
-                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                               else np.lib.format.read_array_header_2_0)
-                shape, _, dtype = read_header(member, max_header_size=_NPY_MAX_HEADER)
-                offset = member.tell()
-            name = info.filename[:-4]
-            if dtype.hasobject:
-                raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
-            if dtype.name not in TORCH_DTYPES:  # also catches strings, structs, datetimes
-                raise ValueError(f"array {name!r} has dtype {dtype}, which XG lacks")
-            if offset + math.prod(shape) * dtype.itemsize != info.file_size:
-                raise ValueError(f"array {name!r} is {dtype}{list(shape)} by its header, "
-                                 f"{math.prod(shape) * dtype.itemsize} bytes, but its zip entry holds "
-                                 f"{info.file_size - offset}")
-            budget.admit(name, dtype.name, tuple(shape))
-        out = []
-        for info in infos:
-            with zf.open(info) as member:
-                array = np.lib.format.read_array(member, allow_pickle=False, max_header_size=_NPY_MAX_HEADER)
-            if not array.dtype.isnative:
-                array = array.astype(array.dtype.newbyteorder("="))
-            out.append((info.filename[:-4], torch.from_numpy(array)))
-    return out
-
-
-def _safetensors_specs(f: BinaryIO, size: int) -> list[TensorSpec]:
-    head = f.read(8)
-    length = int.from_bytes(head, "little") if len(head) == 8 else 0
-    head += f.read(min(length, MAX_HEADER, max(size - 8, 0)))
-    return safetensors_header(head, size)[1]
+    return [(name, torch.from_numpy(array)) for name, array in read_npz(f, size, budget)]
 
 
 def _read_safetensors(f: BinaryIO, size: int, budget: _Budget) -> list[tuple[str, torch.Tensor]]:
@@ -349,46 +219,6 @@ def _compact(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def _suffix(path: Path, role: str) -> str:
-    suffix = path.suffix.lower()
-    if suffix not in SUFFIXES:
-        raise TensorIOError(f"{role} {path}: unknown suffix {path.suffix or '(none)'!r}; "
-                            f"supported: {', '.join(SUFFIXES)}")
-    return suffix
-
-
-def _hint(f: BinaryIO, suffix: str) -> str:
-    """" (it looks like ...)" when the first bytes point to another format; a guess, never an error."""
-    actual = None
-    with contextlib.suppress(Exception):
-        f.seek(0)
-        head = f.read(9)
-        if head.startswith(b"PK\x03\x04"):
-            with zipfile.ZipFile(f) as zf:
-                names = zf.namelist()
-            actual = (".pt" if any(n.endswith("data.pkl") for n in names)
-                      else ".npz" if names and all(n.endswith(".npy") for n in names) else None)
-        elif head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 10**8:  # safetensors header
-            actual = ".safetensors"
-    if actual is None or actual == suffix.replace(".pth", ".pt"):
-        return ""
-    return f" (it looks like a {_FORMAT_NAMES[actual]}; name it {actual})"
-
-
-# torch's weights_only refusal is a paragraph around one useful line; these are the other lines.
-_TORCH_BOILERPLATE = ("Weights only load failed", "Please file an issue", "Check the documentation")
-
-
-def _summarize(e: BaseException) -> str:
-    """One short line from a parser exception: its first informative sentence."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    informative = [line for line in lines if not line.startswith(_TORCH_BOILERPLATE)]
-    line = (informative or lines or [type(e).__name__])[0].split(". ")[0].removesuffix(".")
-    if str(e).startswith("Weights only load failed"):
-        line = f"refused by the weights-only unpickler ({line})"
-    return line if len(line) <= 200 else line[:197] + "..."
-
-
 # ---------------------------------------------------------------------------------------- writing
 
 def save_tensors(path: Path, tensors: Mapping[str, torch.Tensor | float | int | bool], *,
@@ -433,15 +263,7 @@ def _as_tensor(where: str, name: object, value: object) -> torch.Tensor:
 
 
 def _write_npz(f: BinaryIO, tensors: Mapping[str, torch.Tensor]) -> None:
-    # Written by hand rather than np.savez: savez stamps each entry with the current time.
-    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED) as zf:
-        for name, t in tensors.items():
-            info = zipfile.ZipInfo(name + ".npy", date_time=_ZIP_EPOCH)
-            info.create_system = 3  # Unix; the default depends on the writing platform
-            info.external_attr = 0o100644 << 16
-            # Entries over 2 GiB need zip64 headers, and zipfile must know before it streams.
-            with zf.open(info, "w", force_zip64=t.nbytes > 2**30) as out:
-                np.lib.format.write_array(out, t.numpy(), allow_pickle=False)
+    write_npz(f, {name: t.numpy() for name, t in tensors.items()})
 
 
 def _write_pt(f: BinaryIO, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -453,46 +275,6 @@ _WRITERS: dict[str, Callable[[BinaryIO, Mapping[str, torch.Tensor]], object]] = 
     ".npz": _write_npz, ".pt": _write_pt, ".pth": _write_pt,
     ".safetensors": lambda f, tensors: f.write(safetensors.torch.save(dict(tensors))),
 }
-
-
-def _check_output(path: Path, where: str) -> None:
-    """Refuse to replace anything but a regular file: the new file would take the place of a FIFO,
-    a device or a link (never write through it, as os.replace swaps names), which is not what a
-    user who named one meant; a directory would fail late."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        raise TensorIOError(f"cannot write {where}: {e.strerror or e}") from None
-    if stat.S_ISLNK(mode):
-        raise TensorIOError(f"cannot write {where}: it is a symbolic link; XG replaces output files "
-                            "whole and does not replace links (name the link's target, or remove it)")
-    if not stat.S_ISREG(mode):
-        kind = next((name for test, name in _KIND_NAMES if test(mode)), "not a regular file")
-        raise TensorIOError(f"cannot write {where}: it is {kind}, not a regular file")
-
-
-def _write_atomic(path: Path, where: str, write: Callable[[BinaryIO], None]) -> None:
-    # Write a temp file in the same directory and os.replace it over the target: a reader (or a
-    # crash) sees the old file or the new one, never half of one. os.open with mode 0o666 lets the
-    # umask apply, as for a plain open(); mkstemp would leave the output 0600.
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        raise TensorIOError(f"cannot write {where}: {e.strerror or e}") from None
-    except TensorIOError:
-        raise
-    except Exception as e:  # noqa: BLE001 - a library refusing the data, said in one line
-        raise TensorIOError(f"cannot write {where}: {_summarize(e)}") from None
-    finally:
-        tmp.unlink(missing_ok=True)  # a no-op once os.replace has moved it
 
 
 # ------------------------------------------------------------------------- random inputs, describe

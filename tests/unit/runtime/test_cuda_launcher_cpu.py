@@ -172,7 +172,7 @@ def test_launch_path_with_a_fake_driver(monkeypatch):
     from xgbuild.runtime import cuda
 
     fake = _FakeDriver()
-    monkeypatch.setattr(cuda, "_driver", lambda: fake)
+    monkeypatch.setattr(cuda, "driver_module", lambda: fake)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))

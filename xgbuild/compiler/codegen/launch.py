@@ -9,9 +9,10 @@ picks the first compiled variant whose assumptions (`launch_abi.Variant`) the la
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from ...errors import ExecutionError
 from ..ir.graph import Graph
@@ -62,6 +63,7 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
     for d, size in enumerate(frame.unravel):    # the sizes kernels unravel
         ints[f"d{d}"] = int(size)
     if flags is None:
+        import torch
         device = outputs[0].device if outputs else (tensors["p0"].device if "p0" in tensors else "meta")
         flags = torch.zeros(1, dtype=torch.int32, device=device)
     tensors["flags"] = flags

@@ -24,9 +24,10 @@ templates; the runtime and the tuner both launch through them, so build and run 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from .spec import Binding, KernelSpec
 

@@ -9,7 +9,7 @@ import math
 
 from xgbuild.hw import GpuProfile
 
-from ....dtypes import TORCH_DTYPES
+from ....dtypes import ITEMSIZE
 from ...ir.graph import Op
 from ..emitter import Emitted, Emitter
 from ..kernel import Kernel, Schedule
@@ -224,7 +224,7 @@ class AttentionTemplate(KernelTemplate):
         chain = sum(1 for n in spec.nodes if n.op not in ("matmul", "iota"))
         flops = (2.0 * b * t * s * (d + dv) + chain * b * t * s) * (0.5 if skip else 1.0)
         return Problem("attention", spec.operands[jq][0], flops, moved, batch=b, m=t, n=s, k=d,
-                       dv=dv, causal=skip, elem_bytes=TORCH_DTYPES[spec.operands[jv][0]].itemsize)
+                       dv=dv, causal=skip, elem_bytes=ITEMSIZE[spec.operands[jv][0]])
 
     def shape_text(self, p: Problem) -> str:
         return f"{p.batch}x{p.m}x{p.n}x{p.k}x{p.dv}" + ("c" if p.causal else "")

@@ -10,7 +10,7 @@ import math
 
 from xgbuild.hw import GpuProfile
 
-from ....dtypes import TORCH_DTYPES
+from ....dtypes import ITEMSIZE
 from ...ir.graph import Op
 from ..emitter import Emitted, Emitter
 from ..kernel import Kernel, Schedule
@@ -216,7 +216,7 @@ class MatmulTemplate(KernelTemplate):
         batch = ints["batch"]
         flops = 2.0 * batch * ints["M"] * ints["N"] * ints["K"] + work * batch * ints["M"] * ints["N"]
         return Problem("matmul", a, flops, moved, batch=batch, m=ints["M"], n=ints["N"], k=ints["K"],
-                       elem_bytes=TORCH_DTYPES[a].itemsize)
+                       elem_bytes=ITEMSIZE[a])
 
     def shape_text(self, p: Problem) -> str:
         return f"{p.batch}x{p.m}x{p.n}x{p.k}"
