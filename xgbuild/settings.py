@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.resources
 import os
 import re
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -137,6 +136,7 @@ class Settings:
 
 def default_builder_id() -> str:
     """Who signed provenance says built an engine when XG_BUILDER_ID does not say: this host."""
+    import socket
     return f"xg+host://{socket.gethostname() or 'localhost'}"
 
 

@@ -38,10 +38,14 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 XGRUN = textwrap.dedent("""
+    import time
+    t0, t0_epoch = time.perf_counter(), time.time()
     import atexit, json, os, sys
-    atexit.register(lambda: open(os.environ["XG_BENCH_MODULES"], "w").write(json.dumps(sorted(sys.modules))))
+    atexit.register(lambda: open(os.environ["XG_BENCH_MODULES"], "w").write(json.dumps(
+        {"modules": sorted(sys.modules), "import_ms": (t1 - t0) * 1e3, "started": t0_epoch, "ended": time.time()})))
     sys.argv[0] = "xgrun"
     from xgbuild.cli.xgrun import main
+    t1 = time.perf_counter()
     main()
 """)
 BLOCKED_XGRUN = textwrap.dedent("""
@@ -52,16 +56,20 @@ BLOCKED_XGRUN = textwrap.dedent("""
                 raise ImportError(f"No module named {name!r} (a deploy host without torch)")
             return None
     sys.meta_path.insert(0, Block())
+    import time
+    t0, t0_epoch = time.perf_counter(), time.time()
     sys.argv[0] = "xgrun"
     import atexit, json, os
-    atexit.register(lambda: open(os.environ["XG_BENCH_MODULES"], "w").write(json.dumps(sorted(sys.modules))))
+    atexit.register(lambda: open(os.environ["XG_BENCH_MODULES"], "w").write(json.dumps(
+        {"modules": sorted(sys.modules), "import_ms": (t1 - t0) * 1e3, "started": t0_epoch, "ended": time.time()})))
     from xgbuild.cli.xgrun import main
+    t1 = time.perf_counter()
     main()
 """)
 
 TORCH_CHILD = textwrap.dedent("""
     import atexit, json, os, sys
-    atexit.register(lambda: open(os.environ["XG_BENCH_MODULES"], "w").write(json.dumps(sorted(sys.modules))))
+    atexit.register(lambda: open(os.environ["XG_BENCH_MODULES"], "w").write(json.dumps({"modules": sorted(sys.modules)})))
     mode, model, inputs, out, extra = sys.argv[1:6]
     import torch
     import safetensors.torch
@@ -69,7 +77,7 @@ TORCH_CHILD = textwrap.dedent("""
     if mode == "aoti":
         run = torch._inductor.aoti_load_package(extra)
         with torch.no_grad():
-            y = run(**kw)
+            y = run(*[kw[k] for k in sorted(kw)])
     else:
         sys.path.insert(0, os.environ["XG_BENCH_DIR"])
         from bench_startup import torch_model
@@ -148,39 +156,47 @@ def prepare(name: str, tmp: Path, policy: str, layers: int) -> dict:
     build_s = time.perf_counter() - t0
 
     class Wrap(torch.nn.Module):
-        def __init__(self, f):
+        """The workload as a module of positional inputs (sorted by name), as AOTInductor exports it."""
+        def __init__(self, f, owner):
             super().__init__()
-            self.f = f
+            self.f, self.owner = f, owner       # (the model's parameters become the package's)
 
-        def forward(self, **k):
-            return self.f(**k)
+        def forward(self, *args):
+            return self.f(**dict(zip(sorted(kw), args)))
     pt2 = tmp / f"{name}.pt2"
     t0 = time.perf_counter()
     with torch.no_grad():
-        exported = torch.export.export(Wrap(fn), args=(), kwargs=kw)
+        exported = torch.export.export(Wrap(fn, module), args=tuple(kw[k] for k in sorted(kw)))
         torch._inductor.aoti_compile_and_package(exported, package_path=str(pt2))
     aoti_s = time.perf_counter() - t0
     return {"engine": engine, "inputs": tmp / f"{name}.in.safetensors", "ref": ref, "pt2": pt2,
             "build_s": build_s, "aoti_build_s": aoti_s}
 
 
-def child(kind: str, name: str, prep: dict, out: Path, layers: int, env: dict) -> tuple[float, list[str]]:
+def child(kind: str, name: str, prep: dict, out: Path, layers: int, env: dict) -> tuple[float, dict]:
+    """(wall seconds, what the process said: its modules; xgrun's import time and phases)."""
     mods = out.with_suffix(".modules.json")
     env = {**env, "XG_BENCH_MODULES": str(mods), "XG_BENCH_DIR": str(Path(__file__).resolve().parent)}
     if kind.startswith("xgrun"):
         runtime = kind.split()[1]
         cmd = [sys.executable, "-c", BLOCKED_XGRUN if runtime == "native" else XGRUN]
         cmd += [str(prep["engine"]), "--device", "cuda", "--runtime", runtime, "--inputs", str(prep["inputs"]),
-                "--output", str(out)]
+                "--output", str(out), "--json"]
     else:
-        cmd = [sys.executable, "-c", TORCH_CHILD, "aoti" if kind == "AOTInductor" else "compile", name,
+        cmd = [sys.executable, "-X", "faulthandler", "-c", TORCH_CHILD, "aoti" if kind == "AOTInductor" else "compile", name,
                str(prep["inputs"]), str(out), str(prep["pt2"]) if kind == "AOTInductor" else str(layers)]
-    t0 = time.perf_counter()
+    t0, t0_epoch = time.perf_counter(), time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    wall = time.perf_counter() - t0
+    wall, end_epoch = time.perf_counter() - t0, time.time()
     if proc.returncode:
         raise RuntimeError(f"{kind} {name} failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    return wall, json.loads(mods.read_text())
+    said = json.loads(mods.read_text())
+    if kind.startswith("xgrun"):
+        said["phases_ms"] = json.loads(proc.stdout).get("phases_ms")
+        # the interpreter's start (to the first line of the script) and its exit (after the last)
+        said["start_ms"] = (said.pop("started") - t0_epoch) * 1e3
+        said["exit_ms"] = (end_epoch - said.pop("ended")) * 1e3
+    return wall, said
 
 
 def installed_bytes(modules: list[str]) -> tuple[int, list[str]]:
@@ -231,11 +247,17 @@ def main() -> int:
         results = {}
         for kind in kinds:
             out = tmp / f"{name}.{kind.replace(' ', '_')}.safetensors"
-            child(kind, name, prep, out, args.gpt2_layers, env)           # warms page cache / Inductor's cache
-            walls = []
-            for _ in range(args.runs):
-                wall, modules = child(kind, name, prep, out, args.gpt2_layers, env)
-                walls.append(wall)
+            walls, said = [], {}
+            try:
+                child(kind, name, prep, out, args.gpt2_layers, env)       # warms page cache / Inductor's cache
+                for _ in range(args.runs):
+                    wall, said = child(kind, name, prep, out, args.gpt2_layers, env)
+                    walls.append(wall)
+            except RuntimeError as exc:
+                print(f"  {kind}: {exc}", flush=True)
+                rows.append({"model": name, "kind": kind, "error": str(exc)[-2000:], "correct": False})
+                continue
+            modules = said["modules"]
             outs = load_tensors(out)
             got = (outs["out"] if "out" in outs else outs[sorted(outs)[0]]).float()
             results[kind] = got
@@ -244,16 +266,21 @@ def main() -> int:
             if kind not in sizes:
                 sizes[kind] = installed_bytes(modules)
             row = {"model": name, "kind": kind, "walls_s": walls, "median_s": statistics.median(walls),
-                   "rel_err_vs_eager": err, "torch_loaded": "torch" in {m.split(".")[0] for m in modules}}
+                   "rel_err_vs_eager": err, "torch_loaded": "torch" in {m.split(".")[0] for m in modules},
+                   "import_ms": said.get("import_ms"), "phases_ms": said.get("phases_ms"),
+                   "start_ms": said.get("start_ms"), "exit_ms": said.get("exit_ms")}
             rows.append(row)
             print(f"  {kind:20s} median {row['median_s']:.2f} s of {[round(w, 2) for w in walls]}, "
-                  f"rel err vs eager {err:.2e}, torch loaded: {row['torch_loaded']}", flush=True)
-        same = torch.equal(results["xgrun native"], results["xgrun torch"])
+                  f"rel err vs eager {err:.2e}, torch loaded: {row['torch_loaded']}"
+                  + (f", start {row['start_ms']:.0f} ms, import {row['import_ms']:.0f} ms, exit {row['exit_ms']:.0f} ms, "
+                     "phases (ms) "
+                     f"{ {k: round(v) for k, v in (row['phases_ms'] or {}).items()} }" if row["import_ms"] else ""),
+                  flush=True)
+        same = "xgrun native" in results and "xgrun torch" in results and \
+            torch.equal(results["xgrun native"], results["xgrun torch"])
         for r in rows:
-            if r["model"] == name:
-                r["correct"] = same if r["kind"].startswith("xgrun") else r["rel_err_vs_eager"] < 2e-2
-                if r["kind"].startswith("xgrun"):
-                    r["correct"] = same and r["rel_err_vs_eager"] < 2e-2
+            if r["model"] == name and "error" not in r:     # XG's two runtimes also bit for bit equal
+                r["correct"] = r["rel_err_vs_eager"] < 2e-2 and (same or not r["kind"].startswith("xgrun"))
     print(f"\n{device}, torch {torch.__version__}; fresh process to first correct result, median of {args.runs}; seconds")
     print("| model | xgrun native (no torch) | xgrun torch | torch.compile warm | AOTInductor | native vs torch.compile |")
     print("| --- | --- | --- | --- | --- | --- |")
@@ -262,8 +289,11 @@ def main() -> int:
 
         def cell(k: str) -> str:
             r = by[k]
+            if "error" in r:
+                return "failed"
             return f"{r['median_s']:.2f}" + ("" if r["correct"] else " (WRONG)")
-        ratio = by["torch.compile warm"]["median_s"] / by["xgrun native"]["median_s"]
+        ok = all("median_s" in by[k] for k in ("torch.compile warm", "xgrun native"))
+        ratio = by["torch.compile warm"]["median_s"] / by["xgrun native"]["median_s"] if ok else float("nan")
         print(f"| {name} | {cell('xgrun native')} | {cell('xgrun torch')} | {cell('torch.compile warm')} | "
               f"{cell('AOTInductor')} | {ratio:.1f}x faster |")
     print("\n| process | installed size (MB) | distributions |")

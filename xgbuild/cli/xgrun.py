@@ -349,18 +349,32 @@ def _run_native(engine: Path, inputs, output, check: bool, seed: int, dim: list[
                 run_settings: RunSettings, expect_digest, warmup: int, iterations: int, profile: bool, trace,
                 dry_run: bool) -> None:
     """xgrun on the deploy runtime (`runtime/native.py`): no torch, no Triton."""
+    t = time.perf_counter()
+    from ..runtime.device import CudaDevice
+    if not dry_run:
+        CudaDevice.start(0)         # the driver and the context start while the engine and inputs are read
     from ..runtime.host_io import describe_host, save_host_tensors
     from ..runtime.native import NativeEngine
-    t_load = time.perf_counter()
+    phases: dict[str, float] = {"imports": (time.perf_counter() - t) * 1e3}
+    t = time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        phases[name] = (now - t) * 1e3
+        t = now
     try:
         eng = NativeEngine.load(engine, run_settings, expect_digest=expect_digest)
-        load_ms = (time.perf_counter() - t_load) * 1e3
+        phase("load")
+        load_ms = phases["load"]
         values = _inputs_for(eng, inputs, seed, dim, native=True)
         eng.check_inputs(values)
+        phase("inputs")
         if dry_run:
             _report_dry(engine, eng.digest, eng.manifest, load_ms, values, describe_host, json_out)
             return
-        eng.executor()                          # a clear refusal (no GPU, another arch) before memory moves
+        eng.executor().load_all()               # a clear refusal (no GPU, another arch) before memory moves
+        phase("device")
         for _ in range(warmup):
             eng.run(values, check=check)
         profiler = eng.profiler() if profile or trace is not None else None
@@ -368,10 +382,12 @@ def _run_native(engine: Path, inputs, output, check: bool, seed: int, dim: list[
         for _ in range(iterations):
             result = eng.run(values, check=check, profiler=profiler)
             walls.append(result.run_ms)
+        phase("runs")
         outputs = result.to_host()
+        phase("to_host")
     except (XGError, TensorIOError) as exc:
         fail(str(exc))
-    extra: dict = {"runtime": "native"}
+    extra: dict = {"runtime": "native", "phases_ms": phases}
     if iterations > 1:
         extra["runs_ms"] = run_stats(walls)
     if profiler is not None:
@@ -382,12 +398,16 @@ def _run_native(engine: Path, inputs, output, check: bool, seed: int, dim: list[
                 atomic_write(trace, json.dumps(profiler.chrome_trace()).encode())
             except OSError as exc:
                 fail(f"cannot write the trace {trace}: {exc}")
-    if output is not None:
-        try:
-            save_host_tensors(output, outputs)
-        except TensorIOError as exc:
-            fail(str(exc))
-    described = {name: describe_host(v) for name, v in outputs.items()}
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(1) as pool:         # the checksums (hashlib) while the file is written (I/O)
+        sums = pool.submit(lambda: {name: describe_host(v) for name, v in outputs.items()})
+        if output is not None:
+            try:
+                save_host_tensors(output, outputs)
+            except TensorIOError as exc:
+                fail(str(exc))
+        described = sums.result()
+    phase("write+checksums")
     _summary_out(engine, eng.digest, eng.manifest["target"], "cuda", check, load_ms, result.run_ms, described,
                  result.specialization, json_out, extra, iterations)
     if "profile" in extra and not json_out:
@@ -413,6 +433,11 @@ def _report_dry(engine, digest: str, manifest: dict, load_ms: float, values: dic
 
 
 def main() -> None:
+    if "cuda" in sys.argv and "--dry-run" not in sys.argv and "--help" not in sys.argv:
+        # Start the GPU (the driver, its context: a few hundred ms) while the rest of XG imports and
+        # the engine and inputs are read; whichever runtime runs then finds it started.
+        from ..runtime.device import CudaDevice
+        CudaDevice.start(0)
     run(app, "xgrun")
 
 

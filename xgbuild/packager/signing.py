@@ -26,12 +26,14 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from typing import TYPE_CHECKING
 
 from ..errors import XGError
+
+# `cryptography` loads when a key is read or a signature made or checked: a deploy host reading an
+# engine without a trust root never needs it.
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -54,6 +56,7 @@ class TrustError(XGError):
 
 def key_id(public: Ed25519PublicKey) -> str:
     """The key's id: sha256 hex of its 32 raw bytes."""
+    from cryptography.hazmat.primitives import serialization
     raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()
 
@@ -84,6 +87,9 @@ def _read_key_file(path: Path, what: str) -> bytes:
 
 def load_private_key(path: Path | str) -> Ed25519PrivateKey:
     """The Ed25519 private key in `path` (PEM PKCS#8 or OpenSSH, unencrypted)."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     path = Path(path)
     data = _read_key_file(path, "signing key")
     try:
@@ -104,6 +110,9 @@ def load_private_key(path: Path | str) -> Ed25519PrivateKey:
 
 def parse_public_key(data: bytes, where: str) -> Ed25519PublicKey:
     """An Ed25519 public key from OpenSSH (`ssh-ed25519 AAAA...`) or PEM text."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
     text = data.strip()
     try:
         if text.startswith(b"ssh-"):
@@ -167,6 +176,8 @@ def generate_key(out: Path | str) -> tuple[Path, Path, str]:
     for p in (out, pub_path):
         if p.exists() or p.is_symlink():
             raise SigningError(f"{p} exists already; keygen never overwrites a key")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     key = Ed25519PrivateKey.generate()
     private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
@@ -317,6 +328,7 @@ def _distinct(a: str, b: str) -> tuple[str, str]:
 
 
 def check_signatures(envelope: Envelope, trusted: TrustedKeys | None) -> tuple[SignatureCheck, ...]:
+    from cryptography.exceptions import InvalidSignature
     checks = []
     for keyid, sig in envelope.signatures:
         if trusted is None:

@@ -326,14 +326,44 @@ class CudaDevice:
     `CudaDevice.get(i)` keeps one per device in a process."""
 
     _devices: dict[int, "CudaDevice"] = {}
+    _starting: dict[int, threading.Thread] = {}
     _lock = threading.Lock()
 
     @classmethod
     def get(cls, index: int = 0) -> "CudaDevice":
+        """The process's CudaDevice for GPU `index`, its context current on this thread."""
+        starting = cls._starting.pop(index, None)
+        if starting is not None:
+            starting.join()
         with cls._lock:
             if index not in cls._devices:
                 cls._devices[index] = cls(index)
-            return cls._devices[index]
+            dev = cls._devices[index]
+        dev.ensure_current()
+        return dev
+
+    @classmethod
+    def start(cls, index: int = 0) -> None:
+        """Start GPU `index` in the background (the driver's start and the context's creation take
+        a few hundred ms): `get` waits for it, and raises what it raised."""
+        if index in cls._devices or index in cls._starting:
+            return
+
+        def run() -> None:
+            try:
+                with cls._lock:
+                    if index not in cls._devices:
+                        cls._devices[index] = cls(index)
+            except Exception:  # noqa: BLE001 (`get` starts it again in the caller's thread, and raises there)
+                pass
+        thread = threading.Thread(target=run, name=f"xg-cuda-start-{index}", daemon=True)
+        cls._starting[index] = thread
+        thread.start()
+
+    def ensure_current(self) -> None:
+        """Make the device's context current on the calling thread (each thread has its own)."""
+        if int(check_call(self.drv.cuCtxGetCurrent(), "cuCtxGetCurrent")) != int(self.ctx):
+            check_call(self.drv.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
 
     def __init__(self, index: int = 0) -> None:
         self.drv = drv = driver_module()

@@ -349,18 +349,25 @@ def read_safetensors_arrays(f: BinaryIO, size: int, budget: Budget) -> list[tupl
     for spec in specs:
         budget.admit(spec.name, spec.dtype, spec.shape)
     f.seek(0)
-    data = f.read(size)         # read, not mapped: the file may be replaced while the engine runs
-    base = 8 + int.from_bytes(data[:8], "little")
+    data = np.empty(size, dtype=np.uint8)   # read, not mapped (the file may be replaced while the engine
+    if f.readinto(memoryview(data)) != size:    # runs), once: the arrays are views of this buffer
+        raise ValueError("the file changed size while it was read")
+    base = 8 + int.from_bytes(data[:8].tobytes(), "little")
     out = []
     for spec in specs:
         flat = np.frombuffer(data, dtype=NUMPY_DTYPES[spec.dtype], count=math.prod(spec.shape),
-                             offset=base + spec.start)
-        out.append((spec.name, flat.reshape(spec.shape).copy(), spec.dtype))
+                             offset=base + spec.start).reshape(spec.shape)
+        out.append((spec.name, flat if flat.flags.aligned else flat.copy(), spec.dtype))
     return out
 
 
 def safetensors_bytes(tensors: Mapping[str, HostArray]) -> bytes:
-    """A safetensors file as the library writes it (`safetensors.torch.save`, no metadata): tensors
+    """A safetensors file's bytes (`safetensors_pieces` joined)."""
+    return b"".join(bytes(p) for p in safetensors_pieces(tensors))
+
+
+def safetensors_pieces(tensors: Mapping[str, HostArray]) -> list:
+    """A safetensors file, in pieces to write one after another (no copy of the data), as the library writes it (`safetensors.torch.save`, no metadata): tensors
     ordered by dtype (the library's enum order, descending) then name; the header padded with
     spaces to 8 bytes.
     A test holds the two byte for byte."""
@@ -373,7 +380,7 @@ def safetensors_bytes(tensors: Mapping[str, HostArray]) -> bytes:
         offset += n
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    return len(text).to_bytes(8, "little") + text + b"".join(_le_bytes(tensors[n].array) for n in order)
+    return [len(text).to_bytes(8, "little") + text, *(_le_bytes(tensors[n].array) for n in order)]
 
 
 # The safetensors library's Dtype enum order (its sort key), for the dtypes XG has.
@@ -381,10 +388,11 @@ _ST_RANK = {"bool": 0, "uint8": 1, "int8": 2, "int16": 5, "float16": 7, "bfloat1
             "float32": 11, "float64": 12, "int64": 13}
 
 
-def _le_bytes(a: np.ndarray) -> bytes:
+def _le_bytes(a: np.ndarray) -> memoryview:
+    """The little-endian bytes of `a`'s elements in C order, without a copy where it has them."""
     if sys.byteorder == "big" and a.dtype.itemsize > 1:
         a = a.astype(a.dtype.newbyteorder("<"))
-    return c_array(a).tobytes()
+    return memoryview(c_array(a).reshape(-1).view(np.uint8))
 
 
 def write_npz(f: BinaryIO, arrays: Mapping[str, np.ndarray]) -> None:
@@ -414,7 +422,7 @@ def save_host_tensors(path: Path, tensors: Mapping[str, HostArray], *, role: str
     if suffix == ".npz":
         write_atomic(path, where, lambda f: write_npz(f, {n: a.array for n, a in ordered.items()}))
     else:
-        write_atomic(path, where, lambda f: f.write(safetensors_bytes(ordered)))
+        write_atomic(path, where, lambda f: [f.write(piece) for piece in safetensors_pieces(ordered)])
 
 
 def describe_host(a: HostArray) -> dict[str, object]:

@@ -442,6 +442,7 @@ class NativeEngine:
         `check`: NaN/Inf in an output, or a computed index outside its table, is an ExecutionError.
         `profiler` (`runtime.profile.Profiler`): every launch timed with CUDA events."""
         ex = self.executor()
+        ex.device.ensure_current()
         inputs = self.prepare(values)
         if profiler is not None:
             ex.device.synchronize()

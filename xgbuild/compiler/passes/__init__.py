@@ -1,46 +1,14 @@
-"""The pass pipeline: one ordered list of named passes, each a pure `Program -> Program`.
-
-`run_pipeline` runs them in order; `stop_after` ends after one (for `--dump-after=NAME`), and
-`verify_each` runs the IR verifier between passes (the tests turn it on). Shape specialisation
-(`specialize.py`) is not in this list: it needs concrete input shapes and runs at first run.
-"""
+"""The compiler's passes. The pipeline (`pipeline.py`: `PIPELINE`, `PASS_NAMES`, `run_pipeline`)
+is loaded on first use, so that importing one pass (the deploy runtime's `specialize`) does not
+import every other pass and the front end they reach."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Callable
-
-from ..ir.graph import Program, renumber
-from ..ir.verify import verify
-from .const_fold import const_fold
-from .autodiff import autodiff
-from .cse import cse
-from .dce import dce
-from .inline import inline
-from .shard import shard
-from .stage import stage
-
-Pass = Callable[[Program], Program]
-
-PIPELINE: list[tuple[str, Pass]] = [
-    ("autodiff", autodiff),
-    ("inline", inline),
-    ("const-fold", const_fold),
-    ("cse", cse),
-    ("dce", dce),
-    ("stage", stage),
-    ("shard", shard),
-]
-PASS_NAMES = [name for name, _ in PIPELINE]
+from typing import Any
 
 
-def run_pipeline(program: Program, *, stop_after: str | None = None, verify_each: bool = False) -> Program:
-    if stop_after is not None and stop_after not in PASS_NAMES:
-        raise ValueError(f"unknown pass {stop_after!r}; passes: {', '.join(PASS_NAMES)}")
-    for name, fn in PIPELINE:
-        program = fn(program)
-        if verify_each:
-            verify(program.main)
-        if name == stop_after:
-            break
-    return replace(program, main=renumber(program.main))
+def __getattr__(name: str) -> Any:
+    if name in ("PIPELINE", "PASS_NAMES", "run_pipeline", "Pass"):
+        from . import pipeline
+        return getattr(pipeline, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
