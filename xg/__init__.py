@@ -5,7 +5,8 @@
     print(result.value); print(result.metadata)
 
 The implementation lives in `xgbuild` (building in `xgbuild.build`); this module only re-exports,
-and reads the settings from the environment at each call, handing them down.
+and reads the settings from the environment at each call, handing them down. It imports torch
+only when first used, so that `xg.runtime` (the deploy runtime's API) runs where torch is absent.
 """
 
 from __future__ import annotations
@@ -13,11 +14,31 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from xgbuild.build import engines as _build
+from typing import TYPE_CHECKING
+
 from xgbuild.errors import CompileError, EngineError, ExecutionError, InputError, XGError
-from xgbuild.runtime.engine import Engine, ResultValue, RunResult
-from xgbuild.runtime.model_engine import LazyModelEngine, ModelEngine
 from xgbuild.settings import RunSettings, Settings, child_env
+
+if TYPE_CHECKING:
+    from xgbuild.runtime.engine import Engine, ResultValue, RunResult
+    from xgbuild.runtime.model_engine import LazyModelEngine, ModelEngine
+
+_LAZY = {"Engine": "xgbuild.runtime.engine", "ResultValue": "xgbuild.runtime.engine",
+         "RunResult": "xgbuild.runtime.engine", "LazyModelEngine": "xgbuild.runtime.model_engine",
+         "ModelEngine": "xgbuild.runtime.model_engine"}
+
+
+def __getattr__(name: str) -> Any:
+    """The torch-backed classes, imported on first use (`xg.Engine`, `xg.RunResult`, ...)."""
+    if name in _LAZY:
+        import importlib
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name == "runtime":
+        import importlib
+        return importlib.import_module("xg.runtime")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["CompileError", "Engine", "EngineError", "ExecutionError", "InputError", "LazyModelEngine", "ModelEngine",
            "ResultValue",
@@ -39,6 +60,8 @@ def compile_file(path: Path | str, *, target: str | None = None, num_gpu: int | 
     CPU-only engine; `sharding` is a plan file, as `xgc --sharding`; `entry` names the function the
     engine runs (another than `main` takes the engine's inputs as its parameters). The same source
     and winners give the same bytes as `xgc`."""
+    from xgbuild.build import engines as _build
+    from xgbuild.runtime.engine import Engine
     engine = _build.compile_file(path, Settings.from_env(), target=target, num_gpu=num_gpu, tune=tune,
                                  kernels=kernels, dims=dims, sharding=sharding, entry=entry)
     return Engine(engine.file, RunSettings.from_env())
@@ -67,6 +90,7 @@ def compile(model_or_fn: Any, example_inputs: Any = None, target: str = "H100", 
     Without `example_inputs` and `example_kwargs` (`engine = xg.compile(model, target="GB200")`),
     the engine is built at its first call from that call's arguments, and again for each new input
     signature."""
+    from xgbuild.build import engines as _build
     return _build.compile_model(model_or_fn, example_inputs, target, num_gpu, Settings.from_env(),
                                 RunSettings.from_env(), example_kwargs=example_kwargs, dynamic_shapes=dynamic_shapes,
                                 tune=tune, kernels=kernels, dims=dims, fallback=fallback)
@@ -77,6 +101,7 @@ def load_model_engine(path: Path | str, *, trusted_keys: Path | str | None = Non
     """Load an engine built by `xg.compile` (or `xgc model.onnx`), called with tensors, positionally
     in its input order (`engine.signature`) or by input name. `trusted_keys`, `expect_digest` and
     `allow_fallback` as for `load_engine`."""
+    from xgbuild.runtime.model_engine import ModelEngine
     return ModelEngine.load(path, RunSettings.from_env(), trusted_keys=trusted_keys, expect_digest=expect_digest,
                             allow_fallback=allow_fallback)
 
@@ -89,6 +114,7 @@ def load_engine(path: Path | str, *, trusted_keys: Path | str | None = None,
     (`trusted`, `signer`); `engine.check_trust(keys)` gives one for any keys. One built with
     `fallback="eager"` (it calls PyTorch operators) loads only with `allow_fallback=True` or when
     a trusted key signed it: opt in for files you trust."""
+    from xgbuild.runtime.engine import Engine
     return Engine.load(path, RunSettings.from_env(), trusted_keys=trusted_keys, expect_digest=expect_digest,
                        allow_fallback=allow_fallback)
 
@@ -97,6 +123,7 @@ def run_engine(engine: Engine, external_values: Mapping[str, Any] | None = None,
                check: bool = True, nproc: int = 1) -> RunResult:
     """Run an engine; `result.value` is what `main` returns, `result.metadata` how it ran.
     `nproc=N` runs its sharding plan on N ranks of this host, like `xgrun --nproc N`."""
+    from xgbuild.runtime.engine import Engine
     if not isinstance(engine, Engine):
         raise XGError(f"run_engine takes an Engine (from xg.compile_file or xg.load_engine), got {type(engine).__name__}")
     if not isinstance(nproc, int) or nproc < 1:

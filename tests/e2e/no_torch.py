@@ -8,7 +8,7 @@ import sys
 class Block:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in ("torch", "triton"):
-            raise ImportError(f"No module named {name!r} (made unimportable by the test)")
+            raise ModuleNotFoundError(f"No module named {name!r} (made unimportable by the test)", name=name)
         return None
 
 

@@ -136,3 +136,48 @@ def test_index_inputs_are_checked_against_their_tables(tmp_path: Path) -> None:
     save_host_tensors(tmp_path / "bad.safetensors", bad)
     assert_clean_failure(xgrun(path, "--dry-run", "--inputs", tmp_path / "bad.safetensors"),
                          f"outside [0, {VOCAB})")
+
+
+def test_the_torch_runtime_without_torch_says_what_to_install(engine: Path) -> None:
+    res = xgrun(engine, "--runtime", "torch", "--dim", "T=8", "--dim", "D=4", "--dim", "F=4")
+    assert_clean_failure(res, "needs `torch`", "pip install 'xg[build]'")
+
+
+RUNTIME_API = """
+import json, sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "triton"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Block())
+import numpy as np
+import xg.runtime
+from xgbuild.errors import EngineError, InputError
+out = {}
+eng = xg.runtime.load(sys.argv[1])
+x = xg.runtime.HostArray(np.zeros((64, 32), np.uint16), "bfloat16")
+w = xg.runtime.HostArray(np.zeros((32, 48), np.uint16), "bfloat16")
+out["checked"] = sorted(eng.check_inputs({"X": x, "W": w}))
+for bad in ({"X": x}, {"X": x, "W": np.zeros((32, 48), np.float32)}, {"X": x, "W": w, "Z": w}):
+    try:
+        eng.check_inputs(bad)
+    except InputError as exc:
+        out.setdefault("refused", []).append(str(exc))
+try:
+    eng.run({"X": x, "W": w})
+except EngineError as exc:
+    out["run"] = str(exc)
+out["torch"] = [m for m in sys.modules if m.split(".")[0] in ("torch", "triton")]
+print(json.dumps(out))
+"""
+
+
+def test_the_runtime_api_without_torch(engine: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", RUNTIME_API, str(engine)], capture_output=True, text=True,
+                          cwd=REPO_ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["checked"] == ["W", "X"] and out["torch"] == []
+    assert [("missing input `W`" in r, "dtype float32" in r, "unknown input `Z`" in r) for r in out["refused"]] == \
+        [(True, False, False), (False, True, False), (False, False, True)]
+    assert "cannot run on cuda" in out["run"]

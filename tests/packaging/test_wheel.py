@@ -115,3 +115,36 @@ def test_the_installed_wheel_builds_and_runs_programs_outside_the_checkout(insta
     _run(["xgc", "uses_std.xg", "--no-kernels", "--out", "std.xge"], work, env)
     ran = _run(["xgrun", "std.xge", "--seed", "1", "--json"], work, env)
     assert '"float32"' in ran.stdout, ran.stdout
+
+
+@pytest.mark.slow
+def test_a_runtime_only_install_runs_engines_without_torch(wheel: Path, tmp_path: Path) -> None:
+    """`pip install 'xg[runtime]'` from the package index (issue 22): neither torch nor Triton is
+    installed; xgrun verifies an engine built here and checks its inputs, says plainly that running
+    it needs a GPU (this host has none) and that the build tools need `xg[build]`; the whole
+    install stays small."""
+    import xg
+    venv = tmp_path / "v"
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "PYTHONPATH"}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    _run([venv / "bin" / "python", "-m", "pip", "install", "-q", "-c", ROOT / "requirements.lock",
+          f"{wheel}[runtime]"], cwd=tmp_path, env=env, timeout=900)
+    listed = _run([venv / "bin" / "python", "-m", "pip", "list", "--format=freeze"], tmp_path, env).stdout.lower()
+    for heavy in ("torch", "triton", "sympy", "sqlite-utils", "safetensors"):
+        assert f"\n{heavy}==" not in f"\n{listed}", listed
+    src = tmp_path / "m.xg"
+    src.write_text("extern Tensor[float32, T, D] X\nextern Tensor[float32, D] G\ndef main() {\n    return X * G\n}\n")
+    xg.compile_file(src, target="H100", tune="predict", dims={"T": 8, "D": 4}).save(tmp_path / "m.xge")
+    xgrun = venv / "bin" / "xgrun"
+    ran = _run([xgrun, "m.xge", "--dry-run", "--dim", "T=8", "--dim", "D=4"], tmp_path, env)
+    assert "verified, inputs match its signature" in ran.stdout, ran.stdout
+    for cmd, needle in (([xgrun, "m.xge", "--device", "cuda", "--dim", "T=8", "--dim", "D=4"], "cannot run on cuda"),
+                        ([venv / "bin" / "xgc", "m.xg", "--target=H100", "--out", "o.xge"], "pip install 'xg[build]'"),
+                        ([venv / "bin" / "xgbuild", "cache", "stats"], "pip install 'xg[build]'")):
+        done = subprocess.run([str(c) for c in cmd], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 1 and needle in done.stderr and "Traceback" not in done.stderr, done.stderr
+    site = Path(_run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                     tmp_path, env).stdout.strip())
+    size = sum(p.stat().st_size for p in site.rglob("*") if p.is_file())
+    assert size < 400 * 2**20, f"a runtime-only install takes {size / 2**20:.0f} MB"

@@ -53,7 +53,7 @@ BLOCKED_XGRUN = textwrap.dedent("""
     class Block:
         def find_spec(self, name, path=None, target=None):
             if name.split(".")[0] in ("torch", "triton"):
-                raise ImportError(f"No module named {name!r} (a deploy host without torch)")
+                raise ModuleNotFoundError(f"No module named {name!r} (a deploy host without torch)", name=name)
             return None
     sys.meta_path.insert(0, Block())
     import time

@@ -67,12 +67,27 @@ def run(app: typer.Typer | Callable[[], object], prog_name: str) -> NoReturn:
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(EXIT_OK)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in BUILD_MODULES:
+            _internal_error(prog_name)
+        sys.stderr.write(f"error: {prog_name} needs `{exc.name.split('.')[0]}`, one of XG's build tools, which this "
+                         "install lacks: pip install 'xg[build]' (a deploy host runs engines without them: "
+                         "xgrun --runtime native)\n")
+        sys.exit(EXIT_PROGRAM)
     except Exception:
-        with tempfile.NamedTemporaryFile("w", prefix=f"{prog_name}-ice-", suffix=".txt", delete=False) as f:
-            f.write(traceback.format_exc())
-        sys.stderr.write(f"error: internal error in {prog_name} (a bug in XG); traceback written to {f.name}\n")
-        sys.exit(EXIT_USAGE)
+        _internal_error(prog_name)
     sys.exit(EXIT_OK)
+
+
+# Modules of the `build` extra (pyproject.toml): the compiler's, the tuner's, the torch runtime's.
+BUILD_MODULES = frozenset({"torch", "triton", "sympy", "safetensors", "sqlite_utils", "onnx"})
+
+
+def _internal_error(prog_name: str) -> NoReturn:
+    with tempfile.NamedTemporaryFile("w", prefix=f"{prog_name}-ice-", suffix=".txt", delete=False) as f:
+        f.write(traceback.format_exc())
+    sys.stderr.write(f"error: internal error in {prog_name} (a bug in XG); traceback written to {f.name}\n")
+    sys.exit(EXIT_USAGE)
 
 
 def settings_or_exit():

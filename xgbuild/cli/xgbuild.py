@@ -10,12 +10,24 @@ from typing import Optional
 import typer
 
 from ..compiler.frontend.diagnostics import explain as explain_code
-from . import cache_cmd, sign_cmd, tune_cmd
-from .common import fail, make_app, run
+from . import sign_cmd, tune_cmd
+from .common import BUILD_MODULES, fail, make_app, run
 from .version import version_option
 
 app = make_app("XG build tools: explain diagnostics, inspect engines, tune kernels, manage the artifact cache.")
-app.add_typer(cache_cmd.app, name="cache")
+try:
+    from . import cache_cmd
+    app.add_typer(cache_cmd.app, name="cache")
+except ModuleNotFoundError as missing:      # a runtime-only install (`xg[runtime]`): no SQLite index
+    if (missing.name or "").split(".")[0] not in BUILD_MODULES:
+        raise
+    _missing = missing.name
+
+    @app.command("cache", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+                 help="The artifact cache (needs XG's build tools: pip install 'xg[build]').")
+    def cache_unavailable() -> None:
+        fail(f"xgbuild cache needs `{_missing}`, one of XG's build tools, which this install lacks: "
+             "pip install 'xg[build]'")
 tune_cmd.register(app)
 sign_cmd.register(app)
 

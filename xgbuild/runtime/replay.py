@@ -1,11 +1,10 @@
-"""Launch replay for the GPU executor: one run's launches, recorded so that later runs with the
-same input signature skip binding and variant checks (see `gpu.KernelExecutor`)."""
+"""Launch replay for the GPU executors: one run's launches, recorded so that later runs with the
+same input signature skip binding and variant checks (see `gpu.KernelExecutor` and
+`native.NativeExecutor`: torch tensors or DeviceArrays, anything with a `data_ptr`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
 
 from ..compiler.ir.graph import Graph
 
@@ -28,7 +27,7 @@ def recipe(args: list, sources: dict[int, tuple], nodes: list, value) -> list | 
     when a pointer is none of these. `nodes[i]` is argument i's operand node (None: not one)."""
     out = []
     for a, nid in zip(args, nodes):
-        if isinstance(a, torch.Tensor):
+        if hasattr(a, "data_ptr"):
             src = sources.get(a.data_ptr())
             if src is None or src[0] == "?":
                 if nid is None or value(nid).data_ptr() != a.data_ptr():

@@ -208,3 +208,65 @@ def test_strided_copies_are_numpys() -> None:
         dev.copy_strided(out, view)
         got = mem[host.nbytes: host.nbytes + want.nbytes].view(want.dtype).reshape(want.shape)
         assert np.array_equal(got, want), (shape, perm)
+
+
+def _canonical(launches: list, inputs: dict) -> list:
+    """Launches with each pointer named: an input's by its name, any other by first appearance."""
+    names = {a.data_ptr(): f"in:{n}" for n, a in inputs.items()}
+    seen: dict[int, str] = {}
+    out = []
+    for name, grid, args in launches:
+        named = []
+        for a in args:
+            if a == "ptr":
+                named.append(a)
+            elif isinstance(a, tuple):
+                ptr = a[1]
+                named.append(names.get(ptr) or seen.setdefault(ptr, f"buf{len(seen)}"))
+            else:
+                named.append(a)
+        out.append((name, grid, named))
+    return out
+
+
+class PointerRecorder(Recorder):
+    def launch(self, k, grid, args) -> None:
+        self.launches.append((k.name, tuple(grid), [a if isinstance(a, (int, float)) else ("ptr", a.data_ptr())
+                                                    for a in args]))
+
+
+@pytest.mark.parametrize("name", ["gpt2"])
+def test_a_second_run_replays_the_first_runs_launches(name: str, monkeypatch) -> None:
+    """The second run at a signature replays the first's launches (no binding, no variant
+    choice): the same kernels, grids and scalar arguments, every pointer its counterpart."""
+    import sys
+    import warnings
+    import xgbuild.runtime.native as native
+    sys.path.insert(0, str(REPO / "tests" / "unit" / "importers"))
+    from hf_zoo import build
+    m = build(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engine = xg.compile(m.model, example_kwargs=m.inputs(2, 16), target="H100", tune="predict").engine
+    shapes = {s["name"]: tuple(s["shape"]) for s in engine.signature}
+    dtypes = {s["name"]: s["dtype"] for s in engine.signature}
+    for s in _weight_specs(engine):
+        shapes[s.name], dtypes[s.name] = s.shape, s.dtype
+    plans = plans_from_manifest(engine.manifest, engine.file.entries)
+    graph = specialize(engine.graph, bind_symbols(engine.graph, shapes))
+    dev, rec = FakeDevice(), PointerRecorder()
+    nx = NativeExecutor(plans, dev, launcher=rec)
+    inputs = {n: dev.empty(s, dtypes[n]) for n, s in shapes.items()}
+    outs = []
+    for _ in range(2):
+        start = len(rec.launches)
+        out = nx.run(graph, inputs, check=True)
+        outs.append((rec.launches[start:], out))
+    chosen = []
+    monkeypatch.setattr(native, "choose", lambda *a: chosen.append(a) or pytest.fail("replay chose a variant"))
+    start = len(rec.launches)
+    third = nx.run(graph, inputs, check=True)
+    first, second = _canonical(outs[0][0], inputs), _canonical(outs[1][0], inputs)
+    assert len(nx._replays) == 1 and not chosen
+    assert second == first == _canonical(rec.launches[start:], inputs)
+    assert [a.shape for a in third.values()] == [a.shape for a in outs[0][1].values()]
