@@ -433,12 +433,28 @@ def _report_dry(engine, digest: str, manifest: dict, load_ms: float, values: dic
 
 
 def main() -> None:
-    if "cuda" in sys.argv and "--dry-run" not in sys.argv and "--help" not in sys.argv:
+    if _native_on_gpu(sys.argv[1:]):
         # Start the GPU (the driver, its context: a few hundred ms) while the rest of XG imports and
-        # the engine and inputs are read; whichever runtime runs then finds it started.
+        # the engine and inputs are read.
         from ..runtime.device import CudaDevice
         CudaDevice.start(0)
     run(app, "xgrun")
+
+
+def _native_on_gpu(argv: list[str]) -> bool:
+    """Will this command line run the deploy runtime on a GPU (a guess before parsing it: a wrong
+    one costs a context started early, or nothing)?"""
+    if "--dry-run" in argv or "--help" in argv or any(a.startswith("--nproc") for a in argv):
+        return False
+    if "cuda" not in argv and "--device=cuda" not in argv:
+        return False
+    runtime = "auto"
+    for i, a in enumerate(argv):
+        if a == "--runtime" and i + 1 < len(argv):
+            runtime = argv[i + 1]
+        elif a.startswith("--runtime="):
+            runtime = a.split("=", 1)[1]
+    return runtime == "native" or (runtime == "auto" and not _torch_installed())
 
 
 if __name__ == "__main__":
