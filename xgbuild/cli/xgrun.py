@@ -263,8 +263,7 @@ def _summary_out(engine, digest: str, target: str, device: str, check: bool, loa
     out = sys.stdout
     out.write(f"engine {engine} ({digest[:12]}), target {summary['target']}, device {device}, "
               f"{ranks}check {'on' if check else 'off'}\n")
-    for name, d in summary["outputs"].items():
-        out.write(f"  {name:<12} {d['dtype']:<9} {str(d['shape']):<16} checksum {d['checksum']}\n")
+    _tensor_lines(out, summary["outputs"])
     out.write(f"load {load_ms:.1f} ms, run {summary['run_ms']:.1f} ms{tail}\n")
 
 
@@ -427,9 +426,14 @@ def _report_dry(engine, digest: str, manifest: dict, load_ms: float, values: dic
     out = sys.stdout
     out.write(f"engine {engine} ({digest[:12]}), target {summary['target']}, {summary['kernels']} kernels: "
               f"verified, inputs match its signature (dry run: nothing ran)\n")
-    for name, d in summary["inputs"].items():
-        out.write(f"  {name:<12} {d['dtype']:<9} {str(d['shape']):<16} checksum {d['checksum']}\n")
+    _tensor_lines(out, summary["inputs"])
     out.write(f"load {load_ms:.1f} ms\n")
+
+
+def _tensor_lines(out, described: dict) -> None:
+    """A line per tensor: name, dtype, shape, checksum."""
+    for name, d in described.items():
+        out.write(f"  {name:<12} {d['dtype']:<9} {str(d['shape']):<16} checksum {d['checksum']}\n")
 
 
 def main() -> None:

@@ -18,16 +18,14 @@ import torch
 
 from ..compiler.ir.graph import Graph
 from ..compiler.ir.lower import ERROR_CODES
-from ..compiler.passes.specialize import SpecializationError, bind_symbols, specialize
 from ..errors import EngineError, ExecutionError, InputError
 from ..packager.engine_file import EngineFile, save_engine_file
 from ..packager.signing import Envelope, Trust, TrustedKeys
-from ..packager.manifest import check_sizes
 from ..packager.weights import load_weights
 from ..settings import RunSettings
 from .cpu import CpuExecutor
 from .extern import admit
-from .native import engine_trust, open_engine  # noqa: F401 (engine_trust: part of this module's API)
+from .native import EngineView, engine_trust, open_engine  # noqa: F401 (engine_trust: part of this module's API)
 from .summary import RunMetadata, engine_summary
 from ..dtypes import TORCH_DTYPES, XG_NAMES
 
@@ -60,7 +58,7 @@ class RunResult:
 
 
 @dataclass
-class Engine:
+class Engine(EngineView):
     file: EngineFile
     settings: RunSettings = field(default_factory=RunSettings)   # read at the top (CLI, xg), handed in
     _specialised: dict = field(default_factory=dict, repr=False)
@@ -99,37 +97,13 @@ class Engine:
         ones it was loaded with, if any). Returns the bundle digest."""
         return save_engine_file(self.file, Path(path), envelope)
 
-    @property
-    def manifest(self) -> dict:
-        return self.file.manifest
-
-    @property
-    def digest(self) -> str:
-        return self.file.digest
-
-    @property
-    def graph(self) -> Graph:
-        return self.file.graph
-
-    @property
-    def signature(self) -> list[dict]:
-        return self.manifest["entry"]["inputs"]
-
     # --- inputs ---------------------------------------------------------------------------------
     def prepare_inputs(self, values: Mapping[str, Any] | None, device: str,
                        placeholders: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
         """The inputs checked against the signature. Those named in `placeholders` (inputs a
         pipeline rank does not read) may be `meta` tensors: only their shapes and dtypes count."""
         values = dict(values or {})
-        expected = [s["name"] for s in self.signature]
-        missing = [n for n in expected if n not in values]
-        extra = [n for n in values if n not in expected]
-        if missing:
-            raise InputError(f"missing input{'s' if len(missing) > 1 else ''} {', '.join(f'`{m}`' for m in missing)}; "
-                             f"the engine takes {_sig_text(self.signature)}")
-        if extra:
-            raise InputError(f"unknown input{'s' if len(extra) > 1 else ''} {', '.join(f'`{e}`' for e in extra)}; "
-                             f"the engine takes {_sig_text(self.signature)}")
+        self.check_names(values)
         out: dict[str, torch.Tensor] = {}
         for spec in self.signature:
             name = spec["name"]
@@ -167,19 +141,8 @@ class Engine:
         return self._weights[device]
 
     def specialised(self, inputs: Mapping[str, torch.Tensor]) -> tuple[Graph, dict, bool]:
-        key = tuple((n, str(t.dtype), tuple(t.shape)) for n, t in sorted(inputs.items()))
-        cached = key in self._specialised
-        if not cached:
-            try:
-                env = bind_symbols(self.graph, {n: tuple(t.shape) for n, t in inputs.items()})
-                graph = specialize(self.graph, env)
-            except SpecializationError as exc:
-                raise InputError(str(exc)) from None
-            # Sizes computed from symbols are checked as the file's were, before anything allocates.
-            check_sizes(graph, self.manifest, f"engine {self.digest[:12]} with these inputs")
-            self._specialised[key] = (graph, env)
-        graph, env = self._specialised[key]
-        return graph, env, cached
+        return self.specialise({n: tuple(t.shape) for n, t in inputs.items()},
+                               {n: str(t.dtype) for n, t in inputs.items()})
 
     # --- running --------------------------------------------------------------------------------
     def run(self, external_values: Mapping[str, Any] | None = None, *, device: str = "cpu", check: bool = True,
@@ -273,10 +236,6 @@ def _profile_ops(profiler: Any, graph: Graph, timings: list[dict], iteration: in
 def _needs_kernels(graph: Graph) -> bool:
     from ..compiler.ir.graph import Op
     return any(n.op not in (Op.INPUT, Op.CONST) for n in graph.nodes)
-
-
-def _sig_text(sig: list[dict]) -> str:
-    return ", ".join(f"{s['name']}: {s['dtype']}{s['shape']}" for s in sig) or "no inputs"
 
 
 def _as_tensor(name: str, value: Any) -> torch.Tensor:

@@ -316,6 +316,59 @@ class NativeExecutor:
 
 # --- the engine ----------------------------------------------------------------------------------
 
+class EngineView:
+    """What both runtimes' engines read of their `file` (an EngineFile): the manifest, the IR,
+    the signature, the check of an input set's names, and the IR specialised to input shapes
+    (kept in `_specialised`, once per shapes and dtypes)."""
+    file: EngineFile
+    _specialised: dict
+
+    @property
+    def manifest(self) -> dict:
+        return self.file.manifest
+
+    @property
+    def digest(self) -> str:
+        return self.file.digest
+
+    @property
+    def graph(self) -> Graph:
+        return self.file.graph
+
+    @property
+    def signature(self) -> list[dict]:
+        return self.manifest["entry"]["inputs"]
+
+    def check_names(self, values: Mapping[str, Any]) -> None:
+        """An InputError naming the inputs missing from `values`, or else those the engine lacks."""
+        expected = [s["name"] for s in self.signature]
+        sig = ", ".join(f"{s['name']}: {s['dtype']}{s['shape']}" for s in self.signature) or "no inputs"
+        missing = [n for n in expected if n not in values]
+        extra = [n for n in values if n not in expected]
+        if missing:
+            raise InputError(f"missing input{'s' if len(missing) > 1 else ''} {', '.join(f'`{m}`' for m in missing)}; "
+                             f"the engine takes {sig}")
+        if extra:
+            raise InputError(f"unknown input{'s' if len(extra) > 1 else ''} {', '.join(f'`{e}`' for e in extra)}; "
+                             f"the engine takes {sig}")
+
+    def specialise(self, shapes: Mapping[str, tuple], dtypes: Mapping[str, str]) -> tuple[Graph, dict, bool]:
+        """(the IR specialised to these input shapes, the symbols' sizes, whether it was cached)."""
+        key = tuple((n, str(dtypes.get(n)), tuple(shapes[n])) for n in sorted(shapes))
+        cached = key in self._specialised
+        if not cached:
+            try:
+                env = bind_symbols(self.graph, {n: tuple(s) for n, s in shapes.items()})
+                graph = specialize(self.graph, env)
+            except SpecializationError as exc:
+                raise InputError(str(exc)) from None
+            # Sizes computed from symbols are checked as the file's were, before anything allocates.
+            check_sizes(graph, self.manifest, f"engine {self.digest[:12]} with these inputs")
+            self._specialised[key] = (graph, env)
+        graph, env = self._specialised[key]
+        return graph, env, cached
+
+
 @dataclass
 class NativeResult:
     """One run: `outputs` by output-file name (`out`, `out_0`, `out_ok`, ...), on the device."""
@@ -329,7 +382,7 @@ class NativeResult:
 
 
 @dataclass
-class NativeEngine:
+class NativeEngine(EngineView):
     """An engine for the deploy runtime: load, bind inputs, run, read outputs; no torch."""
     file: EngineFile
     settings: RunSettings = field(default_factory=RunSettings)
@@ -348,22 +401,6 @@ class NativeEngine:
             raise EngineError(f"engine {path} calls PyTorch operators (built with fallback='eager'); the deploy "
                               "runtime runs XG's kernels only: run it with torch installed (xgrun --runtime torch)")
         return cls(file, settings, trust, device_index)
-
-    @property
-    def manifest(self) -> dict:
-        return self.file.manifest
-
-    @property
-    def digest(self) -> str:
-        return self.file.digest
-
-    @property
-    def graph(self) -> Graph:
-        return self.file.graph
-
-    @property
-    def signature(self) -> list[dict]:
-        return self.manifest["entry"]["inputs"]
 
     # --- device and kernels ----------------------------------------------------------------------
     def executor(self) -> NativeExecutor:
@@ -411,16 +448,7 @@ class NativeEngine:
         `HostArray`s; DeviceArrays and CUDA Array Interface objects are taken as they are (their
         index ranges are checked on the device, in `prepare`). Needs no GPU."""
         values = dict(values or {})
-        expected = [s["name"] for s in self.signature]
-        sig = ", ".join(f"{s['name']}: {s['dtype']}{s['shape']}" for s in self.signature) or "no inputs"
-        missing = [n for n in expected if n not in values]
-        extra = [n for n in values if n not in expected]
-        if missing:
-            raise InputError(f"missing input{'s' if len(missing) > 1 else ''} {', '.join(f'`{m}`' for m in missing)}; "
-                             f"the engine takes {sig}")
-        if extra:
-            raise InputError(f"unknown input{'s' if len(extra) > 1 else ''} {', '.join(f'`{e}`' for e in extra)}; "
-                             f"the engine takes {sig}")
+        self.check_names(values)
         out: dict[str, Any] = {}
         for spec in self.signature:
             name, v = spec["name"], values[spec["name"]]
@@ -444,7 +472,7 @@ class NativeEngine:
                   else tuple(v.__cuda_array_interface__["shape"]) for n, v in out.items()}
         weights = self._weight_specs()
         shapes.update({s.name: s.shape for s in weights})
-        self._specialise(shapes, {**{n: _dtype_of(v) for n, v in out.items()}, **{s.name: s.dtype for s in weights}})
+        self.specialise(shapes, {**{n: _dtype_of(v) for n, v in out.items()}, **{s.name: s.dtype for s in weights}})
         return out
 
     def prepare(self, values: Mapping[str, Any] | None) -> dict[str, DeviceArray]:
@@ -478,22 +506,7 @@ class NativeEngine:
         return safetensors_header(blob, len(blob))[1]
 
     def specialised(self, inputs: Mapping[str, DeviceArray]) -> tuple[Graph, dict, bool]:
-        return self._specialise({n: a.shape for n, a in inputs.items()}, {n: a.dtype for n, a in inputs.items()})
-
-    def _specialise(self, shapes: Mapping[str, tuple], dtypes: Mapping[str, str]) -> tuple[Graph, dict, bool]:
-        key = tuple((n, dtypes.get(n), tuple(shapes[n])) for n in sorted(shapes))
-        cached = key in self._specialised
-        if not cached:
-            try:
-                env = bind_symbols(self.graph, dict(shapes))
-                graph = specialize(self.graph, env)
-            except SpecializationError as exc:
-                raise InputError(str(exc)) from None
-            # Sizes computed from symbols are checked as the file's were, before anything allocates.
-            check_sizes(graph, self.manifest, f"engine {self.digest[:12]} with these inputs")
-            self._specialised[key] = (graph, env)
-        graph, env = self._specialised[key]
-        return graph, env, cached
+        return self.specialise({n: a.shape for n, a in inputs.items()}, {n: a.dtype for n, a in inputs.items()})
 
     # --- running ---------------------------------------------------------------------------------
     def run(self, values: Mapping[str, Any] | None = None, *, check: bool = True, profiler: Any = None) -> NativeResult:
