@@ -179,13 +179,13 @@ class Profiler:
             busy[sp.iteration] += sp.ms
         kernel_ms = percentile(sorted(busy), 50)
         host = sorted(max(0.0, 1 - b / w) for b, w in zip(busy, self.walls_ms) if w > 0)
-        run_ms = percentile(walls, 50)
         return {"device": self.device, "iterations": self.iteration,
                 "run_ms": {"min": walls[0] if walls else math.nan, "mean": sum(walls) / len(walls) if walls else math.nan,
                            **{f"p{q}": percentile(walls, q) for q in PERCENTILES},
                            "max": walls[-1] if walls else math.nan},
                 "launches": sum(r["launches"] for r in rows), "kernels_ms": kernel_ms,
-                "host_share": percentile(host, 50) if host else None, "rows": rows}
+                "host_share": percentile(host, 50) if host else None, "by_kernel": by_kernel(rows, kernel_ms),
+                "rows": rows}
 
     def chrome_trace(self) -> dict:
         """The profiled iterations in Chrome's trace event format (JSON-ready)."""
@@ -208,6 +208,25 @@ class Profiler:
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
+def by_kernel(rows: list[dict], kernels_ms: float) -> list[dict]:
+    """The rows added up by kernel (one compiled kernel launched from many places: a model's
+    layers), slowest first: launches, the sum of the sites' p50 ms, its share of the kernels' time,
+    and how many places launch it."""
+    groups: dict[str, dict] = {}
+    for r in rows:
+        g = groups.setdefault(r["kernel"], {"kernel": r["kernel"], "launches": 0.0, "p50_ms": 0.0, "sites": 0,
+                                            "bytes": 0.0, "flops": 0.0, "where": r["where"]})
+        g["launches"] += r["launches"]
+        g["p50_ms"] += r["p50_ms"]
+        g["bytes"] += r["bytes"]
+        g["flops"] += r["flops"]
+        g["sites"] += 1
+    out = sorted(groups.values(), key=lambda g: -g["p50_ms"])
+    for g in out:
+        g["share"] = g["p50_ms"] / kernels_ms if kernels_ms > 0 else None
+    return out
+
+
 def render(summary: dict, limit: int = 25) -> str:
     """The profile as text: the iterations' wall times, then a row per kernel."""
     r = summary["run_ms"]
@@ -216,6 +235,13 @@ def render(summary: dict, limit: int = 25) -> str:
              f"max {r['max']:.3f}; {summary['launches']:g} launches per run, kernels "
              f"{summary['kernels_ms']:.3f} ms"
              + (f", host {summary['host_share']:.0%} of the run" if summary["host_share"] is not None else "")]
+    groups = summary.get("by_kernel") or []
+    if any(g["sites"] > 1 for g in groups):     # one kernel launched from many places: their sum first
+        lines.append(f"  {'by kernel':<34} {'launches':>8} {'sum p50':>9} {'of kernels':>10}  sites")
+        for g in groups[:10]:
+            share = f"{g['share']:.1%}" if g["share"] is not None else "—"
+            where = g["where"] if g["sites"] == 1 else f"{g['sites']} places, e.g. {g['where']}"
+            lines.append(f"  {g['kernel'][:34]:<34} {g['launches']:>8g} {g['p50_ms']:>9.4f} {share:>10}  {where}")
     head = f"  {'kernel':<34} {'launches':>8} {'p50 ms':>9} {'p95 ms':>9} {'p99 ms':>9} {'share':>6} " \
            f"{'MB':>9} {'GFLOP':>9} {'roofline':>8}  where"
     lines.append(head)

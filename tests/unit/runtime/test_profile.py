@@ -58,3 +58,25 @@ def test_trace_is_chrome_trace_json() -> None:
     assert kinds == {"M", "X"} and doc["displayTimeUnit"] == "ms"
     op = next(e for e in doc["traceEvents"] if e.get("cat") == "op")
     assert op["name"] == "matmul %0" and op["dur"] == 250.0 and op["args"]["where"] == "line 2"
+
+
+def test_one_kernel_launched_from_many_places_is_summed() -> None:
+    """A model's layers launch the same compiled kernel: the rows stay per place, and `by_kernel`
+    (printed first) adds them up, with each kernel's share of the kernels' time."""
+    p = Profiler("cuda")
+    p.walls_ms = [10.0, 10.0]
+    p.iteration_starts_ms = [0.0, 12.0]
+    for it in range(2):
+        for layer in range(3):
+            p.spans.append(Span(f"k{2 * layer}", "xg_attention", f"line 9 of h.{layer}.attn", it, 0.0, 1.0))
+            p.spans.append(Span(f"k{2 * layer + 1}", "xg_matmul", f"line 4 of h.{layer}.mlp", it, 1.0, 0.5))
+        p.spans.append(Span("k9", "xg_head", "line 12 of lm_head", it, 5.0, 2.0))
+    s = p.summary()
+    assert len(s["rows"]) == 7 and s["kernels_ms"] == 6.5
+    attention, head, matmul = s["by_kernel"]
+    assert (attention["kernel"], attention["launches"], attention["sites"]) == ("xg_attention", 3, 3)
+    assert attention["p50_ms"] == pytest.approx(3.0) and attention["share"] == pytest.approx(3.0 / 6.5)
+    assert head["sites"] == 1 and matmul["p50_ms"] == pytest.approx(1.5)
+    text = render(s)
+    assert "by kernel" in text and "3 places, e.g. line 9 of h.0.attn" in text
+    assert text.index("by kernel") < text.index("line 12 of lm_head")
