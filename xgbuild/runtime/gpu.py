@@ -27,7 +27,7 @@ from ..dtypes import TORCH_DTYPES
 from ..errors import ExecutionError, XGError
 from .cpu import CpuExecutor, RunOutput
 from .native import check_bits, guarded_outputs, made_by, where_of as _where
-from .replay import MAX_REPLAYS, Replay, recipe
+from .replay import Replay, record, remember, replay_args
 from .values import Collective, Values
 
 MAX_GRAPHS = 4           # captured CUDA graphs kept per executor (each holds its intermediates)
@@ -184,16 +184,9 @@ class KernelExecutor:
                 value[nid] = t
             for n in ready.get(index, ()):
                 value.start(n)          # its input exists now: the transfer overlaps the next kernels
-            if steps is not None:
-                for i, t in enumerate(outs):
-                    sources[t.data_ptr()] = ("out", index, i) if t.data_ptr() not in sources else ("?",)
-                operand = {f"p{j}": nid for j, nid in enumerate(plan.binding.operands)}
-                rec = recipe(args, sources, [operand.get(name) for name, _ty in chosen.params], value)
-                steps = None if rec is None else steps + [(chosen, grid, rec, shapes)]
+            steps = record(steps, sources, index, plan, chosen, grid, args, outs, shapes, value)
         if steps is not None:
-            if len(self._replays) >= MAX_REPLAYS:
-                self._replays.pop(next(iter(self._replays)))
-            self._replays[key] = Replay(graph, steps)
+            remember(self._replays, key, graph, steps)
         outputs = _outputs(graph, value, self._consts)
         for nid in list(value.pending):
             value(nid)                  # every rank finishes every collective it issued
@@ -354,8 +347,7 @@ class KernelExecutor:
         for plan, (chosen, grid, rec, shapes) in zip(self.plans, known.steps):
             outs = [torch.empty(shape, dtype=dt, device=self.device) for shape, dt in shapes]
             produced.append(outs)
-            args = [inputs[r[1]] if r[0] == "in" else produced[r[1]][r[2]] if r[0] == "out"
-                    else value(r[1]) if r[0] == "node" else flags if r[0] == "flags" else r[1] for r in rec]
+            args = replay_args(rec, inputs, produced, value, flags)
             if all(grid):
                 self.launch(chosen, grid, args)
             for nid, t in zip(plan.binding.outputs, outs):

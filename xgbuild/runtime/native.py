@@ -39,7 +39,7 @@ from ..packager.signing import (TrustedKeys, Trust, digest_problem, load_trusted
 from ..packager.weights import safetensors_header
 from ..settings import RunSettings
 from .device import CudaDevice, CudaEvent, DeviceArray
-from .replay import MAX_REPLAYS, Replay, recipe
+from .replay import Replay, record, remember, replay_args
 from .host_io import NUMPY_DTYPES, HostArray, TensorIOError, as_host, c_array, float_view
 
 
@@ -211,16 +211,9 @@ class NativeExecutor:
                                         flops=flops, nbytes=moved, dtype=dtype)
             for nid, t in zip(plan.binding.outputs, outs):
                 vals[nid] = t
-            if steps is not None:
-                for i, t in enumerate(outs):
-                    sources[t.data_ptr()] = ("out", index, i) if t.data_ptr() not in sources else ("?",)
-                operand = {f"p{j}": nid for j, nid in enumerate(plan.binding.operands)}
-                rec = recipe(args, sources, [operand.get(name) for name, _ty in chosen.params], value)
-                steps = None if rec is None else steps + [(chosen, grid, rec, shapes)]
+            steps = record(steps, sources, index, plan, chosen, grid, args, outs, shapes, value)
         if steps is not None:
-            if len(self._replays) >= MAX_REPLAYS:
-                self._replays.pop(next(iter(self._replays)))
-            self._replays[key] = Replay(graph, steps)
+            remember(self._replays, key, graph, steps)
 
     def _replay(self, known: Replay, inputs: Mapping[str, DeviceArray], flags: DeviceArray, vals: dict,
                 value) -> None:
@@ -229,8 +222,7 @@ class NativeExecutor:
         for plan, (chosen, grid, rec, shapes) in zip(self.plans, known.steps):
             outs = [dev.empty(shape, dtype) for shape, dtype in shapes]
             produced.append(outs)
-            args = [inputs[r[1]] if r[0] == "in" else produced[r[1]][r[2]] if r[0] == "out"
-                    else value(r[1]) if r[0] == "node" else flags if r[0] == "flags" else r[1] for r in rec]
+            args = replay_args(rec, inputs, produced, value, flags)
             if all(grid):
                 self.launcher.launch(chosen.handle, grid, args)
             for nid, t in zip(plan.binding.outputs, outs):

@@ -37,3 +37,30 @@ def recipe(args: list, sources: dict[int, tuple], nodes: list, value) -> list | 
         else:
             out.append(("int", a))
     return out
+
+
+def record(steps: list | None, sources: dict[int, tuple], index: int, plan, chosen, grid: tuple, args: list,
+           outs: list, shapes: list, value) -> list | None:
+    """`steps` with plan `index`'s launch added (its outputs named as sources for later launches),
+    or None once a launch cannot be recorded (or when `steps` is None: nothing is recorded)."""
+    if steps is None:
+        return None
+    for i, t in enumerate(outs):
+        sources[t.data_ptr()] = ("out", index, i) if t.data_ptr() not in sources else ("?",)
+    operand = {f"p{j}": nid for j, nid in enumerate(plan.binding.operands)}
+    rec = recipe(args, sources, [operand.get(name) for name, _ty in chosen.params], value)
+    return None if rec is None else steps + [(chosen, grid, rec, shapes)]
+
+
+def remember(replays: dict, key: tuple, graph: Graph, steps: list) -> None:
+    """Keep a recorded run under its input signature (the oldest of MAX_REPLAYS dropped)."""
+    if len(replays) >= MAX_REPLAYS:
+        replays.pop(next(iter(replays)))
+    replays[key] = Replay(graph, steps)
+
+
+def replay_args(rec: list, inputs, produced: list, value, flags) -> list:
+    """A recorded launch's arguments for this run: inputs by name, earlier launches' outputs,
+    views computed again, the flag word, and the recorded integers."""
+    return [inputs[r[1]] if r[0] == "in" else produced[r[1]][r[2]] if r[0] == "out"
+            else value(r[1]) if r[0] == "node" else flags if r[0] == "flags" else r[1] for r in rec]
