@@ -118,7 +118,7 @@ class DeviceArray:
         return self.shape if dim is None else self.shape[dim]
 
     def is_contiguous(self) -> bool:
-        return self._strides == contiguous_strides(self.shape) or _dense_ignoring_ones(self.shape, self._strides)
+        return _dense_ignoring_ones(self.shape, self._strides)
 
     def _view(self, shape: Sequence[int], strides: Sequence[int], offset: int = 0) -> "DeviceArray":
         return DeviceArray(self.owner, self.ptr + offset * self.itemsize, shape, strides, self.dtype, self.device_ref)

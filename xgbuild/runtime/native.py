@@ -383,6 +383,7 @@ class NativeEngine(EngineView):
     _specialised: dict = field(default_factory=dict, repr=False)
     _executor: NativeExecutor | None = field(default=None, repr=False)
     _weights: dict | None = field(default=None, repr=False)
+    _weight_specs: tuple | None = field(default=None, repr=False)
 
     @classmethod
     def load(cls, path: Path | str, settings: RunSettings | None = None, *, trusted_keys: Any = None,
@@ -421,17 +422,24 @@ class NativeEngine(EngineView):
         """The tensors the engine binds itself, copied to the device once, straight from the
         engine's bytes (checked against the manifest when the engine was read)."""
         if self._weights is None:
-            entry = self.manifest.get("weights")
             self._weights = {}
-            if entry:
-                blob = self.file.entries[entry["path"]]
-                start, specs = safetensors_header(blob, len(blob))
+            start, specs = self._weight_header()
+            if specs:
+                blob = self.file.entries[self.manifest["weights"]["path"]]
                 dev = self.executor().device
                 for s in specs:
                     host = np.frombuffer(blob, dtype=NUMPY_DTYPES[s.dtype], count=math.prod(s.shape),
                                          offset=start + s.start).reshape(s.shape)
                     self._weights[s.name] = dev.upload(host, s.dtype)
         return self._weights
+
+    def _weight_header(self) -> tuple[int, list]:
+        """(where the weights' data starts, their TensorSpecs), read once from the engine's blob."""
+        if self._weight_specs is None:
+            entry = self.manifest.get("weights")
+            blob = self.file.entries[entry["path"]] if entry else None
+            self._weight_specs = safetensors_header(blob, len(blob)) if entry else (0, [])
+        return self._weight_specs
 
     # --- inputs ----------------------------------------------------------------------------------
     def check_inputs(self, values: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -442,34 +450,35 @@ class NativeEngine(EngineView):
         values = dict(values or {})
         self.check_names(values)
         out: dict[str, Any] = {}
+        dtypes: dict[str, str] = {}
+        shapes: dict[str, tuple] = {}
         for spec in self.signature:
             name, v = spec["name"], values[spec["name"]]
-            if not isinstance(v, DeviceArray) and not hasattr(v, "__cuda_array_interface__"):
+            if isinstance(v, DeviceArray):
+                dtypes[name], shapes[name] = v.dtype, v.shape
+            elif _cai(name, v) is not None:
+                dtypes[name], shapes[name] = _cai_dtype(name, v), tuple(_cai(name, v)["shape"])
+            else:
                 try:
                     v = as_host(name, v)
                 except TensorIOError as exc:
                     raise InputError(str(exc)) from None
-            dtype = v.dtype if isinstance(v, (DeviceArray, HostArray)) else _cai_dtype(name, v)
-            if dtype != spec["dtype"]:
-                raise InputError(f"input `{name}` has dtype {dtype}, the engine expects {spec['dtype']} "
+                dtypes[name], shapes[name] = v.dtype, v.shape
+            if dtypes[name] != spec["dtype"]:
+                raise InputError(f"input `{name}` has dtype {dtypes[name]}, the engine expects {spec['dtype']} "
                                  "(XG never converts implicitly)")
-            if "range" in spec and isinstance(v, HostArray) and v.array.size:
-                lo, hi = spec["range"]
-                tmin, tmax = int(v.array.min()), int(v.array.max())
-                if tmin < lo or tmax >= hi:
-                    raise InputError(f"input `{name}` holds {tmin if tmin < lo else tmax}, outside [{lo}, {hi}): "
-                                     f"it indexes a table of {hi} rows")
+            if isinstance(v, HostArray):
+                _check_range(name, spec, v.array)
             out[name] = v
-        shapes = {n: tuple(v.shape) if not hasattr(v, "__cuda_array_interface__") or isinstance(v, DeviceArray)
-                  else tuple(v.__cuda_array_interface__["shape"]) for n, v in out.items()}
-        weights = self._weight_specs()
-        shapes.update({s.name: s.shape for s in weights})
-        self.specialise(shapes, {**{n: _dtype_of(v) for n, v in out.items()}, **{s.name: s.dtype for s in weights}})
+        for w in self._weight_header()[1]:
+            dtypes[w.name], shapes[w.name] = w.dtype, w.shape
+        self.specialise(shapes, dtypes)
         return out
 
     def prepare(self, values: Mapping[str, Any] | None) -> dict[str, DeviceArray]:
         """`check_inputs`, then the inputs on the device: host arrays copied, DeviceArrays and CUDA
-        Array Interface objects bound in place; the engine's weights added."""
+        Array Interface objects bound in place (their index ranges checked here); the engine's
+        weights added."""
         checked = self.check_inputs(values)
         dev = self.executor().device
         out: dict[str, DeviceArray] = {}
@@ -480,22 +489,10 @@ class NativeEngine(EngineView):
             else:
                 arr = v if isinstance(v, DeviceArray) else _from_cai(dev, name, v)
                 if "range" in spec and arr.numel():
-                    h = arr.numpy()
-                    lo, hi = spec["range"]
-                    if int(h.min()) < lo or int(h.max()) >= hi:
-                        bad = int(h.min()) if int(h.min()) < lo else int(h.max())
-                        raise InputError(f"input `{name}` holds {bad}, outside [{lo}, {hi}): it indexes a table of "
-                                         f"{hi} rows")
+                    _check_range(name, spec, arr.numpy())
             out[name] = arr.contiguous()
         out.update(self.weights())
         return out
-
-    def _weight_specs(self) -> list:
-        entry = self.manifest.get("weights")
-        if not entry:
-            return []
-        blob = self.file.entries[entry["path"]]
-        return safetensors_header(blob, len(blob))[1]
 
     def specialised(self, inputs: Mapping[str, DeviceArray]) -> tuple[Graph, dict, bool]:
         return self.specialise({n: a.shape for n, a in inputs.items()}, {n: a.dtype for n, a in inputs.items()})
@@ -556,8 +553,20 @@ class NativeEngine(EngineView):
                              "with torch installed (xgrun --runtime torch), which traces it on the CPU reference")
 
 
+def _cai(name: str, obj: Any) -> dict | None:
+    """`obj`'s CUDA Array Interface, or None when it has none; one it cannot give for its dtype
+    (torch's bfloat16 tensors) is an InputError."""
+    try:
+        return obj.__cuda_array_interface__
+    except AttributeError:
+        return None
+    except TypeError as exc:
+        raise InputError(f"input `{name}` is GPU memory without a CUDA Array Interface for its dtype ({exc}); "
+                         "pass it as a DeviceArray or a host array") from None
+
+
 def _cai_dtype(name: str, obj: Any) -> str:
-    typestr = obj.__cuda_array_interface__["typestr"]
+    typestr = _cai(name, obj)["typestr"]
     dtypes = {np.dtype(t).str: n for n, t in NUMPY_DTYPES.items() if n != "bfloat16"}
     try:
         dtype = dtypes.get(np.dtype(typestr).str)
@@ -568,13 +577,20 @@ def _cai_dtype(name: str, obj: Any) -> str:
     return dtype
 
 
-def _dtype_of(v: Any) -> str:
-    return v.dtype if isinstance(v, (DeviceArray, HostArray)) else _cai_dtype("?", v)
+def _check_range(name: str, spec: dict, values: np.ndarray) -> None:
+    """An index input's values within [lo, hi) of its table (`spec["range"]`), on the host."""
+    if "range" not in spec or not values.size:
+        return
+    lo, hi = spec["range"]
+    tmin, tmax = int(values.min()), int(values.max())
+    if tmin < lo or tmax >= hi:
+        raise InputError(f"input `{name}` holds {tmin if tmin < lo else tmax}, outside [{lo}, {hi}): "
+                         f"it indexes a table of {hi} rows")
 
 
 def _from_cai(dev: CudaDevice, name: str, obj: Any) -> DeviceArray:
     """A DeviceArray over another library's CUDA memory (CUDA Array Interface), zero-copy."""
-    cai = obj.__cuda_array_interface__
+    cai = _cai(name, obj)
     dtype = _cai_dtype(name, obj)
     shape = tuple(cai["shape"])
     isz = ITEMSIZE[dtype]

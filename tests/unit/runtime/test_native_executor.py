@@ -270,3 +270,27 @@ def test_a_second_run_replays_the_first_runs_launches(name: str, monkeypatch) ->
     assert len(nx._replays) == 1 and not chosen
     assert second == first == _canonical(rec.launches[start:], inputs)
     assert [a.shape for a in third.values()] == [a.shape for a in outs[0][1].values()]
+
+
+def test_check_inputs_takes_device_arrays_of_any_dtype(tmp_path) -> None:
+    """A bfloat16 DeviceArray (a previous run's output, say) is an input like any other, though it
+    has no CUDA Array Interface typestr; a wrong dtype or size is still refused before the GPU."""
+    from xgbuild.errors import InputError
+    from xgbuild.runtime.native import NativeEngine
+    src = tmp_path / "m.xg"
+    src.write_text("extern Tensor[bfloat16, T, D] X\nextern Tensor[bfloat16, D] G\ndef main() {\n    return X * G\n}\n")
+    xg.compile_file(src, kernels=False).save(tmp_path / "m.xge")
+    eng = NativeEngine.load(tmp_path / "m.xge")
+    dev = FakeDevice()
+    x, g = dev.empty((8, 4), "bfloat16"), dev.empty((4,), "bfloat16")
+    assert eng.check_inputs({"X": x, "G": g}) == {"X": x, "G": g}
+    with pytest.raises(InputError, match="dtype float32"):
+        eng.check_inputs({"X": dev.empty((8, 4), "float32"), "G": g})
+    with pytest.raises(InputError, match="D"):
+        eng.check_inputs({"X": x, "G": dev.empty((5,), "bfloat16")})
+    class Bf16Tensor:                   # torch's bfloat16 CUDA tensors refuse the interface like this
+        @property
+        def __cuda_array_interface__(self):
+            raise TypeError("dtype bfloat16 is not supported")
+    with pytest.raises(InputError, match="without a CUDA Array Interface"):
+        eng.check_inputs({"X": Bf16Tensor(), "G": g})
