@@ -181,3 +181,13 @@ def test_the_runtime_api_without_torch(engine: Path) -> None:
     assert [("missing input `W`" in r, "dtype float32" in r, "unknown input `Z`" in r) for r in out["refused"]] == \
         [(True, False, False), (False, True, False), (False, False, True)]
     assert "cannot run on cuda" in out["run"]
+
+
+def test_an_output_it_cannot_write_is_refused_before_the_run(engine: Path, tmp_path: Path) -> None:
+    inputs = _inputs(tmp_path)
+    (tmp_path / "d.safetensors").mkdir()
+    for out, needle in ((tmp_path / "d.safetensors", "is a directory"), (tmp_path / "o.pt", "writes .npz or .safetensors"),
+                        (tmp_path / "o.txt", "unknown suffix")):
+        res = xgrun(engine, "--device", "cuda", "--runtime", "native", "--inputs", inputs, "--output", out)
+        assert_clean_failure(res, needle)
+        assert "cannot run on cuda" not in res.err       # refused before the GPU is asked for

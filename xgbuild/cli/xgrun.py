@@ -97,6 +97,16 @@ def main_cmd(
         fail(f"--runtime takes auto, torch or native, got {runtime!r}", EXIT_USAGE)
     if runtime == "auto":
         runtime = "torch" if _torch_installed() else "native"
+    if output is not None and not output_per_rank:
+        # Refused before anything runs: a run must not end in an output it cannot write.
+        from ..runtime.host_io import check_output, suffix_of
+        try:
+            suffix = suffix_of(output, "output file")
+            check_output(output, f"output file {output}")
+        except TensorIOError as exc:
+            fail(str(exc))
+        if runtime == "native" and suffix in (".pt", ".pth"):
+            fail(f"output file {output}: the deploy runtime writes .npz or .safetensors (a .pt file needs torch)")
     if runtime == "native":
         if device != "cuda" and not dry_run:
             fail("the deploy runtime (--runtime native) runs on cuda; --device cpu is the torch-backed "
