@@ -3,10 +3,12 @@
 Layout, outside in:
 
 * the file is one zstd frame (level 9, one thread, content size and checksum written, no
-  dictionary) followed by a seal: a zstd skippable frame with the sha256 of the frame's bytes and the
-  bundle digest (`frame.py`);
+  dictionary), then the stored entries as they are (tensor data: `*.safetensors`), each in a zstd
+  skippable frame and starting on a page boundary, then a seal: a zstd skippable frame with the
+  sha256 of the frame's bytes and the stored entries' headers, and the bundle digest (`frame.py`);
 * the frame holds a canonical ustar stream (`ustar.py`): the index `DIGESTS.json` first, then every
-  entry in sorted name order, each with fixed header fields (mode 0644, owner 0, mtime 0, no PAX);
+  entry but the stored ones in sorted name order, each with fixed header fields (mode 0644, owner
+  0, mtime 0, no PAX);
 * the index lists every other entry's sha256 and size; the bundle digest is the sha256 of the
   index's canonical bytes (`digest.py`): a digest over the contents, whatever the compression;
 * after the seal, optionally, a trailer of signatures and provenance (`frame.py`, `signing.py`),
@@ -16,8 +18,10 @@ Layout, outside in:
 directory, locale, time zone or hash seed reaches the bytes. The compressed bytes also depend on the
 zstd library version (bundled with the `zstandard` package); the digest does not.
 
-`read_bundle` returns only after checking everything: a regular file within the caps; the seal
-against every compressed byte; the frame's header, block structure and declared size against the caps
+`read_bundle` maps the file into memory (a stored entry is a view of the mapping: weights reach the
+GPU without being decompressed or copied on the host) and returns only after checking everything: a
+regular file within the caps; the seal against every compressed byte and every stored entry's
+header; each stored entry against the index's sha256 (its bytes hashed once); the frame's header, block structure and declared size against the caps
 and the compression ratio before anything is decompressed; every tar header byte for byte against
 what the writer produces, and against the index's name and size, before its data is decompressed;
 every name; every entry against the index; the zstd checksum; the digest against the seal. It never
@@ -27,6 +31,8 @@ writes, never follows a link inside the archive (none is allowed) and reads noth
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import mmap
 import os
 import secrets
 import stat
@@ -60,6 +66,12 @@ RATIO_FLOOR = 32 * 2**20                    # below this, any ratio: too small t
 MAX_INDEX_SIZE = 16 * 2**20                 # ~150k entries; read whole before any entry is admitted
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)    # POSIX only
 _O_BINARY = getattr(os, "O_BINARY", 0)      # Windows only
+STORED_SUFFIXES = (".safetensors",)        # tensor data: stored as it is, outside the zstd frame
+
+
+def is_stored(name: str) -> bool:
+    """Whether the entry `name` is stored uncompressed after the zstd frame (see `frame.py`)."""
+    return name.endswith(STORED_SUFFIXES)
 
 
 @dataclass(frozen=True)
@@ -98,7 +110,10 @@ def _checked_entries(entries: Mapping[str, bytes], where: str,
         problem = "reserved for the index" if name == INDEX_NAME else name_problem(name)
         if problem:
             raise bad_entry_name(where, name, problem)
-        if not isinstance(data, bytes):
+        if isinstance(data, memoryview) and data.readonly and data.contiguous and data.itemsize == 1:
+            # an entry read back from a bundle (stored entries are views of the mapped file)
+            data = checked[name] = data if is_stored(name) else data.tobytes()
+        elif not isinstance(data, bytes):
             raise bad_entry(where, f"entry {shown(name)} must be bytes, not {type(data).__name__}")
         if len(data) > max_entry_size:
             raise bad_entry(where, f"entry {shown(name)} is {len(data)} bytes, over the cap of "
@@ -167,13 +182,27 @@ def bundle_bytes(entries: Mapping[str, bytes], *, where: str = "cannot write eng
     if len(index) > max_entry_size:
         raise bad_entry(where, f"its index would be {len(index)} bytes, over the cap of "
                                f"{max_entry_size}")
-    stream = ustar.encode([(INDEX_NAME, index), *((name, checked[name]) for name in sorted(checked))])
-    if len(stream) > max_total_size:
-        raise bad_entry(where, f"the archive would be {len(stream)} bytes uncompressed, over the "
+    stored = [name for name in sorted(checked) if is_stored(name)]
+    stream = ustar.encode([(INDEX_NAME, index), *((name, checked[name]) for name in sorted(checked)
+                                                  if not is_stored(name))])
+    total = len(stream) + sum(len(checked[name]) for name in stored)
+    if total > max_total_size:
+        raise bad_entry(where, f"the archive would be {total} bytes uncompressed, over the "
                                f"cap of {max_total_size}")
+    for name in stored:
+        if len(checked[name]) > frame.MAX_STORED_SIZE:
+            raise bad_entry(where, f"entry {shown(name)} is {len(checked[name])} bytes, over the "
+                                   f"{frame.MAX_STORED_SIZE} a stored entry holds")
     digest = digest_of_index(index)
     compressed = frame.compress(stream)
-    return compressed + frame.seal(compressed, digest), digest
+    parts, heads, offset = [compressed], [], len(compressed)
+    for name in stored:
+        head = frame.stored_header(name, len(checked[name]), offset)
+        parts += (head, checked[name])
+        heads.append(head)
+        offset += len(head) + len(checked[name])
+    parts.append(frame.seal(compressed, digest, heads))
+    return b"".join(parts), digest
 
 
 def write_bundle(path: Path, entries: Mapping[str, bytes], *,
@@ -193,7 +222,9 @@ def write_bundle(path: Path, entries: Mapping[str, bytes], *,
     return digest
 
 
-def _read_file(path: Path, where: str, limit: int) -> bytes:
+def _read_file(path: Path, where: str, limit: int, mapped: bool = False) -> bytes | memoryview:
+    """The bytes of the regular file at `path` (at most `limit`); with `mapped`, a read-only view
+    of the file mapped into memory (pages are read as they are touched)."""
     # O_NONBLOCK so that a FIFO at `path` is refused below instead of blocking the open.
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _O_CLOEXEC | _O_BINARY
     try:
@@ -215,6 +246,8 @@ def _read_file(path: Path, where: str, limit: int) -> bytes:
         if info.st_size > limit:
             raise too_large(where, f"the file is {info.st_size} bytes, over the {limit} that the "
                                    "caps allow")
+        if mapped and info.st_size:
+            return memoryview(mmap.mmap(fd, info.st_size, access=mmap.ACCESS_READ))
         with open(fd, "rb", closefd=False) as source:
             # read(n) allocates n bytes up front: ask for the size fstat gave, not for the cap.
             data = source.read(info.st_size)
@@ -228,9 +261,10 @@ def _read_file(path: Path, where: str, limit: int) -> bytes:
     return data
 
 
-def _unpack(reader: frame.FrameReader, where: str,
-            max_entry_size: int) -> tuple[bytes, dict[str, tuple[str, int]], dict[str, bytes]]:
-    """(index bytes, its listing, other entries) of a tar stream laid out as the writer lays it out.
+def _unpack(reader: frame.FrameReader, where: str, max_entry_size: int,
+            stored: Mapping[str, memoryview]) -> tuple[bytes, dict[str, tuple[str, int]], dict[str, bytes]]:
+    """(index bytes, its listing, other entries) of a tar stream laid out as the writer lays it out,
+    `stored`: the entries stored outside it, which it must not hold.
 
     Once the index is read, every other header must name an entry it lists, in order, with the
     size it lists, before that entry's data is read: memory follows what the index declares.
@@ -254,6 +288,8 @@ def _unpack(reader: frame.FrameReader, where: str,
                                     "XG writes entries in sorted order")
         if name not in listing:
             raise corrupt(where, f"entry {shown(name)} is not in the index")
+        if name in stored:      # (tensor data inside the frame is how XG wrote it before: read)
+            raise bad_layout(where, f"entry {shown(name)} is both in the zstd frame and stored after it")
         if size != listing[name][1]:
             raise corrupt(where, f"entry {shown(name)} is {size} bytes but the index says "
                                  f"{listing[name][1]}")
@@ -303,7 +339,7 @@ def bundle_from_bytes(data: bytes, where: str, *, max_total_size: int = DEFAULT_
                       max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE, max_ratio: int = DEFAULT_MAX_RATIO) -> Bundle:
     """`read_bundle` of bytes already read; `where` names them in errors ("engine PATH")."""
     sealed, trailer = frame.split_trailer(data, where)
-    compressed, sealed_digest = frame.unseal(sealed, where)
+    compressed, sealed_digest, stored = frame.unseal(sealed, where)
     sealed_size = len(sealed)
     reader = frame.open_frame(compressed, where, max_total_size)
     ratio_cap = max(RATIO_FLOOR, max_ratio * len(compressed))
@@ -312,9 +348,28 @@ def bundle_from_bytes(data: bytes, where: str, *, max_total_size: int = DEFAULT_
                                f"{len(compressed)} compressed, over {max_ratio} times as many "
                                "(refused as a decompression bomb; read_bundle's max_ratio "
                                "raises the cap)")
-    index, listing, entries = _unpack(reader, where, max_entry_size)
+    if reader.size + sum(len(v) for v in stored.values()) > max_total_size:
+        raise too_large(where, f"its entries are {reader.size + sum(len(v) for v in stored.values())} "
+                               f"bytes in all, over the cap of {max_total_size}")
+    index, listing, entries = _unpack(reader, where, max_entry_size, stored)
     del sealed, compressed, reader
-    if index != index_bytes(entries):
+    sha256s = {}
+    for name, data in stored.items():
+        problem = name_problem(name) or (None if is_stored(name) else "not tensor data (*.safetensors)")
+        if problem:
+            raise bad_layout(where, f"stored entry {shown(name)} cannot be stored: {problem}")
+        if name not in listing:
+            raise corrupt(where, f"stored entry {shown(name)} is not in the index")
+        if len(data) != listing[name][1]:
+            raise corrupt(where, f"stored entry {shown(name)} is {len(data)} bytes but the index says "
+                                 f"{listing[name][1]}")
+        if len(data) > max_entry_size:
+            raise too_large(where, f"stored entry {shown(name)} is {len(data)} bytes, over the cap "
+                                   f"of {max_entry_size}")
+        sha256s[name] = hashlib.sha256(data).hexdigest()
+        entries[name] = data
+    entries = dict(sorted(entries.items()))
+    if index != index_bytes(entries, sha256s):
         raise index_mismatch(index, entries, where)
     digest = digest_of_index(index)
     if digest != sealed_digest:
@@ -338,6 +393,6 @@ def read_bundle(path: Path, *, max_total_size: int = DEFAULT_MAX_TOTAL_SIZE,
     unparsed (`Bundle.trailer`).
     """
     path = Path(path)
-    data = read_bundle_file(path, max_total_size=max_total_size)
+    data = _read_file(path, f"engine {path}", _file_limit(max_total_size), mapped=True)
     return bundle_from_bytes(data, f"engine {path}", max_total_size=max_total_size,
                              max_entry_size=max_entry_size, max_ratio=max_ratio)

@@ -70,9 +70,11 @@ def _canonical(document: object) -> bytes:
                       allow_nan=False).encode("ascii") + b"\n"
 
 
-def index_bytes(entries: Mapping[str, bytes]) -> bytes:
-    """The canonical index listing `entries` (names already validated)."""
-    listing = {name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+def index_bytes(entries: Mapping[str, bytes], sha256s: Mapping[str, str] | None = None) -> bytes:
+    """The canonical index listing `entries` (names already validated); `sha256s` gives the
+    digests of entries already hashed (a large one is read once, not twice)."""
+    known = sha256s or {}
+    listing = {name: {"sha256": known.get(name) or hashlib.sha256(data).hexdigest(), "size": len(data)}
                for name, data in entries.items()}
     return _canonical({"entries": listing, "format": INDEX_FORMAT})
 

@@ -1,8 +1,20 @@
-"""The outer layer of an `.xge`: one zstd frame holding the tar stream, then a seal.
+"""The outer layer of an `.xge`: one zstd frame holding the tar stream, the stored entries, then a
+seal.
 
     file = zstd frame (level 9, one thread, content size and content checksum, no dictionary)
-         + seal: a zstd skippable frame (magic 0x184D2A5E, length 68) holding
-           b"XGE\\x01", the sha256 of the zstd frame's bytes, and the bundle digest (both raw)
+         + stored entries, each a zstd skippable frame (magic 0x184D2A5C) holding
+           b"XGR\\x01", u16 name length, the name (ASCII), u64 size, zero bytes up to the next
+           multiple of 4096 in the file, then the entry's bytes as they are
+         + seal: a zstd skippable frame (magic 0x184D2A5E, length 68) holding a tag, the sha256 of
+           everything before the seal except the stored entries' bytes, and the bundle digest (both
+           raw). The tag is b"XGE\\x01" for a bundle with no stored entries (then the sha256 is the
+           zstd frame's, as XG has always written it) and b"XGE\\x02" for one with some.
+
+Stored entries are the tensor data (weights): they compress poorly (a fifth at best, for bf16
+noise), and stored as they are, a reader maps them from the file and hands them to the GPU without
+decompressing or copying them; each starts on a page boundary. Their bytes are covered by the
+index's sha256 of them, inside the bundle digest, so the seal leaves them out rather than read
+them twice. The zstd frame holds every other entry; `zstd -dc engine.xge | tar tv` lists those.
 
 Why a seal: zstd's content checksum covers the decompressed bytes only, and a compressed block has
 bits no decoder reads (the unused high bits that end an FSE table description, the frame header's
@@ -44,6 +56,11 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _ZSTD_MAX_BLOCK = 128 * 1024
 _SEAL_MAGIC = (0x184D2A5E).to_bytes(4, "little")
 _SEAL_TAG = b"XGE\x01"
+_SEAL_TAG_STORED = b"XGE\x02"
+_STORED_MAGIC = (0x184D2A5C).to_bytes(4, "little")
+_STORED_TAG = b"XGR\x01"
+STORED_ALIGN = 4096
+MAX_STORED_SIZE = 2**32 - 1 - 4 - 2 - 255 - 8 - STORED_ALIGN     # one skippable frame's length field
 _SEAL_PAYLOAD = len(_SEAL_TAG) + 32 + 32
 SEAL_SIZE = 8 + _SEAL_PAYLOAD
 _TRAILER_MAGIC = (0x184D2A5D).to_bytes(4, "little")
@@ -67,9 +84,25 @@ def compress(stream: bytes) -> bytes:
     return frame
 
 
-def seal(frame: bytes, digest: str) -> bytes:
-    """The seal that follows `frame` in a bundle whose digest is `digest` (64 hex digits)."""
-    payload = _SEAL_TAG + hashlib.sha256(frame).digest() + bytes.fromhex(digest)
+def stored_header(name: str, size: int, offset: int) -> bytes:
+    """The bytes before the data of the stored entry `name` of `size` bytes whose frame starts at
+    `offset` in the file: the frame's magic and length, the tag, the name, the size and the zero
+    padding that starts the data on a page boundary."""
+    raw = name.encode("ascii")
+    fixed = 8 + len(_STORED_TAG) + 2 + len(raw) + 8
+    pad = -(offset + fixed) % STORED_ALIGN
+    length = fixed - 8 + pad + size
+    return (_STORED_MAGIC + length.to_bytes(4, "little") + _STORED_TAG + len(raw).to_bytes(2, "little")
+            + raw + size.to_bytes(8, "little") + bytes(pad))
+
+
+def seal(frame: bytes, digest: str, stored_headers: tuple[bytes, ...] | list[bytes] = ()) -> bytes:
+    """The seal that follows `frame` and the stored entries whose headers are `stored_headers`, in
+    a bundle whose digest is `digest` (64 hex digits)."""
+    sha = hashlib.sha256(frame)
+    for head in stored_headers:
+        sha.update(head)
+    payload = (_SEAL_TAG_STORED if stored_headers else _SEAL_TAG) + sha.digest() + bytes.fromhex(digest)
     return _SEAL_MAGIC + len(payload).to_bytes(4, "little") + payload
 
 
@@ -90,12 +123,13 @@ def split_trailer(data: bytes, where: str) -> tuple[memoryview, bytes | None]:
     copied, so a forged length can neither read outside the file nor allocate much.
     """
     view = memoryview(data)
-    head = data[-SEAL_SIZE:-SEAL_SIZE + 12]
-    if len(data) < SEAL_SIZE or head == _SEAL_MAGIC + _SEAL_PAYLOAD.to_bytes(4, "little") + _SEAL_TAG:
+    head = bytes(view[-SEAL_SIZE:-SEAL_SIZE + 12])
+    if len(data) < SEAL_SIZE or head in (_SEAL_MAGIC + _SEAL_PAYLOAD.to_bytes(4, "little") + tag
+                                         for tag in (_SEAL_TAG, _SEAL_TAG_STORED)):
         return view, None
-    if data[-len(TRAILER_TAG):] != TRAILER_TAG:
+    if bytes(view[-len(TRAILER_TAG):]) != TRAILER_TAG:
         return view, None               # no trailer: unseal says the seal is missing or damaged
-    total = int.from_bytes(data[-_TRAILER_FOOTER:-len(TRAILER_TAG)], "little")
+    total = int.from_bytes(view[-_TRAILER_FOOTER:-len(TRAILER_TAG)], "little")
     body_size = total - 8 - _TRAILER_FOOTER
     if not 0 < body_size <= MAX_TRAILER_BODY:
         raise corrupt(where, f"its signature trailer declares {total} bytes; a trailer holds 1 to "
@@ -104,18 +138,19 @@ def split_trailer(data: bytes, where: str) -> tuple[memoryview, bytes | None]:
         raise truncated(where, f"its signature trailer declares {total} bytes but the file has "
                                f"{len(data)} in all")
     start = len(data) - total
-    if (data[start:start + 4] != _TRAILER_MAGIC
-            or int.from_bytes(data[start + 4:start + 8], "little") != total - 8):
+    if (bytes(view[start:start + 4]) != _TRAILER_MAGIC
+            or int.from_bytes(view[start + 4:start + 8], "little") != total - 8):
         raise corrupt(where, "its signature trailer does not start where its length says (it was "
                              "cut, damaged or added to)")
     return view[:start], bytes(view[start + 8:len(data) - _TRAILER_FOOTER])
 
 
-def unseal(data: bytes | memoryview, where: str) -> tuple[memoryview, str]:
-    """(zstd frame, digest the seal records) of a sealed bundle (a file less its trailer), once the
-    seal matches the frame.
+def unseal(data: bytes | memoryview, where: str) -> tuple[memoryview, str, dict[str, memoryview]]:
+    """(zstd frame, digest the seal records, stored entries by name) of a sealed bundle (a file
+    less its trailer), once the seal matches the frame and the stored entries' headers.
 
-    The frame is a view into `data`, not a copy: a bundle can be gigabytes.
+    The frame and the stored entries are views into `data`, not copies: a bundle can be gigabytes.
+    The stored entries' bytes are not checked here: the index's sha256s cover them.
     """
     data = memoryview(data)
     if not data:
@@ -130,12 +165,67 @@ def unseal(data: bytes | memoryview, where: str) -> tuple[memoryview, str]:
     if len(data) < SEAL_SIZE + 4 or head != _SEAL_MAGIC + _SEAL_PAYLOAD.to_bytes(4, "little"):
         raise corrupt(where, "it does not end with XG's seal (it was cut short, or its end was "
                              "damaged or added to)")
-    frame, payload = data[:-SEAL_SIZE], bytes(data[-_SEAL_PAYLOAD:])
-    if payload[:4] != _SEAL_TAG:
-        raise bad_layout(where, f"its seal has tag {payload[:4]!r}; this XG reads {_SEAL_TAG!r}")
-    if hashlib.sha256(frame).digest() != payload[4:36]:
+    body, payload = data[:-SEAL_SIZE], bytes(data[-_SEAL_PAYLOAD:])
+    if payload[:4] not in (_SEAL_TAG, _SEAL_TAG_STORED):
+        raise bad_layout(where, f"its seal has tag {payload[:4]!r}; this XG reads {_SEAL_TAG!r} "
+                                f"and {_SEAL_TAG_STORED!r}")
+    stored: dict[str, memoryview] = {}
+    if payload[:4] == _SEAL_TAG:
+        frame, sha = body, hashlib.sha256(body)
+    else:
+        end = _frame_end(body, _frame_header(body, where, 2**64), where)
+        if end > len(body):
+            raise truncated(where, "the zstd frame ends before its checksum")
+        frame, sha = body[:end], hashlib.sha256(body[:end])
+        stored = _stored_entries(body, end, where, sha)
+        if not stored:
+            raise bad_layout(where, "its seal says it holds stored entries, but none follow the zstd frame")
+    if sha.digest() != payload[4:36]:
         raise corrupt(where, "its compressed bytes do not match the sha256 recorded in its seal")
-    return frame, payload[36:].hex()
+    return frame, payload[36:].hex(), stored
+
+
+def _stored_entries(body: memoryview, position: int, where: str, sha) -> dict[str, memoryview]:
+    """The stored entries from `position` to the end of `body` (the bundle less its seal), in file
+    order, each header checked and added to `sha`; their data are views, unread."""
+    stored: dict[str, memoryview] = {}
+    previous = ""
+    while position < len(body):
+        at = f"the stored entry at offset {position}"
+        if len(body) - position < 8 + len(_STORED_TAG) + 2:
+            raise truncated(where, f"{at} is cut short")
+        if bytes(body[position:position + 4]) != _STORED_MAGIC:
+            raise bad_layout(where, f"unexpected bytes at offset {position}, after the zstd frame "
+                                    "(XG writes only stored entries there)")
+        end = position + 8 + int.from_bytes(body[position + 4:position + 8], "little")
+        if end > len(body):
+            raise truncated(where, f"{at} declares {end - position} bytes, past the end of the file")
+        cursor = position + 8
+        if bytes(body[cursor:cursor + 4]) != _STORED_TAG:
+            raise bad_layout(where, f"{at} has tag {bytes(body[cursor:cursor + 4])!r}; this XG reads "
+                                    f"{_STORED_TAG!r}")
+        name_length = int.from_bytes(body[cursor + 4:cursor + 6], "little")
+        cursor += 6
+        if cursor + name_length + 8 > end:
+            raise corrupt(where, f"{at} is shorter than its own header")
+        try:
+            name = bytes(body[cursor:cursor + name_length]).decode("ascii")
+        except UnicodeDecodeError:
+            raise corrupt(where, f"{at} has a name that is not ASCII") from None
+        size = int.from_bytes(body[cursor + name_length:cursor + name_length + 8], "little")
+        start = end - size
+        if size > end - cursor or start - (cursor + name_length + 8) >= STORED_ALIGN or start % STORED_ALIGN:
+            raise corrupt(where, f"{at} ({name!r}) declares {size} bytes, which do not end its frame "
+                                 f"after the padding to a {STORED_ALIGN}-byte boundary")
+        if any(body[cursor + name_length + 8:start]):
+            raise corrupt(where, f"{at} ({name!r}) has padding that is not zero")
+        if name <= previous:
+            raise bad_layout(where, f"stored entry {name!r} comes after {previous!r}; XG writes them "
+                                    "once each, in sorted order")
+        sha.update(body[position:start])
+        stored[name] = body[start:end]
+        previous, position = name, end
+    return stored
 
 
 def _frame_header(frame: bytes | memoryview, where: str, max_size: int) -> int:

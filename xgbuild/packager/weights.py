@@ -60,7 +60,7 @@ def safetensors_header(head: bytes, file_size: int) -> tuple[int, list[TensorSpe
                          f"{MAX_HEADER}-byte limit allows")
     if len(head) < 8 + length:
         raise ValueError("its header is cut short")
-    document = bounded_json(head[8:8 + length], "its header")
+    document = bounded_json(bytes(head[8:8 + length]), "its header")
     if not isinstance(document, dict):
         raise ValueError("its header is not a JSON object")
     specs, cursor = [], 0
@@ -129,4 +129,6 @@ def check_weights(blob: bytes, declared: list[dict], where: str) -> None:
 def load_weights(blob: bytes) -> dict[str, "torch.Tensor"]:
     """The tensors of weights already checked with `check_weights` (the engine loader does)."""
     from safetensors.torch import load
-    return load(blob)
+    # A stored entry is a read-only view of the mapped engine: torch gets its own copy, which it
+    # may write (safetensors' reader takes bytes).
+    return load(blob if isinstance(blob, bytes) else bytes(blob))

@@ -287,7 +287,7 @@ def test_writer_refuses_a_bad_name_and_writes_nothing(tmp_path, name):
         bundle_digest_of({name: b"data"})
 
 
-@pytest.mark.parametrize("value", ["text", bytearray(b"x"), memoryview(b"x"), None, 3])
+@pytest.mark.parametrize("value", ["text", bytearray(b"x"), memoryview(bytearray(b"x")), None, 3])
 def test_writer_refuses_values_that_are_not_bytes(tmp_path, value):
     with pytest.raises(BundleEntryError, match=r"entry 'k' must be bytes, not "):
         write_bundle(tmp_path / "e.xge", {"k": value})

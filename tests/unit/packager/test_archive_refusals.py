@@ -167,8 +167,10 @@ def test_the_seal_must_match_the_frame_and_the_contents(tmp_path):
     compressed, seal = good[:-frame.SEAL_SIZE], good[-frame.SEAL_SIZE:]
     refused(engine_file(tmp_path, compressed + seal[:-1] + bytes([seal[-1] ^ 1])), BundleCorruptError,
             "its seal records digest")
+    refused(engine_file(tmp_path, compressed + seal[:8] + b"XGE\x03" + seal[12:]), BundleFormatError,
+            "its seal has tag b'XGE\\x03'; this XG reads b'XGE\\x01' and b'XGE\\x02'")
     refused(engine_file(tmp_path, compressed + seal[:8] + b"XGE\x02" + seal[12:]), BundleFormatError,
-            "its seal has tag b'XGE\\x02'; this XG reads b'XGE\\x01'")
+            "its seal says it holds stored entries, but none follow the zstd frame")
     other = zstandard.ZstdCompressor(level=1, write_checksum=True).compress(b"x" * 100)
     refused(engine_file(tmp_path, other + seal), BundleCorruptError,
             "its compressed bytes do not match the sha256 recorded in its seal")
