@@ -9,9 +9,11 @@ torch nor Triton (`xgrun --runtime native` is its command line).
     y = result.to_host()["out"]                             # HostArray: .array (numpy), .dtype (XG's name)
 
 Inputs may be numpy arrays (bfloat16 as `ml_dtypes.bfloat16`, or `HostArray(uint16 bits,
-"bfloat16")`), `DeviceArray`s (a previous result's outputs: no copy), or any object with a CUDA
-Array Interface (CuPy, Numba, torch CUDA tensors: bound in place). Outputs stay on the GPU until
-`to_host()`; a `DeviceArray` offers `__cuda_array_interface__` to other libraries. A second run
+"bfloat16")`), `DeviceArray`s (a previous result's outputs: no copy), any DLPack producer's CUDA
+tensor (torch, CuPy, JAX; bfloat16 included: bound in place, ordered after the producer's stream)
+or any object with a CUDA Array Interface (Numba). Outputs stay on the GPU until `to_host()`; a
+`DeviceArray` goes to other libraries without a copy through DLPack
+(`torch.from_dlpack(result.outputs["out"])`) or `__cuda_array_interface__`. A second run
 reuses the first's loaded kernels, weights and memory. `engine.check_inputs(values)` checks
 inputs against the signature on the host (no GPU needed).
 """

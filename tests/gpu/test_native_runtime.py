@@ -130,3 +130,31 @@ def test_check_mode_and_profile_without_torch(tmp_path: Path) -> None:
     assert 0 <= prof["host_share"] < 1 and prof["kernels_ms"] <= prof["run_ms"]["max"]
     events = json.loads(trace.read_text())["traceEvents"]
     assert len([e for e in events if e["ph"] == "X" and e["tid"] == 1]) == 5 * len(prof["rows"])
+
+
+def test_dlpack_in_and_out_without_copies(tmp_path: Path) -> None:
+    """torch's bfloat16 CUDA tensors (which have no CUDA Array Interface) go in through DLPack, in
+    place; the output comes out to torch through DLPack, in place, equal to the torch runtime's."""
+    from xgbuild.runtime.engine import Engine
+    from xgbuild.runtime.native import NativeEngine
+    src = tmp_path / "mlp.xg"
+    src.write_text(MLP)
+    path = tmp_path / "mlp.xge"
+    xg.compile_file(src, target=local_target(), tune="predict", dims={"T": 256, "D": 128, "F": 352}).save(path)
+    g = torch.Generator().manual_seed(7)
+    inputs = {"X": torch.randn(256, 128, generator=g), "W1": torch.randn(128, 352, generator=g) / 11,
+              "B1": torch.randn(352, generator=g), "W2": torch.randn(352, 128, generator=g) / 19}
+    cuda = {k: v.to(torch.bfloat16).cuda() for k, v in inputs.items()}
+    eng = NativeEngine.load(path)
+    result = eng.run(cuda)
+    out = result.outputs["out"]
+    y = torch.from_dlpack(out)
+    assert y.dtype == torch.bfloat16 and y.data_ptr() == out.data_ptr() and y.shape == (256, 128)
+    ref = Engine.load(path).run(cuda, device="cuda").tensors["out"]
+    assert torch.equal(y, ref)
+    exact = torch.nn.functional.gelu(inputs["X"].double() @ inputs["W1"].double() + inputs["B1"].double()) @ inputs["W2"].double()
+    assert float((y.double().cpu() - exact).norm() / exact.norm()) < 2e-2
+    x_view = eng.check_inputs(cuda)["X"]
+    assert x_view.data_ptr() == cuda["X"].data_ptr()          # bound in place, not copied
+    del result, out
+    assert torch.equal(y, ref)                                # torch's view keeps XG's memory alive

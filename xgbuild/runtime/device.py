@@ -252,6 +252,23 @@ class DeviceArray:
         return {"shape": self.shape, "typestr": TYPESTR[self.dtype], "data": (self.ptr, False), "version": 3,
                 "strides": tuple(s * self.itemsize for s in self._strides), "stream": None}
 
+    def __dlpack__(self, *, stream: int | None = None, max_version: Any = None, dl_device: Any = None,
+                   copy: bool | None = None) -> Any:
+        """A DLPack capsule of this view, zero-copy (`torch.from_dlpack(out)`, bfloat16 included).
+        The work queued on XG's stream is finished first unless the consumer passes stream -1."""
+        from .dlpack import KDL_CUDA, export
+        if copy:
+            raise BufferError("a DeviceArray exports its memory in place; copy=True is not supported")
+        if dl_device is not None and tuple(dl_device) != (KDL_CUDA, self.device_ref.index):
+            raise BufferError(f"a DeviceArray lives on cuda:{self.device_ref.index}, not on DLPack device {dl_device}")
+        if stream != -1 and isinstance(self.owner, Allocation):
+            self.owner.device.synchronize()
+        return export(self.ptr, self.shape, self._strides, self.dtype, (KDL_CUDA, self.device_ref.index), self)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from .dlpack import KDL_CUDA
+        return KDL_CUDA, self.device_ref.index
+
     def __repr__(self) -> str:
         return f"DeviceArray({self.dtype}{list(self.shape)}, strides={list(self._strides)}, {self.device_ref})"
 

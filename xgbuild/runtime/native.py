@@ -38,6 +38,7 @@ from ..packager.signing import (TrustedKeys, Trust, digest_problem, load_trusted
                                 trust_verdict, SigningError)
 from ..packager.weights import safetensors_header
 from ..settings import RunSettings
+from . import dlpack
 from .device import CudaDevice, CudaEvent, DeviceArray
 from .replay import Replay, record, remember, replay_args
 from .host_io import NUMPY_DTYPES, HostArray, TensorIOError, as_host, c_array, float_view
@@ -454,6 +455,8 @@ class NativeEngine(EngineView):
         shapes: dict[str, tuple] = {}
         for spec in self.signature:
             name, v = spec["name"], values[spec["name"]]
+            if not isinstance(v, (DeviceArray, np.ndarray)) and _dlpack_device(name, v) is not None:
+                v = self._from_dlpack(name, v)
             if isinstance(v, DeviceArray):
                 dtypes[name], shapes[name] = v.dtype, v.shape
             elif _cai(name, v) is not None:
@@ -474,6 +477,28 @@ class NativeEngine(EngineView):
             dtypes[w.name], shapes[w.name] = w.dtype, w.shape
         self.specialise(shapes, dtypes)
         return out
+
+    def _from_dlpack(self, name: str, obj: Any) -> Any:
+        """A DLPack producer's tensor: on a GPU, a DeviceArray over its memory (zero-copy, ready on
+        XG's stream); on the host, a numpy array of it."""
+        kind, index = _dlpack_device(name, obj)
+        if kind == dlpack.KDL_CPU:
+            try:
+                return np.from_dlpack(obj)
+            except (TypeError, ValueError, BufferError, RuntimeError) as exc:
+                raise InputError(f"input `{name}`: numpy cannot take this host tensor through DLPack ({exc}); "
+                                 "pass a numpy array or a HostArray") from None
+        if kind != dlpack.KDL_CUDA:
+            raise InputError(f"input `{name}` is on DLPack device type {kind}; the deploy runtime takes CUDA "
+                             "memory or host arrays")
+        dev = self.executor().device
+        if index != dev.ref.index:
+            raise InputError(f"input `{name}` is on cuda:{index}, the engine runs on cuda:{dev.ref.index}")
+        try:
+            t = dlpack.take(obj.__dlpack__(stream=dev.stream_handle), f"input `{name}`")
+        except (ValueError, TypeError, BufferError) as exc:
+            raise InputError(str(exc) if str(exc).startswith("input") else f"input `{name}`: {exc}") from None
+        return dev.foreign(t.ptr, t.shape, t.strides, t.dtype, t.keep)
 
     def prepare(self, values: Mapping[str, Any] | None) -> dict[str, DeviceArray]:
         """`check_inputs`, then the inputs on the device: host arrays copied, DeviceArrays and CUDA
@@ -551,6 +576,18 @@ class NativeEngine(EngineView):
         raise ExecutionError(f"check failed: {what} holds NaN/Inf in the kernels' result (stored by "
                              f"{'; '.join(kernels[:3]) or 'no kernel'}); to name the op that made it, run the engine "
                              "with torch installed (xgrun --runtime torch), which traces it on the CPU reference")
+
+
+def _dlpack_device(name: str, obj: Any) -> tuple[int, int] | None:
+    """(DLPack device type, index) of a DLPack producer, or None for anything else."""
+    probe = getattr(obj, "__dlpack_device__", None)
+    if probe is None or not hasattr(obj, "__dlpack__"):
+        return None
+    try:
+        kind, index = probe()
+        return int(kind), int(index)
+    except Exception as exc:  # noqa: BLE001 (another library's refusal, whatever its type)
+        raise InputError(f"input `{name}`: its __dlpack_device__ failed ({exc})") from None
 
 
 def _cai(name: str, obj: Any) -> dict | None:
