@@ -158,3 +158,51 @@ def test_dlpack_in_and_out_without_copies(tmp_path: Path) -> None:
     assert x_view.data_ptr() == cuda["X"].data_ptr()          # bound in place, not copied
     del result, out
     assert torch.equal(y, ref)                                # torch's view keeps XG's memory alive
+
+
+def test_later_runs_launch_a_cuda_graph_with_the_same_bits(tmp_path: Path) -> None:
+    """A signature's second run is captured as a CUDA graph (the driver's, no torch), and it and
+    later runs launch it: the same bits as the kernel-by-kernel first run and as the torch runtime,
+    results that do not alias each other, a NaN still caught by check mode, and XG_CUDA_GRAPHS=0
+    keeps launching kernel by kernel."""
+    from xgbuild.runtime.engine import Engine
+    from xgbuild.runtime.native import NativeEngine
+    from xgbuild.settings import RunSettings
+    sys.path.insert(0, str(REPO / "tests" / "unit" / "importers"))
+    from hf_zoo import build
+    m = build("gpt2")
+    kwargs = m.inputs(2, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = xg.compile(m.model.to(torch.bfloat16), example_kwargs=kwargs, target=local_target(), tune="predict")
+    path = tmp_path / "gpt2.xge"
+    compiled.engine.save(path)
+    ids = kwargs["input_ids"].numpy()
+    eng = NativeEngine.load(path)
+    runs = [eng.run({"input_ids": ids}) for _ in range(4)]
+    ex = eng.executor()
+    assert ex.capture_failure is None and len(ex._captured) == 1, ex.capture_failure
+    host = [r.to_host()["out"].array for r in runs]
+    assert all(np.array_equal(host[0], h) for h in host[1:])
+    assert len({r.outputs["out"].data_ptr() for r in runs}) == 4        # no result aliases another
+    ref = Engine.load(path).run({"input_ids": kwargs["input_ids"].cuda()}, device="cuda").tensors["out"]
+    assert np.array_equal(host[-1], ref.view(torch.int16).cpu().numpy().view(np.uint16))
+    other = np.random.default_rng().integers(0, m.model.config.vocab_size, ids.shape)
+    again = eng.run({"input_ids": other}).to_host()["out"].array
+    fresh = NativeEngine.load(path, RunSettings(cuda_graphs=False))
+    plain = fresh.run({"input_ids": other}).to_host()["out"].array
+    fresh.run({"input_ids": other})
+    assert np.array_equal(again, plain) and not fresh.executor()._captured
+    # check mode through the graph: a float engine whose input turns NaN on its third run
+    src = tmp_path / "m.xg"
+    src.write_text("extern Tensor[float32, T, D] X\nextern Tensor[float32, D, F] W\ndef main() {\n"
+                   "    h = relu(X @ W)\n    return softmax(h * 2.0, dim=1)\n}\n")
+    xg.compile_file(src, target=local_target(), tune="predict", dims={"T": 256, "D": 128, "F": 192}).save(tmp_path / "m.xge")
+    e2 = NativeEngine.load(tmp_path / "m.xge")
+    x, w = np.random.default_rng(1).standard_normal((256, 128)).astype(np.float32), np.ones((128, 192), np.float32)
+    e2.run({"X": x, "W": w})
+    e2.run({"X": x, "W": w})
+    assert len(e2.executor()._captured) == 1
+    x[3, 4] = np.nan
+    with pytest.raises(xg.ExecutionError, match="check failed"):
+        e2.run({"X": x, "W": w})

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -225,7 +226,10 @@ class DeviceArray:
 
     def clone(self) -> "DeviceArray":
         out = self.device_obj.empty(self.shape, self.dtype)
-        self.device_obj.copy_strided(out, self)
+        if self.is_contiguous():
+            self.device_obj.copy_dense(out, self)
+        else:
+            self.device_obj.copy_strided(out, self)
         return out
 
     @property
@@ -414,6 +418,8 @@ class CudaDevice:
         check_call(drv.cuMemPoolSetAttribute(pool, drv.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, keep),
                    "cuMemPoolSetAttribute")
         self._host_refs: list = []      # host buffers of queued copies, kept until the stream syncs
+        self._capturing: dict[int, Any] | None = None   # during a capture: pointer -> weakref of its Allocation
+        self._deferred: list[int] = []  # frees of memory from before a capture, made once it ends
 
     # --- the launcher's memory backend (cuda.KernelLauncher) --------------------------------------
     def current_stream(self) -> int:
@@ -444,10 +450,72 @@ class CudaDevice:
         except CudaRuntimeError as exc:
             raise CudaRuntimeError(f"out of GPU memory? allocating {nbytes} bytes on cuda:{self.index} failed: "
                                    f"{exc}") from None
-        return Allocation(self, int(ptr), nbytes)
+        block = Allocation(self, int(ptr), nbytes)
+        if self._capturing is not None:
+            self._capturing[block.ptr] = weakref.ref(block)
+        return block
 
     def free(self, ptr: int) -> None:
+        if self._capturing is not None:
+            if self._capturing.pop(ptr, None) is None:
+                self._deferred.append(ptr)      # not the graph's: a free node may not take it
+                return
         self.drv.cuMemFreeAsync(ptr, self.stream)
+
+    # --- CUDA graphs -----------------------------------------------------------------------------
+    def begin_capture(self) -> None:
+        """Start capturing this device's stream into a CUDA graph: memory allocated and freed until
+        `end_capture` becomes the graph's allocation and free nodes."""
+        self._capturing, self._deferred = {}, []
+        try:
+            check_call(self.drv.cuStreamBeginCapture(
+                self.stream, self.drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                "cuStreamBeginCapture")
+        except CudaRuntimeError:
+            self._capturing = None
+            raise
+
+    def end_capture(self) -> tuple[Any, list[int]]:
+        """(the captured graph, the pointers of its allocations still in use: the graph's, freed by
+        its next launch); raises CudaRuntimeError when the capture failed. Either way the stream
+        leaves capture mode and frees deferred during it are made."""
+        captured, self._capturing = self._capturing or {}, None
+        err, graph = self.drv.cuStreamEndCapture(self.stream)
+        owned = []
+        for ptr, ref in captured.items():
+            block = ref()
+            if block is not None and block.ptr:
+                block.ptr = 0               # the graph owns it now (instantiated to free it on relaunch)
+                owned.append(ptr)
+        deferred, self._deferred = self._deferred, []
+        for ptr in deferred:
+            self.free(ptr)
+        if err:
+            if graph is not None and int(graph):
+                self.drv.cuGraphDestroy(graph)
+            check_call((err,), "cuStreamEndCapture")
+        return graph, owned
+
+    def instantiate(self, graph: Any) -> Any:
+        """An executable graph that frees its own allocations before each relaunch."""
+        flags = self.drv.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH
+        return check_call(self.drv.cuGraphInstantiate(graph, int(flags)), "cuGraphInstantiate")
+
+    def launch_graph(self, executable: Any) -> None:
+        check_call(self.drv.cuGraphLaunch(executable, self.stream), "cuGraphLaunch")
+
+    def destroy_graph(self, graph: Any, executable: Any, owned: Sequence[int]) -> None:
+        """Free a launched graph's allocations and destroy it."""
+        for ptr in owned:
+            self.drv.cuMemFreeAsync(ptr, self.stream)
+        if executable is not None:
+            self.drv.cuGraphExecDestroy(executable)
+        self.drv.cuGraphDestroy(graph)
+
+    def copy_dense(self, dst: DeviceArray, src: DeviceArray) -> None:
+        """dst <- src, both contiguous and of the same size, queued."""
+        if src.nbytes:
+            check_call(self.drv.cuMemcpyDtoDAsync(dst.ptr, src.ptr, src.nbytes, self.stream), "cuMemcpyDtoDAsync")
 
     def empty(self, shape: Sequence[int], dtype: str) -> DeviceArray:
         shape = tuple(int(s) for s in shape)

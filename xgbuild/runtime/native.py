@@ -31,7 +31,7 @@ from ..compiler.ir.graph import COLLECTIVE, Graph, Node, Op, tree_ids
 from ..compiler.ir.serialize import where as src_text
 from ..compiler.passes.specialize import SpecializationError, bind_symbols, specialize
 from ..dtypes import FLOAT_DTYPES, ITEMSIZE
-from ..errors import EngineError, ExecutionError, InputError
+from ..errors import EngineError, ExecutionError, InputError, XGError
 from ..packager.engine_file import EngineFile, read_engine
 from ..packager.manifest import check_sizes
 from ..packager.signing import (TrustedKeys, Trust, digest_problem, load_trusted_keys, normal_digest,
@@ -125,8 +125,10 @@ class NativeExecutor:
     it out. Check mode: the kernels raise one flag word on a NaN or Inf in a guarded output."""
     name = "cuda-native"
 
-    def __init__(self, plans: list, device: CudaDevice, launcher: Any = None) -> None:
-        """`launcher`: what launches a `KernelBinary` (default: the CUDA driver's, on `device`)."""
+    def __init__(self, plans: list, device: CudaDevice, launcher: Any = None, graphs: bool = False) -> None:
+        """`launcher`: what launches a `KernelBinary` (default: the CUDA driver's, on `device`).
+        `graphs`: an input signature's second run captures its launches as a CUDA graph, and it
+        and later runs launch the graph (`stable`: the inputs read in place, an engine's weights)."""
         from .cuda import KernelLauncher
         externs = [p for p in plans if isinstance(p, ExternStep)]
         if externs:
@@ -143,6 +145,11 @@ class NativeExecutor:
         self._dynamic: dict[int, tuple[Graph, bool]] = {}
         self.flags: DeviceArray | None = None
         self.profiler = None
+        self.graphs = graphs
+        self.stable: frozenset[str] = frozenset()
+        self._captured: dict[tuple, CapturedRun] = {}     # least recently used first
+        self._uncapturable: set[tuple] = set()
+        self.capture_failure: str | None = None     # why the last capture failed (runs then replay launches)
 
     def load_all(self) -> None:
         """Load every variant's module now (a first run then launches at once)."""
@@ -174,6 +181,10 @@ class NativeExecutor:
         key = self._key(graph, inputs, check) if self.profiler is None else None
         known = self._replays.get(key) if key is not None else None
         if known is not None and known.graph is graph:
+            if self.graphs:
+                graphed = self._graphed(key, known, graph, inputs, check)
+                if graphed is not None:
+                    return graphed
             self._replay(known, inputs, flags, vals, value)
         else:
             self._launch_all(graph, inputs, flags, stored, vals, value, key)
@@ -228,6 +239,74 @@ class NativeExecutor:
                 self.launcher.launch(chosen.handle, grid, args)
             for nid, t in zip(plan.binding.outputs, outs):
                 vals[nid] = t
+
+    # --- CUDA graphs -----------------------------------------------------------------------------
+    def _graphed(self, key: tuple, known: Replay, graph: Graph, inputs: Mapping[str, DeviceArray],
+                 check: bool) -> dict[int, DeviceArray] | None:
+        """This run through the signature's CUDA graph (captured now if it has none yet); None when
+        it cannot be captured (the run then replays its launches one by one)."""
+        cap = self._captured.pop(key, None)
+        if cap is not None and (cap.graph is not graph or any(
+                inputs[n].data_ptr() != cap.static[n].data_ptr() for n in cap.static if n not in cap.copied)):
+            cap.close()                 # a stable input (a weight) moved: capture again
+            cap = None
+        if cap is None:
+            if key in self._uncapturable:
+                return None
+            cap = self._capture(known, graph, inputs, check)     # the first run loaded every module
+            if cap is None:
+                self._uncapturable.add(key)
+                return None
+            if len(self._captured) >= MAX_GRAPHS:
+                self._captured.pop(next(iter(self._captured))).close()
+        self._captured[key] = cap
+        return self._launch_graph(cap, inputs, check)
+
+    def _capture(self, known: Replay, graph: Graph, inputs: Mapping[str, DeviceArray],
+                 check: bool) -> "CapturedRun | None":
+        dev = self.device
+        copied = tuple(sorted(n for n in inputs if n not in self.stable))
+        static = {n: (inputs[n].clone() if n in copied else inputs[n]) for n in inputs}
+        vals: dict[int, DeviceArray] = {}
+
+        def value(nid: int) -> DeviceArray:
+            if nid not in vals:
+                vals[nid] = self._value(graph.node(nid), static, value)
+            return vals[nid]
+        dev.synchronize()
+        cuda_graph = None
+        try:
+            dev.begin_capture()
+            try:
+                flags = dev.zeros((1,), "int32")
+                self._replay(known, static, flags, vals, value)
+                outputs = {nid: value(nid) for nid in tree_ids(graph.output)}
+                gathers = [(n, value(n.inputs[1])) for n in self._computed_gathers(graph)] if check else []
+            finally:
+                cuda_graph, owned = dev.end_capture()
+            executable = dev.instantiate(cuda_graph)
+        except (XGError, RuntimeError) as exc:
+            self.capture_failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            if cuda_graph is not None:
+                dev.drv.cuGraphDestroy(cuda_graph)
+            dev.synchronize()
+            return None
+        return CapturedRun(graph, dev, cuda_graph, executable, static, copied, outputs,
+                           flags if check else None, gathers, owned)
+
+    def _launch_graph(self, cap: "CapturedRun", inputs: Mapping[str, DeviceArray],
+                      check: bool) -> dict[int, DeviceArray]:
+        """Copy the inputs in, launch the graph, copy the outputs out (a result never aliases the
+        graph's buffers, which the next launch reuses)."""
+        dev = self.device
+        for n in cap.copied:
+            dev.copy_dense(cap.static[n], inputs[n])
+        dev.launch_graph(cap.executable)
+        self.flags = cap.flags
+        out = {nid: a.clone() for nid, a in cap.outputs.items()}
+        for n, idx in cap.gathers:
+            _gather_in_bounds(n, idx, cap.graph)
+        return out
 
     def _key(self, graph: Graph, inputs: Mapping[str, DeviceArray], check: bool) -> tuple | None:
         """The input signature a recorded run is replayed at; None where launches depend on values
@@ -288,23 +367,65 @@ class NativeExecutor:
     def _check_gathers(self, graph: Graph, value) -> None:
         """Check mode: the indices of each GATHER that the program computes, against its table
         (an engine input was checked before the run; on the GPU an out-of-range one reads zeros)."""
+        for n in self._computed_gathers(graph):
+            _gather_in_bounds(n, value(n.inputs[1]), graph)
+
+    @staticmethod
+    def _computed_gathers(graph: Graph) -> list[Node]:
+        """The GATHERs whose indices the program computes (not an engine input's, checked before)."""
+        found = []
         for n in graph.nodes:
             if n.op is not Op.GATHER:
                 continue
             src = graph.node(n.inputs[1])
             while src.op in (Op.RESHAPE, Op.TRANSPOSE) or (src.op is Op.INDEX and len(src.inputs) == 1):
                 src = graph.node(src.inputs[0])
-            if src.op is Op.INPUT:
-                continue
-            idx = value(n.inputs[1])
-            if not idx.numel():
-                continue
-            host = idx.numpy()
-            lo, hi, rows = int(host.min()), int(host.max()), graph.node(n.inputs[0]).shape[0]
-            if lo < 0 or hi >= rows:
-                line = f" at {src_text(n.src)}" if n.src else ""
-                raise ExecutionError(f"index {lo if lo < 0 else hi} is out of bounds for a table of {rows} rows"
-                                     f"{line} (computed by the program; on the GPU the lookup read zeros)")
+            if src.op is not Op.INPUT:
+                found.append(n)
+        return found
+
+
+def _gather_in_bounds(n: Node, idx: DeviceArray, graph: Graph) -> None:
+    if not idx.numel():
+        return
+    host = idx.numpy()
+    lo, hi, rows = int(host.min()), int(host.max()), graph.node(n.inputs[0]).shape[0]
+    if lo < 0 or hi >= rows:
+        line = f" at {src_text(n.src)}" if n.src else ""
+        raise ExecutionError(f"index {lo if lo < 0 else hi} is out of bounds for a table of {rows} rows"
+                             f"{line} (computed by the program; on the GPU the lookup read zeros)")
+
+
+MAX_GRAPHS = 8          # captured input signatures per executor (least recently used dropped first)
+
+
+@dataclass(eq=False)
+class CapturedRun:
+    """One input signature's run as a CUDA graph: its own copies of the inputs that change between
+    runs (`copied`), the stable ones (weights) read in place, its output buffers (the graph's
+    allocations: fixed addresses, freed and made again by each launch), check mode's flag word and
+    the computed gather indices checked after each launch."""
+    graph: Graph
+    device: CudaDevice
+    cuda_graph: Any
+    executable: Any
+    static: dict[str, DeviceArray]
+    copied: tuple[str, ...]
+    outputs: dict[int, DeviceArray]
+    flags: DeviceArray | None
+    gathers: list
+    owned: list[int]
+
+    def close(self) -> None:
+        if self.cuda_graph is not None:
+            graph, self.cuda_graph = self.cuda_graph, None
+            self.device.destroy_graph(graph, self.executable, self.owned)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter shutdown: the context goes with the process)
+            pass
 
 
 # --- the engine ----------------------------------------------------------------------------------
@@ -416,7 +537,9 @@ class NativeEngine(EngineView):
                                   f"{', '.join(f'sm_{a}' for a in archs)} (target {self.manifest['target']}), but "
                                   f"this GPU is sm_{dev.arch}: rebuild with xgc --target=<this GPU>")
             from .plans import plans_from_manifest
-            self._executor = NativeExecutor(plans_from_manifest(self.manifest, self.file.entries), dev)
+            self._executor = NativeExecutor(plans_from_manifest(self.manifest, self.file.entries), dev,
+                                            graphs=self.settings.cuda_graphs)
+            self._executor.stable = frozenset(s.name for s in self._weight_header()[1])
         return self._executor
 
     def weights(self) -> dict[str, DeviceArray]:

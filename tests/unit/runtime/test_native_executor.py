@@ -294,3 +294,129 @@ def test_check_inputs_takes_device_arrays_of_any_dtype(tmp_path) -> None:
             raise TypeError("dtype bfloat16 is not supported")
     with pytest.raises(InputError, match="without a CUDA Array Interface"):
         eng.check_inputs({"X": Bf16Tensor(), "G": g})
+
+
+class GraphDevice(FakeDevice):
+    """A FakeDevice that captures: launches made between begin_capture and end_capture go into
+    the graph (the recorder marks them), launch_graph replays them as one event."""
+    def __init__(self, recorder, fail: bool = False) -> None:
+        super().__init__()
+        self.recorder, self.fail, self.events = recorder, fail, []
+        self._capturing, self._deferred = None, []
+
+    def synchronize(self) -> None:
+        pass
+
+    def begin_capture(self) -> None:
+        self.events.append("begin")
+        self.recorder.capturing = True
+
+    def end_capture(self):
+        self.recorder.capturing = False
+        self.events.append("end")
+        if self.fail:
+            from xgbuild.runtime.cuda import CudaRuntimeError
+            raise CudaRuntimeError("cuStreamEndCapture failed: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED")
+        return "graph", []
+
+    def instantiate(self, graph):
+        return "exec"
+
+    def launch_graph(self, executable) -> None:
+        self.events.append("launch")
+
+    def copy_dense(self, dst, src) -> None:
+        self.events.append(("copy", dst.data_ptr(), src.data_ptr()))
+
+    def destroy_graph(self, graph, executable, owned) -> None:
+        self.events.append("destroy")
+
+
+class CaptureRecorder(PointerRecorder):
+    capturing = False
+
+    def launch(self, k, grid, args) -> None:
+        super().launch(k, grid, args)
+        self.launches[-1] = (*self.launches[-1], self.capturing)
+
+
+def _gpt2_run_parts():
+    import sys
+    import warnings
+    sys.path.insert(0, str(REPO / "tests" / "unit" / "importers"))
+    from hf_zoo import build
+    m = build("gpt2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engine = xg.compile(m.model, example_kwargs=m.inputs(2, 16), target="H100", tune="predict").engine
+    shapes = {s["name"]: tuple(s["shape"]) for s in engine.signature}
+    dtypes = {s["name"]: s["dtype"] for s in engine.signature}
+    weights = {s.name for s in _weight_specs(engine)}
+    for s in _weight_specs(engine):
+        shapes[s.name], dtypes[s.name] = s.shape, s.dtype
+    plans = plans_from_manifest(engine.manifest, engine.file.entries)
+    graph = specialize(engine.graph, bind_symbols(engine.graph, shapes))
+    return plans, graph, shapes, dtypes, weights
+
+
+def test_a_signatures_second_run_is_captured_and_later_runs_launch_the_graph() -> None:
+    """Run 1 launches and records; run 2 captures the recorded launches and launches the graph;
+    run 3 only copies the changing inputs in, launches the graph and copies the outputs out. A
+    weight that moves is captured again; results never alias the graph's buffers."""
+    plans, graph, shapes, dtypes, weights = _gpt2_run_parts()
+    rec = CaptureRecorder()
+    dev = GraphDevice(rec)
+    nx = NativeExecutor(plans, dev, launcher=rec, graphs=True)
+    nx.stable = frozenset(weights)
+    fixed = {n: dev.empty(shapes[n], dtypes[n]) for n in weights}
+
+    def inputs():
+        return {**fixed, **{n: dev.empty(s, dtypes[n]) for n, s in shapes.items() if n not in weights}}
+    first = nx.run(graph, inputs(), check=True)
+    n_kernels = len(rec.launches)
+    assert n_kernels and not any(c for *_, c in rec.launches) and dev.events == []
+    second = nx.run(graph, inputs(), check=True)
+    captured = rec.launches[n_kernels:]
+    names = [e for e in dev.events if isinstance(e, str)]
+    assert names == ["begin", "end", "launch"]
+    assert all(isinstance(e, tuple) for e in dev.events[:dev.events.index("begin")])   # the inputs' own copies
+    kernels_in_graph = [c for c in captured if c[-1]]
+    assert len(kernels_in_graph) >= n_kernels       # the kernels, and the copies that make views dense
+    cap = next(iter(nx._captured.values()))
+    assert set(cap.copied) == set(shapes) - weights
+    start, ev = len(rec.launches), len(dev.events)
+    x = inputs()
+    third = nx.run(graph, x, check=True)
+    assert not [c for c in rec.launches[start:] if c[-1]]           # nothing launched one by one into a capture
+    events = dev.events[ev:]
+    assert events.count("launch") == 1 and "begin" not in events
+    copies = [e for e in events if isinstance(e, tuple)]
+    assert {src for _, _, src in copies} >= {x[n].data_ptr() for n in cap.copied}
+    graph_bufs = {a.data_ptr() for a in cap.outputs.values()}
+    for out in (second, third):
+        assert set(out) == set(first) and not {a.data_ptr() for a in out.values()} & graph_bufs
+        assert [a.shape for a in out.values()] == [a.shape for a in first.values()]
+    # a weight at another address: the old graph goes, a new one is captured
+    moved = next(iter(weights))
+    fixed[moved] = dev.empty(shapes[moved], dtypes[moved])
+    ev = len(dev.events)
+    nx.run(graph, inputs(), check=True)
+    assert [e for e in dev.events[ev:] if isinstance(e, str)] == ["destroy", "begin", "end", "launch"]
+
+
+def test_a_failed_capture_falls_back_to_replaying_launches() -> None:
+    plans, graph, shapes, dtypes, weights = _gpt2_run_parts()
+    rec = CaptureRecorder()
+    dev = GraphDevice(rec, fail=True)
+    nx = NativeExecutor(plans, dev, launcher=rec, graphs=True)
+    x = {n: dev.empty(s, dtypes[n]) for n, s in shapes.items()}
+    nx.run(graph, x, check=True)
+    n = len(rec.launches)
+    second = nx.run(graph, x, check=True)
+    assert "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED" in nx.capture_failure and not nx._captured
+    replayed = [c for c in rec.launches[n:] if not c[-1]]
+    assert len(replayed) >= n                   # the run itself replayed its launches one by one
+    ev = len(dev.events)
+    nx.run(graph, x, check=True)
+    assert "begin" not in dev.events[ev:]       # not tried again for this signature
+    assert second
