@@ -166,6 +166,7 @@ def test_later_runs_launch_a_cuda_graph_with_the_same_bits(tmp_path: Path) -> No
     results that do not alias each other, a NaN still caught by check mode, and XG_CUDA_GRAPHS=0
     keeps launching kernel by kernel."""
     from xgbuild.runtime.engine import Engine
+    from xgbuild.runtime.host_io import float_view
     from xgbuild.runtime.native import NativeEngine
     from xgbuild.settings import RunSettings
     sys.path.insert(0, str(REPO / "tests" / "unit" / "importers"))
@@ -177,21 +178,23 @@ def test_later_runs_launch_a_cuda_graph_with_the_same_bits(tmp_path: Path) -> No
         compiled = xg.compile(m.model.to(torch.bfloat16), example_kwargs=kwargs, target=local_target(), tune="predict")
     path = tmp_path / "gpt2.xge"
     compiled.engine.save(path)
-    ids = kwargs["input_ids"].numpy()
+    feed = {k: v.numpy() for k, v in kwargs.items()}
+    ids = feed["input_ids"]
     eng = NativeEngine.load(path)
-    runs = [eng.run({"input_ids": ids}) for _ in range(4)]
+    runs = [eng.run(feed) for _ in range(4)]
     ex = eng.executor()
     assert ex.capture_failure is None and len(ex._captured) == 1, ex.capture_failure
-    host = [r.to_host()["out"].array for r in runs]
-    assert all(np.array_equal(host[0], h) for h in host[1:])
-    assert len({r.outputs["out"].data_ptr() for r in runs}) == 4        # no result aliases another
-    ref = Engine.load(path).run({"input_ids": kwargs["input_ids"].cuda()}, device="cuda").tensors["out"]
-    assert np.array_equal(host[-1], ref.view(torch.int16).cpu().numpy().view(np.uint16))
-    other = np.random.default_rng().integers(0, m.model.config.vocab_size, ids.shape)
-    again = eng.run({"input_ids": other}).to_host()["out"].array
+    name = next(iter(runs[0].outputs))
+    host = [r.to_host()[name] for r in runs]
+    assert all(np.array_equal(host[0].array, h.array) for h in host[1:])
+    assert len({r.outputs[name].data_ptr() for r in runs}) == 4         # no result aliases another
+    ref = Engine.load(path).run({k: v.cuda() for k, v in kwargs.items()}, device="cuda").tensors[name]
+    assert np.array_equal(float_view(host[-1]), ref.float().cpu().numpy())
+    other = {**feed, "input_ids": np.random.default_rng().integers(0, m.model.config.vocab_size, ids.shape)}
+    again = eng.run(other).to_host()[name].array
     fresh = NativeEngine.load(path, RunSettings(cuda_graphs=False))
-    plain = fresh.run({"input_ids": other}).to_host()["out"].array
-    fresh.run({"input_ids": other})
+    plain = fresh.run(other).to_host()[name].array
+    fresh.run(other)
     assert np.array_equal(again, plain) and not fresh.executor()._captured
     # check mode through the graph: a float engine whose input turns NaN on its third run
     src = tmp_path / "m.xg"
