@@ -11,7 +11,7 @@ import math
 from xgbuild.hw import GpuProfile
 
 from ....dtypes import ITEMSIZE
-from ...ir.graph import Op
+from ...ir.graph import BINARY, UNARY, Op
 from ..emitter import Emitted, Emitter
 from ..kernel import Kernel, Schedule
 from ..launch_abi import INT32_MAX, Frame, Launch, Variant, align
@@ -126,8 +126,12 @@ class MatmulTemplate(KernelTemplate):
 
     def joins(self, k: Kernel, shape: tuple, inner: list[int], graph, users: dict) -> bool:
         # An epilogue pays when it replaces the product in memory; when the product is written
-        # anyway, a consumer is better fused downstream (no second tensor written).
-        return shape == tuple(graph.node(k.anchor).shape) and all(len(users[i]) == 1 for i in inner)
+        # anyway, a consumer is better fused downstream (no second tensor written). A value that
+        # only element-wise ops of the product's shape read (GELU's tanh form reads x four times)
+        # stays in registers when they all join: the epilogue is then the whole activation.
+        anchor = tuple(graph.node(k.anchor).shape)
+        return shape == anchor and all(len(users[i]) == 1 or _pointwise_region(graph, users, i, anchor)
+                                       for i in inner)
 
     def spec(self, sched: Schedule, k: Kernel) -> tuple[KernelSpec, Binding]:
         g = sched.graph
@@ -311,3 +315,53 @@ class MatmulTemplate(KernelTemplate):
 
 
 TEMPLATE = MatmulTemplate()
+
+
+def _pointwise_of(n, shape: tuple) -> bool:
+    """Is `n` an element-wise op that reads tensors, of `shape`?"""
+    return (n.op in UNARY or n.op in BINARY or n.op is Op.WHERE) and tuple(n.shape) == shape
+
+
+MAX_REGION = 64
+
+
+def _pointwise_region(graph, users: dict, i: int, shape: tuple) -> bool:
+    """May every reader of `i` (a value the epilogue holds) join the epilogue, so that `i` never
+    goes to memory? Yes when they are element-wise ops of `shape` and so, transitively, is the
+    region they start, except where it ends, and no op of the region reads a value computed from
+    `i` outside it (rmsnorm's `x * rsqrt(mean(x * x))`: the mean needs all of `x` first, so `x`
+    is written anyway and its square belongs in the row kernel's prologue)."""
+    region: set[int] = set()
+    stack = [i]
+    while stack:
+        v = stack.pop()
+        for u in users[v]:
+            if u in region:
+                continue
+            if not _pointwise_of(graph.node(u), shape):
+                if v == i:
+                    return False        # `i` itself is read elsewhere: it is written anyway
+                continue                # a value of the region read elsewhere: the region ends there
+            region.add(u)
+            if len(region) > MAX_REGION:
+                return False
+            stack.append(u)
+    position = {n.id: k for k, n in enumerate(graph.nodes)}
+    start = position[i]
+    outside = {j for r in region for j in graph.node(r).inputs
+               if j != i and j not in region and graph.node(j).shape != ()}
+    return not any(_depends_on(graph, j, i, position, start) for j in outside)
+
+
+def _depends_on(graph, j: int, i: int, position: dict, start: int) -> bool:
+    """Is `j` computed from `i`? (Graphs are in program order: only nodes after `i` can be.)"""
+    stack, seen = [j], set()
+    while stack:
+        v = stack.pop()
+        if v == i:
+            return True
+        if v in seen or position[v] <= start:
+            continue
+        seen.add(v)
+        stack.extend(graph.node(v).inputs)
+    return False

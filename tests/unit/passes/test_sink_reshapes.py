@@ -1,0 +1,106 @@
+"""`sink_reshapes`: element-wise chains after a reshape run in the shape of the value they start
+from, so that a matmul's activation and residual add become its epilogue (transformers' GPT-2: the
+GELU and both residual adds of a block join their matmuls), with the same values everywhere."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import xg
+from xgbuild.compiler.codegen.schedule import schedule
+from xgbuild.compiler.ir.graph import Op
+
+
+def _kernels_of(engine) -> list:
+    sched = schedule(engine.graph)
+    g = engine.graph
+    return [(k.kind, sorted({g.node(n).op for n in k.nodes}, key=str)) for k in sched.kernels]
+
+
+def test_gpt2_blocks_fuse_gelu_and_residual_adds_into_their_matmuls() -> None:
+    import transformers as T
+    torch.manual_seed(0)
+    cfg = T.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=97, n_positions=64)
+    model = T.GPT2LMHeadModel(cfg).eval()
+    model.config.use_cache = False
+    ids = torch.randint(0, 97, (2, 16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engine = xg.compile(model, example_kwargs={"input_ids": ids}, target="H100", tune="predict").engine
+    kernels = _kernels_of(engine)
+    matmuls = [ops for kind, ops in kernels if kind == "matmul"]
+    # per block: c_attn (+bias), c_proj (+bias +residual), c_fc (+bias, GELU: tanh in the epilogue),
+    # c_proj (+bias +residual); then the LM head
+    assert len(matmuls) == 4 * 2 + 1
+    assert sum(Op.TANH in ops for ops in matmuls) == 2
+    per_block_elementwise = [ops for kind, ops in kernels if kind == "elementwise" and Op.TANH in ops]
+    assert not per_block_elementwise            # no GELU left outside a matmul
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits.double()
+    got = list(xg.run_engine(engine, {"input_ids": ids}).tensors.values())[0].double()
+    assert float((got - ref).norm() / ref.norm()) < 1e-5
+
+
+def test_values_are_unchanged_and_only_dense_operands_are_reshaped() -> None:
+    src = """
+extern Tensor[float32, 2, 3, 4] X
+extern Tensor[float32, 4, 5] W
+extern Tensor[float32, 2, 3, 5] R
+extern Tensor[float32, 2, 5, 3] Q
+def main() {
+    h = reshape(reshape(X, [6, 4]) @ W, [2, 3, 5])
+    a = h * 0.5 + tanh(h * h) + R
+    return (a, a + transpose(Q), reshape(a, [6, 5]))
+}
+"""
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "m.xg"
+        path.write_text(src)
+        engine = xg.compile_file(path, kernels=False)
+    g = engine.graph
+    # the chain runs at the product's [B*T, F]; R joins as a view; the transposed Q does not move
+    moved = [n for n in g.nodes if n.op is Op.TANH]
+    assert moved and len(moved[0].shape) == 2
+    adds = [n for n in g.nodes if n.op is Op.ADD and any(g.node(i).op is Op.TRANSPOSE for i in n.inputs)]
+    assert adds and len(adds[0].shape) == 3
+    assert not any(n.op is Op.RESHAPE and g.node(n.inputs[0]).op is Op.RESHAPE for n in g.nodes)
+    rng = np.random.default_rng(3)
+    vals = {"X": rng.standard_normal((2, 3, 4)), "W": rng.standard_normal((4, 5)),
+            "R": rng.standard_normal((2, 3, 5)), "Q": rng.standard_normal((2, 5, 3))}
+    t = {k: torch.from_numpy(v) for k, v in vals.items()}
+    h = (t["X"].reshape(6, 4) @ t["W"]).reshape(2, 3, 5)
+    a = h * 0.5 + torch.tanh(h * h) + t["R"]
+    want = (a, a + t["Q"].transpose(1, 2), a.reshape(6, 5))
+    got = xg.run_engine(engine, {k: v.astype(np.float32) for k, v in vals.items()}).value
+    for w, o in zip(want, got):
+        assert tuple(o.shape) == tuple(w.shape)
+        assert float((o.double() - w).norm() / w.norm()) < 1e-5
+
+
+def test_a_program_without_reshapes_is_left_as_it_is() -> None:
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "m.xg"
+        path.write_text("extern Tensor[float32, T, D] X\ndef main() {\n    return tanh(X) * 2.0\n}\n")
+        prog = xg.compile_file(path, kernels=False)
+    g = prog.graph
+    assert [n.op for n in g.nodes if n.op not in (Op.INPUT, Op.CONST)] == [Op.TANH, Op.MUL]
+
+
+def test_the_fused_epilogue_computes_the_same_values_under_the_interpreter() -> None:
+    """The generated matmul kernel with the GELU and the residual add as its epilogue, run by
+    Triton's interpreter, against float64 torch."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+    from interpreted import interpreted_report
+    report = interpreted_report("interpret_epilogue.py")
+    assert report["kinds"] == ["matmul"], report       # one kernel: the product, GELU and residual
+    assert report["shape"] == [2, 8, 24] and report["rel_err"] < 1e-5, report

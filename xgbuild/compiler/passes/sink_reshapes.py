@@ -1,0 +1,121 @@
+"""Reshapes sink below element-wise ops, so that an element-wise chain runs in the shape of the value
+it starts from, and a matmul's consumers can become its epilogue.
+
+Imported models compute a linear layer as `reshape(x, [B*T, D]) @ W + b`, reshaped back to
+`[B, T, N]` before the activation and the residual add (transformers' `Conv1D`, `nn.Linear` on 3-D
+inputs). The reshape between the product and its consumers kept them out of the matmul kernel:
+GPT-2's GELU ran as two element-wise kernels and each residual add as one, each reading and writing
+a whole activation. With the reshape moved below them, they read the product in its own shape.
+
+Rewrite, in program order: an element-wise node `n` of shape S whose tensor inputs are each
+  - a reshape of a value of shape T (or a node already rewritten to shape T: one T for all), or
+  - a scalar, or
+  - a value of shape S that is dense (made by a kernel, an input, a constant, or reshapes of one:
+    its reshape to T is a view, never a copy),
+with at least one of the first kind, becomes `n' = op(...)` of shape T followed by
+`n = reshape(n', S)`; reshapes of the dense values to T are added. A reshape of a reshape reads the
+first reshape's input (the same row-major order), and one back to that input's shape is that input.
+Every value keeps its dtype and its per-op rounding; only where a reshape sits changes.
+
+Needs: a verified graph in program order. Leaves: the same values at every original node id that
+is still read (the moved nodes' old ids name the reshapes back); no reshape that nothing reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..ir.graph import BINARY, COLLECTIVE, UNARY, Node, Op, Program, tree_ids, tree_map
+
+ELEMENTWISE = UNARY | BINARY | {Op.WHERE}          # (the scheduler's element-wise ops that read tensors)
+VIEWS = {Op.RESHAPE, Op.TRANSPOSE, Op.INDEX, *COLLECTIVE}
+
+
+def sink_reshapes(program: Program) -> Program:
+    g = program.main
+    by_id = {n.id: n for n in g.nodes}
+    next_id = max(by_id, default=-1) + 1
+    alias: dict[int, int] = {}
+    out: list[Node] = []
+    # node id -> (id of the same values in another shape, that shape): `id` is reshape(of, shape(id))
+    reshaped: dict[int, tuple[int, tuple]] = {}
+
+    def node(i: int) -> Node:
+        return by_id[i]
+
+    def dense(i: int) -> bool:
+        n = node(i)
+        while n.op is Op.RESHAPE:
+            n = node(n.inputs[0])
+        return n.op not in VIEWS
+
+    def add(n: Node) -> None:
+        by_id[n.id] = n
+        out.append(n)
+
+    for n in g.nodes:
+        n = replace(n, inputs=tuple(alias.get(i, i) for i in n.inputs))
+        if n.op is Op.RESHAPE:
+            src = node(n.inputs[0])
+            if src.id in reshaped:                      # reshape of a reshape: read the first one's input
+                base = reshaped[src.id][0]
+                if tuple(node(base).shape) == tuple(n.shape):
+                    alias[n.id] = base
+                    continue
+                n = replace(n, inputs=(base,))
+            add(n)
+            reshaped[n.id] = (n.inputs[0], tuple(node(n.inputs[0]).shape))
+            continue
+        target = _target(n, reshaped, node)
+        if target is None or not all(_keeps(i, target, reshaped, node) or dense(i) for i in n.inputs):
+            add(n)
+            continue
+        inputs = []
+        for i in n.inputs:
+            if i in reshaped and reshaped[i][1] == target:
+                inputs.append(reshaped[i][0])
+            elif tuple(node(i).shape) == ():
+                inputs.append(i)
+            else:                                       # a dense value of n's shape: its view in `target`
+                view = Node(next_id, Op.RESHAPE, (i,), node(i).dtype, target, (), n.src)
+                next_id += 1
+                add(view)
+                inputs.append(view.id)
+        moved = replace(n, id=next_id, inputs=tuple(inputs), shape=target)
+        next_id += 1
+        add(moved)
+        add(Node(n.id, Op.RESHAPE, (moved.id,), n.dtype, n.shape, (), n.src))
+        reshaped[n.id] = (moved.id, target)
+    output = tree_map(g.output, lambda i: alias.get(i, i))
+    # The reshapes nothing reads any more (the chain's, now between its moved ops) go here, so
+    # that the pass never grows the graph by more than the views it adds for dense operands.
+    live = set(tree_ids(output))
+    for n in reversed(out):
+        if n.id in live:
+            live.update(n.inputs)
+    out = [n for n in out if n.id in live or n.op is not Op.RESHAPE]
+    return program.replace_main(g.with_nodes(out, output))
+
+
+def _keeps(i: int, target: tuple, reshaped: dict, node) -> bool:
+    """Input `i` needs no new reshape to join a node moved to `target`: a scalar, or the values
+    of a node already in that shape."""
+    return tuple(node(i).shape) == () or (i in reshaped and reshaped[i][1] == target)
+
+
+def _target(n: Node, reshaped: dict, node) -> tuple | None:
+    """The shape `n` may run in instead of its own, or None when it stays as it is."""
+    if n.op not in ELEMENTWISE or not n.inputs:
+        return None
+    shape = tuple(n.shape)
+    target = None
+    for i in n.inputs:
+        s = tuple(node(i).shape)
+        if i in reshaped and s == shape and reshaped[i][1] != shape:
+            if target is None:
+                target = reshaped[i][1]
+            elif reshaped[i][1] != target:
+                return None
+        elif s not in ((), shape):
+            return None                                 # a broadcast operand: left as it is
+    return target
