@@ -196,6 +196,7 @@ def child(mode: str, workload: str, result: Path, layers: int) -> None:
             manifest = Engine.load(tmp / "w.xge").manifest
         else:                           # the build `xgc --tune=measure` runs (`xg.compile_file`), in this process
             from xgbuild.build.compile import compile_program
+            from xgbuild.build.context import early_start
             from xgbuild.build.engines import link_engine
             from xgbuild.compiler.frontend import CheckOptions
             from xgbuild.settings import Settings
@@ -206,7 +207,9 @@ def child(mode: str, workload: str, result: Path, layers: int) -> None:
             t0 = time.perf_counter()
             settings = Settings.from_env()
             options = CheckOptions(target=target, hw_dir=settings.hw_dir)
-            built = link_engine(compile_program(tmp / "w.xg", options), settings, policy="measure", dims=dims)
+            with early_start("measure", target, settings) as early:       # as xgc and xg.compile_file do
+                built = link_engine(compile_program(tmp / "w.xg", options), settings, policy="measure", dims=dims,
+                                    early=early)
             out["build_s"] = time.perf_counter() - t0
             out["xgc"] = built.stats
             manifest = built.engine.manifest

@@ -29,9 +29,10 @@ class Built:
 
 def link_engine(compiled: Any, settings: Settings, *, policy: Policy | str = Policy.CACHE,
                 dims: Mapping[str, int] | None = None, kernels: bool = True, kernels_from: list[Path] | None = None,
-                workers: int | None = None, progress: bool = False) -> Built:
+                workers: int | None = None, progress: bool = False, early: Any = None) -> Built:
     """The engine of a compiled `.xg` program: kernels tuned and compiled for its target (or linked
-    from `xgbuild tune-shard` results, `kernels_from`), then packaged."""
+    from `xgbuild tune-shard` results, `kernels_from`), then packaged. `early`: the GPUs and compile
+    pool started before the front end ran (`context.early_start`)."""
     from .origins import Origins
     from .package import engine_of
     profile = target_profile(compiled.target, settings)
@@ -43,7 +44,7 @@ def link_engine(compiled: Any, settings: Settings, *, policy: Policy | str = Pol
         table = link_results(compiled, profile, dims, list(kernels_from))
     elif kernels:
         from .kernels import kernels_for
-        table = kernels_for(compiled, profile, policy, settings, dims, workers, progress, origins)
+        table = kernels_for(compiled, profile, policy, settings, dims, workers, progress, origins, early)
     return Built(engine_of(compiled, table, profile), table.stats if table is not None else None, origins)
 
 
@@ -61,10 +62,12 @@ def compile_file(path: Path | str, settings: Settings, *, target: str | None = N
     bad_target = target_option_error(target, settings.hw_dir, "target=")
     if bad_target is not None:
         raise bad_target
+    from .context import early_start
     options = CheckOptions(target=target, num_gpu=num_gpu, entry=entry, hw_dir=settings.hw_dir)
-    compiled = compile_program(path, options, sharding)
-    # `tune` goes to the tuner as given: it names a bad policy (and only when kernels are built).
-    return link_engine(compiled, settings, policy=tune, dims=dims, kernels=kernels).engine
+    with early_start(tune, target, settings, kernels=kernels) as early:     # (overlaps the front end)
+        compiled = compile_program(path, options, sharding)
+        # `tune` goes to the tuner as given: it names a bad policy (and only when kernels are built).
+        return link_engine(compiled, settings, policy=tune, dims=dims, kernels=kernels, early=early).engine
 
 
 def model_target(target: str, settings: Settings) -> GpuProfile:

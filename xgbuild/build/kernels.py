@@ -17,10 +17,10 @@ from .context import gpu_lease, tuning
 
 def kernels_for(program: Any, profile: GpuProfile, policy: Policy, settings: Settings,
                 dims: dict[str, int] | None = None, workers: int | None = None,
-                progress: bool | str = False, origins: Any = None) -> KernelTable:
+                progress: bool | str = False, origins: Any = None, early: Any = None) -> KernelTable:
     """The kernel table for a compiled (or imported) program on `profile`, tuned under `policy`
-    through the settings' cache: what an engine links. `origins`: see `context.tuning`."""
-    with tuning(profile, policy, settings, workers, origins) as t, gpu_lease(t.measurers):
+    through the settings' cache: what an engine links. `origins`, `early`: see `context.tuning`."""
+    with tuning(profile, policy, settings, workers, origins, early=early) as t, gpu_lease(t.measurers):
         return build_kernels(program.optimized.main, profile, policy=policy, dims=dims, cache=t.cache,
                              world=getattr(program, "num_gpu", 1), measurers=t.measurers, compiler=t.compiler,
                              gpu_procs=t.gpu_procs,

@@ -131,69 +131,76 @@ def compile(
     from ..compiler.driver import compile_file
     from ..compiler.frontend.ast_dump import dump as dump_ast
     from ..compiler.ir.serialize import program_text, to_dot, to_json, to_text
-    try:
-        compiled = compile_file(file, options, stop_after=dump_after, plan=plan)
-    except CompileError as exc:
-        if json_out:
-            emit_json({"ok": False, "diagnostics": [d.to_json() for d in exc.diagnostics]})
-        else:
-            write_diagnostics(str(exc))
-        raise typer.Exit(exit_code_for(exc.diagnostics) or EXIT_PROGRAM)
-    warnings = compiled.check.diagnostics
-    if warnings and not json_out:
-        write_diagnostics(compiled.check.render())
-    if dump_after is not None:
-        # After the last pass the dump is `--emit ir-opt` (with the sharding plan, if any).
-        sys.stdout.write(ir_opt_text(compiled, settings) if dump_after == PASS_NAMES[-1]
-                         else to_text(compiled.optimized.main))
-    elif emit is Emit.ast:
-        sys.stdout.write(dump_ast(compiled.typed.module, compiled.typed.types))
-    elif emit is Emit.ir:
-        sys.stdout.write(program_text(compiled.lowered))
-    elif emit is Emit.ir_opt:
-        sys.stdout.write(ir_opt_text(compiled, settings))
-    elif emit is Emit.ir_json:
-        sys.stdout.write(json.dumps(to_json(compiled.optimized.main), sort_keys=True, indent=1, allow_nan=False) + "\n")
-    elif emit is Emit.dot:
-        sys.stdout.write(to_dot(compiled.optimized.main))
-    if out is not None:
-        from ..build.engines import link_engine
-        from .common import parse_dims, progress_or_exit
-        dims = parse_dims(dim)
-        if kernels_from and not kernels:
-            fail("--kernels-from links GPU kernels; it cannot be combined with --no-kernels", EXIT_USAGE)
+    from ..build.context import early_start
+    # A measured build's GPUs and compile pool start now, overlapping the front end; what the link
+    # step does not take is closed when the command ends, however it ends.
+    building = bool(out is not None and kernels and not kernels_from and dump_after is None)
+    with early_start(policy, target, settings, kernels=building, workers=jobs) as early:
         try:
-            built = link_engine(compiled, settings, policy=policy, dims=dims, kernels=kernels,
-                                kernels_from=list(kernels_from), workers=jobs,
-                                progress=progress_or_exit(progress, quiet, json_out))
-            envelope = None
-            if sign_key is not None or provenance:
-                from ..build.provenance import build_envelope
-                parameters = {"source": file.name, "target": compiled.target, "num_gpu": compiled.num_gpu,
-                              "entry": entry, "dims": dims, "tune": policy.value, "kernels": kernels,
-                              "sharding": compiled.plan.name if compiled.plan is not None else None,
-                              "kernels_from": bool(kernels_from)}
-                envelope = build_envelope(built.engine.file, name=out.name, parameters=parameters,
-                                          settings=settings, origins=built.origins, key_path=sign_key)
-            digest = built.engine.save(out, envelope)
-        except XGError as exc:
-            fail(str(exc))
-        stats = built.stats
-        if json_out:
-            emit_json({"ok": True, "engine": str(out), "digest": digest, "kernels": stats,
-                       "diagnostics": [d.to_json() for d in warnings]})
-        else:
-            if stats and not quiet:
-                sys.stderr.write(f"kernels: {stats['jobs']} tuning jobs ({stats['measured']} measured, "
-                                 f"{stats['cache']} from cache, {stats['predicted']} predicted), "
-                                 f"{stats['launches']} launches; {stats['compiled']} compiled, "
-                                 f"{stats['compile_cache_hits']} cubins from cache; {stats['seconds']:.2f} s\n")
-                if stats.get("search"):
-                    found = stats["search"]
-                    sys.stderr.write(f"search: {found['candidates']} candidates, {found['compiled']} compiled, "
-                                     f"{found['measured']} measured, {found['pruned']} pruned by the model's bound, "
-                                     f"{found['seeded']} jobs seeded by a neighbouring shape\n")
-            sys.stderr.write(f"wrote {out} ({digest[:12]}, target {compiled.target}, num_gpu {compiled.num_gpu})\n")
+            compiled = compile_file(file, options, stop_after=dump_after, plan=plan)
+        except CompileError as exc:
+            if json_out:
+                emit_json({"ok": False, "diagnostics": [d.to_json() for d in exc.diagnostics]})
+            else:
+                write_diagnostics(str(exc))
+            raise typer.Exit(exit_code_for(exc.diagnostics) or EXIT_PROGRAM)
+        warnings = compiled.check.diagnostics
+        if warnings and not json_out:
+            write_diagnostics(compiled.check.render())
+        if dump_after is not None:
+            # After the last pass the dump is `--emit ir-opt` (with the sharding plan, if any).
+            sys.stdout.write(ir_opt_text(compiled, settings) if dump_after == PASS_NAMES[-1]
+                             else to_text(compiled.optimized.main))
+        elif emit is Emit.ast:
+            sys.stdout.write(dump_ast(compiled.typed.module, compiled.typed.types))
+        elif emit is Emit.ir:
+            sys.stdout.write(program_text(compiled.lowered))
+        elif emit is Emit.ir_opt:
+            sys.stdout.write(ir_opt_text(compiled, settings))
+        elif emit is Emit.ir_json:
+            sys.stdout.write(json.dumps(to_json(compiled.optimized.main), sort_keys=True, indent=1,
+                                        allow_nan=False) + "\n")
+        elif emit is Emit.dot:
+            sys.stdout.write(to_dot(compiled.optimized.main))
+        if out is not None:
+            from ..build.engines import link_engine
+            from .common import parse_dims, progress_or_exit
+            dims = parse_dims(dim)
+            if kernels_from and not kernels:
+                fail("--kernels-from links GPU kernels; it cannot be combined with --no-kernels", EXIT_USAGE)
+            try:
+                built = link_engine(compiled, settings, policy=policy, dims=dims, kernels=kernels,
+                                    kernels_from=list(kernels_from), workers=jobs,
+                                    progress=progress_or_exit(progress, quiet, json_out), early=early)
+                envelope = None
+                if sign_key is not None or provenance:
+                    from ..build.provenance import build_envelope
+                    parameters = {"source": file.name, "target": compiled.target, "num_gpu": compiled.num_gpu,
+                                  "entry": entry, "dims": dims, "tune": policy.value, "kernels": kernels,
+                                  "sharding": compiled.plan.name if compiled.plan is not None else None,
+                                  "kernels_from": bool(kernels_from)}
+                    envelope = build_envelope(built.engine.file, name=out.name, parameters=parameters,
+                                              settings=settings, origins=built.origins, key_path=sign_key)
+                digest = built.engine.save(out, envelope)
+            except XGError as exc:
+                fail(str(exc))
+            stats = built.stats
+            if json_out:
+                emit_json({"ok": True, "engine": str(out), "digest": digest, "kernels": stats,
+                           "diagnostics": [d.to_json() for d in warnings]})
+            else:
+                if stats and not quiet:
+                    sys.stderr.write(f"kernels: {stats['jobs']} tuning jobs ({stats['measured']} measured, "
+                                     f"{stats['cache']} from cache, {stats['predicted']} predicted), "
+                                     f"{stats['launches']} launches; {stats['compiled']} compiled, "
+                                     f"{stats['compile_cache_hits']} cubins from cache; {stats['seconds']:.2f} s\n")
+                    if stats.get("search"):
+                        found = stats["search"]
+                        sys.stderr.write(f"search: {found['candidates']} candidates, {found['compiled']} compiled, "
+                                         f"{found['measured']} measured, {found['pruned']} pruned by the "
+                                         f"model's bound, "
+                                         f"{found['seeded']} jobs seeded by a neighbouring shape\n")
+                sys.stderr.write(f"wrote {out} ({digest[:12]}, target {compiled.target}, num_gpu {compiled.num_gpu})\n")
 
 
 def _report(exc: CompileError, json_out: bool) -> NoReturn:

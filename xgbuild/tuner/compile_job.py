@@ -45,6 +45,29 @@ def compile_job(source: str, name: str, params: list, constexprs: dict, div16: l
             "seconds": time.perf_counter() - t0}
 
 
+# A kernel small enough to compile in a fraction of a second, for `warm`.
+_WARM_SOURCE = """import triton
+import triton.language as tl
+
+
+@triton.jit
+def xg_warm(x_ptr, n):
+    i = tl.program_id(0) * 128 + tl.arange(0, 128)
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) + 1.0, mask=i < n)
+"""
+
+
+def warm(arch: int) -> None:
+    """Make a worker's first real compile as fast as its later ones: import Triton and compile one
+    tiny kernel for sm_`arch` (Triton's first compile in a process also loads its compiler library
+    and asks ptxas its version: 0.7-0.9 s of the first compile on a CPU host). A warm-up that fails
+    is left for the first real compile to report."""
+    try:
+        compile_job(_WARM_SOURCE, "xg_warm", [("x_ptr", "*fp32"), ("n", "i32")], {}, [], False, arch, 4, 1)
+    except Exception:  # noqa: BLE001 (an optimisation only)
+        pass
+
+
 class _Compiled:
     """A `triton.compile` result's shape, rebuilt from `compile_job`'s data for `KernelBinary.from_compiled`."""
 

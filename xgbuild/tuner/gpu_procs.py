@@ -87,11 +87,19 @@ class GpuProcess:
         except BaseException as exc:  # noqa: BLE001 (reported by the first job)
             self._starting = exc
 
-    def tune(self, job: Job, priority: float = 0, looked_up: bool = True) -> Winner:
-        self._ready.join()
+    def started(self, timeout_s: float | None = None) -> bool:
+        """Whether the process is up (waiting up to `timeout_s`; None: until it is); GpuUnavailable
+        when its start failed."""
+        self._ready.join(timeout_s)
+        if self._ready.is_alive():
+            return False
         if self._starting is not None:
             raise GpuUnavailable(f"GPU {self.device_index}'s measuring process did not start: "
                                  f"{type(self._starting).__name__}: {self._starting}")
+        return True
+
+    def tune(self, job: Job, priority: float = 0, looked_up: bool = True) -> Winner:
+        self.started()
         with self._lock:
             try:
                 return self._worker.call(tune_here, (*self._args, job, priority))

@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+from queue import SimpleQueue
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,32 +75,22 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
         for t in tuners:
             t.events = bar.event
         queue: list[tuple[int, Job]] = []
-        for i, job in enumerate(jobs):
-            if measuring:               # hits first: the GPUs then see only the jobs they must measure
-                hit = tuners[0].from_cache(job, tuners[0].key(job))
-                if hit is not None:
-                    winners[job.ident] = hit
-                    bar.advance(job.ident, hit.source, hit.ms)
-                    continue
-            queue.append((i, job))
         stop = threading.Event()
-        # GPU 0 measures from this process (nothing to start); any others from a process each,
-        # started by the caller (`context.tuning`) or now, overlapping GPU 0's first jobs.
-        own = gpu_procs is None
-        procs: list = []
-        if measuring and queue:
-            procs = gpu_processes(measurers, cache, profile, policy, budget_s, compiler) if own else list(gpu_procs)
-        runners: list[Any] = [tuners[0], *procs] if procs else tuners
+        # The misses go to the thread compiling ahead as the lookups find them: the first jobs'
+        # waves, which every GPU waits for, start compiling while the other jobs are looked up.
+        misses: SimpleQueue = SimpleQueue()
 
         def ahead() -> None:
-            for i, job in list(queue):      # (what a measuring process needs it finds in the cache)
+            seen = False
+            while (item := misses.get()) is not None:
+                seen = True
                 if stop.is_set():
                     return
-                try:
-                    tuners[0].prefetch(job, priority=i)
+                try:        # (what a measuring process needs it finds in the cache)
+                    tuners[0].prefetch(item[1], priority=item[0])
                 except Exception:  # noqa: BLE001 (compiling ahead is an optimisation: measure() retries)
                     pass
-            for i, job in enumerate(jobs):      # the generic variants the engine links: behind every job
+            for i, job in enumerate(jobs if seen else ()):      # the generic variants the engine links
                 if stop.is_set():
                     return
                 try:
@@ -109,11 +100,37 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
                 except Exception:  # noqa: BLE001 (compile_winners compiles it again and reports)
                     pass
 
-        fetcher = threading.Thread(target=ahead, daemon=True) if measuring and queue else None
+        fetcher = threading.Thread(target=ahead, daemon=True) if measuring else None
         if fetcher is not None:
             fetcher.start()
+        try:
+            for i, job in enumerate(jobs):
+                if measuring:           # hits first: the GPUs then see only the jobs they must measure
+                    hit = tuners[0].from_cache(job, tuners[0].key(job))
+                    if hit is not None:
+                        winners[job.ident] = hit
+                        bar.advance(job.ident, hit.source, hit.ms)
+                        continue
+                    misses.put((i, job))
+                queue.append((i, job))
+        except BaseException:
+            stop.set()
+            raise
+        finally:
+            misses.put(None)
+            if fetcher is not None and stop.is_set():
+                fetcher.join()
+        # GPU 0 measures from this process (nothing to start); any others from a process each,
+        # started by the caller (`context.tuning`) or now, overlapping GPU 0's first jobs.
+        own = gpu_procs is None
+        procs: list = []
+        if measuring and queue:
+            procs = gpu_processes(measurers, cache, profile, policy, budget_s, compiler) if own else list(gpu_procs)
+        runners: list[Any] = [tuners[0], *procs] if procs else tuners
 
         def worker(tuner: Any) -> None:
+            if not _started(tuner, lambda: not queue or bool(errors)):
+                return
             while True:
                 with lock:
                     if not queue or errors:
@@ -175,6 +192,24 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
     return winners
 
 
+def _started(runner: Any, done: Any, poll_s: float = 0.05) -> bool:
+    """Whether a measuring process (`GpuProcess.started`) is up to take jobs; False when `done()`
+    says the jobs ran out first (the other GPUs took them: nothing to wait for) or its start failed
+    (warned: the other GPUs carry on). A job is taken only once the process is up, so that the
+    jobs it would have held while starting go to the GPUs already measuring."""
+    started = getattr(runner, "started", None)
+    if started is None:
+        return True
+    try:
+        while not started(poll_s):
+            if done():
+                return False
+    except GpuUnavailable as exc:
+        sys.stderr.write(f"warning: {exc}; tuning on the other GPUs\n")
+        return False
+    return True
+
+
 def _await_first_wave(tuner: Tuner, job: Job, timeout_s: float = 120.0) -> None:
     """Before a measuring process gets `job`: wait for the compiles of its first wave that this
     process started ahead (`Tuner.prefetch`), so that the other process finds them in the shared
@@ -190,14 +225,21 @@ def gpu_processes(measurers: list | None, cache: Any, profile: GpuProfile, polic
     """A measuring process for each local GPU after the first when there are several (`gpu_procs`):
     threads of one process share its interpreter lock. None for one GPU, or for measurers of
     another kind."""
+    return measuring_processes(measurers, getattr(cache, "settings", None), profile, policy, budget_s,
+                               compiler.workers)
+
+
+def measuring_processes(measurers: list, settings: Any, profile: GpuProfile, policy: Policy,
+                        budget_s: float | None, workers: int) -> list:
+    """`gpu_processes` with the settings given: each process opens the cache of `settings` and
+    compiles in its share of `workers` processes."""
     from ..settings import tune_in_process
     from .cuda_measure import CudaMeasurer
     if not measurers or len(measurers) < 2 or not all(isinstance(m, CudaMeasurer) for m in measurers) \
             or tune_in_process():
         return []
     from .gpu_procs import GpuProcess
-    share = max(1, compiler.workers // len(measurers))
-    settings = getattr(cache, "settings", None)
+    share = max(1, workers // len(measurers))
     return [GpuProcess(m.device_index, settings, profile, policy, budget_s, share) for m in measurers[1:]]
 
 

@@ -301,14 +301,17 @@ class Compiler:
         with self._lock:
             if self._pool is None:
                 if self.workers > 1:
+                    from .compile_job import warm
                     from .workers import SubprocessPool
-                    self._pool = SubprocessPool(self.workers, nice=COMPILE_NICE)
+                    self._pool = SubprocessPool(self.workers, nice=COMPILE_NICE, warm=(warm, (self.arch,)))
                 else:
                     self._pool = futures.ThreadPoolExecutor(1)
             return self._pool
 
     def start(self) -> None:
-        """Start the compile workers now: a measured build will need them all."""
+        """Start the compile workers now: a measured build will need them all. Each compiles a
+        tiny kernel first (`compile_job.warm`), so the first wave of real compiles, which the GPUs
+        wait for, does not pay Triton's start in every worker."""
         pool = self._executor()
         if hasattr(pool, "start"):
             pool.start()

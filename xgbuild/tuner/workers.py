@@ -98,11 +98,14 @@ class SubprocessPool(futures.Executor):
     """A fixed number of worker subprocesses, started on first use, each fed by one thread. Jobs
     run lowest `priority` first (`submit_at`), in submission order within a priority. `nice`: the
     workers' (and their children's, ptxas's) niceness increment: compiles yield the CPUs to the
-    GPU-measuring loops, whose launches are host-bound and time-critical."""
+    GPU-measuring loops, whose launches are host-bound and time-critical. `warm`: a call
+    `(function, args)` that each worker started by `start` runs before its first job (what makes
+    its first job as fast as its later ones; its failure is ignored)."""
 
-    def __init__(self, workers: int, nice: int = 0) -> None:
+    def __init__(self, workers: int, nice: int = 0, warm: tuple[Callable, tuple] | None = None) -> None:
         self.size = max(1, workers)
         self._env = {NICE_ENV: str(int(nice))} if nice else None
+        self._warm = warm
         self._jobs: queue.PriorityQueue = queue.PriorityQueue()
         self._seq = itertools.count()
         self._threads: list[threading.Thread] = []
@@ -111,7 +114,8 @@ class SubprocessPool(futures.Executor):
         self._live: set[Worker] = set()
 
     def start(self) -> None:
-        """Start every worker now (their imports overlap the caller's work) instead of on first use."""
+        """Start every worker now (their imports and `warm` overlap the caller's work) instead of on
+        first use."""
         with self._lock:
             while not self._closed and len(self._threads) < self.size:
                 t = threading.Thread(target=self._serve, args=(True,), daemon=True)
@@ -145,6 +149,11 @@ class SubprocessPool(futures.Executor):
                     self._live.add(worker)
                 except OSError:
                     worker = None       # tried again, and reported, when a job comes
+                if worker is not None and self._warm is not None:
+                    try:
+                        worker.call(*self._warm)
+                    except Exception:  # noqa: BLE001 (a worker that died warming is replaced for its first job)
+                        pass
             while True:
                 job = self._jobs.get()[2]
                 if job is _STOP:
