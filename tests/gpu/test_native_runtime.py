@@ -11,6 +11,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -64,7 +65,8 @@ def test_mlp_without_torch_is_bit_identical(tmp_path: Path) -> None:
     assert summary["runtime"] == "native" and summary["outputs"]["out"]["shape"] == [512, 256]
 
 
-def test_gpt2_without_torch_is_bit_identical(tmp_path: Path) -> None:
+def _gpt2_engine(path: Path) -> tuple[Any, dict]:
+    """(the hf_zoo GPT-2 model, its example inputs), its bf16 engine saved at `path`."""
     sys.path.insert(0, str(REPO / "tests" / "unit" / "importers"))
     from hf_zoo import build
     m = build("gpt2")
@@ -72,8 +74,13 @@ def test_gpt2_without_torch_is_bit_identical(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         compiled = xg.compile(m.model.to(torch.bfloat16), example_kwargs=kwargs, target=local_target(), tune="predict")
+    compiled.engine.save(path)
+    return m, kwargs
+
+
+def test_gpt2_without_torch_is_bit_identical(tmp_path: Path) -> None:
     engine = tmp_path / "gpt2.xge"
-    compiled.engine.save(engine)
+    _m, kwargs = _gpt2_engine(engine)
     save_tensors(tmp_path / "in.safetensors", kwargs)
     _same_outputs(engine, tmp_path / "in.safetensors", tmp_path)
 
@@ -169,15 +176,8 @@ def test_later_runs_launch_a_cuda_graph_with_the_same_bits(tmp_path: Path) -> No
     from xgbuild.runtime.host_io import float_view
     from xgbuild.runtime.native import NativeEngine
     from xgbuild.settings import RunSettings
-    sys.path.insert(0, str(REPO / "tests" / "unit" / "importers"))
-    from hf_zoo import build
-    m = build("gpt2")
-    kwargs = m.inputs(2, 16)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        compiled = xg.compile(m.model.to(torch.bfloat16), example_kwargs=kwargs, target=local_target(), tune="predict")
     path = tmp_path / "gpt2.xge"
-    compiled.engine.save(path)
+    m, kwargs = _gpt2_engine(path)
     feed = {k: v.numpy() for k, v in kwargs.items()}
     ids = feed["input_ids"]
     eng = NativeEngine.load(path)

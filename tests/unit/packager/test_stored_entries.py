@@ -20,6 +20,7 @@ from xgbuild.packager.archive import (
     BundleTooLargeError, bundle_digest_of, read_bundle, write_bundle,
 )
 from xgbuild.packager.digest import digest_of_index, index_bytes
+from test_archive_refusals import refused  # noqa: E402  (one way of saying "refused, in one line")
 
 WEIGHTS = "weights.safetensors"
 
@@ -28,16 +29,6 @@ def entries(size: int = 10_000, seed: int = 0) -> dict[str, bytes]:
     rng = random.Random(seed)
     return {"manifest.json": b'{"format":1}', "kernels/k0.cubin": b"cubin" * 50,
             WEIGHTS: rng.randbytes(size), "z/other.safetensors": rng.randbytes(size // 3 + 1)}
-
-
-def refused(path: Path, kind: type[BundleError] = BundleError, match: str = "", **caps) -> str:
-    with pytest.raises(BundleError) as caught:
-        read_bundle(path, **caps)
-    message = str(caught.value)
-    assert isinstance(caught.value, kind), message
-    assert message.startswith(f"engine {path}") and "\n" not in message
-    assert match in message, message
-    return message
 
 
 def layout(data: bytes) -> tuple[int, list[tuple[int, str, int, int]]]:
