@@ -52,14 +52,20 @@ def _same_outputs(engine: Path, inputs: Path, tmp: Path) -> dict:
     return json.loads(out.stdout)
 
 
-def test_mlp_without_torch_is_bit_identical(tmp_path: Path) -> None:
+def _mlp_engine(tmp_path: Path, t: int, d: int, f: int, seed: int) -> tuple[Path, dict]:
+    """The bf16 MLP's engine at T, D, F = t, d, f, and float32 inputs for it (scaled to unit outputs)."""
     src = tmp_path / "mlp.xg"
     src.write_text(MLP)
     engine = tmp_path / "mlp.xge"
-    xg.compile_file(src, target=local_target(), tune="predict", dims={"T": 512, "D": 256, "F": 704}).save(engine)
-    g = torch.Generator().manual_seed(0)
-    inputs = {"X": torch.randn(512, 256, generator=g), "W1": torch.randn(256, 704, generator=g) / 16,
-              "B1": torch.randn(704, generator=g), "W2": torch.randn(704, 256, generator=g) / 26}
+    xg.compile_file(src, target=local_target(), tune="predict", dims={"T": t, "D": d, "F": f}).save(engine)
+    g = torch.Generator().manual_seed(seed)
+    inputs = {"X": torch.randn(t, d, generator=g), "W1": torch.randn(d, f, generator=g) / d ** 0.5,
+              "B1": torch.randn(f, generator=g), "W2": torch.randn(f, d, generator=g) / f ** 0.5}
+    return engine, inputs
+
+
+def test_mlp_without_torch_is_bit_identical(tmp_path: Path) -> None:
+    engine, inputs = _mlp_engine(tmp_path, 512, 256, 704, seed=0)
     save_tensors(tmp_path / "in.safetensors", {k: v.to(torch.bfloat16) for k, v in inputs.items()})
     summary = _same_outputs(engine, tmp_path / "in.safetensors", tmp_path)
     assert summary["runtime"] == "native" and summary["outputs"]["out"]["shape"] == [512, 256]
@@ -144,13 +150,7 @@ def test_dlpack_in_and_out_without_copies(tmp_path: Path) -> None:
     place; the output comes out to torch through DLPack, in place, equal to the torch runtime's."""
     from xgbuild.runtime.engine import Engine
     from xgbuild.runtime.native import NativeEngine
-    src = tmp_path / "mlp.xg"
-    src.write_text(MLP)
-    path = tmp_path / "mlp.xge"
-    xg.compile_file(src, target=local_target(), tune="predict", dims={"T": 256, "D": 128, "F": 352}).save(path)
-    g = torch.Generator().manual_seed(7)
-    inputs = {"X": torch.randn(256, 128, generator=g), "W1": torch.randn(128, 352, generator=g) / 11,
-              "B1": torch.randn(352, generator=g), "W2": torch.randn(352, 128, generator=g) / 19}
+    path, inputs = _mlp_engine(tmp_path, 256, 128, 352, seed=7)
     cuda = {k: v.to(torch.bfloat16).cuda() for k, v in inputs.items()}
     eng = NativeEngine.load(path)
     result = eng.run(cuda)

@@ -348,9 +348,9 @@ def bundle_from_bytes(data: bytes, where: str, *, max_total_size: int = DEFAULT_
                                f"{len(compressed)} compressed, over {max_ratio} times as many "
                                "(refused as a decompression bomb; read_bundle's max_ratio "
                                "raises the cap)")
-    if reader.size + sum(len(v) for v in stored.values()) > max_total_size:
-        raise too_large(where, f"its entries are {reader.size + sum(len(v) for v in stored.values())} "
-                               f"bytes in all, over the cap of {max_total_size}")
+    total = reader.size + sum(len(v) for v in stored.values())
+    if total > max_total_size:
+        raise too_large(where, f"its entries are {total} bytes in all, over the cap of {max_total_size}")
     index, listing, entries = _unpack(reader, where, max_entry_size, stored)
     del sealed, compressed, reader
     sha256s = {}

@@ -379,7 +379,7 @@ def test_a_signatures_second_run_is_captured_and_later_runs_launch_the_graph() -
     captured = rec.launches[n_kernels:]
     names = [e for e in dev.events if isinstance(e, str)]
     assert names == ["begin", "end", "launch"]
-    assert all(isinstance(e, tuple) for e in dev.events[:dev.events.index("begin")])   # the inputs' own copies
+    assert dev.events[0] == "begin"          # the graph's input buffers are filled by its launches' copies
     kernels_in_graph = [c for c in captured if c[-1]]
     assert len(kernels_in_graph) >= n_kernels       # the kernels, and the copies that make views dense
     cap = next(iter(nx._captured.values()))

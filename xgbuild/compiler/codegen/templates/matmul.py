@@ -346,11 +346,12 @@ def _pointwise_region(graph, users: dict, i: int, shape: tuple) -> bool:
             if len(region) > MAX_REGION:
                 return False
             stack.append(u)
-    position = {n.id: k for k, n in enumerate(graph.nodes)}
-    start = position[i]
     outside = {j for r in region for j in graph.node(r).inputs
                if j != i and j not in region and graph.node(j).shape != ()}
-    return not any(_depends_on(graph, j, i, position, start) for j in outside)
+    if not outside:                     # (a GELU reads only `i` and scalars: nothing to trace)
+        return True
+    position = {n.id: k for k, n in enumerate(graph.nodes)}
+    return not any(_depends_on(graph, j, i, position, position[i]) for j in outside)
 
 
 def _depends_on(graph, j: int, i: int, position: dict, start: int) -> bool:
