@@ -79,6 +79,12 @@ def _index_tree(graph: Graph, nid: int, rank: int, acc: list[int]) -> bool:
         return True
     if len(n.shape) > 2 and any(size != 1 for size in n.shape[:-2]):
         return False                    # varies along a batch dim
+    if _leading_ones(graph, n):     # [T, S] -> [1, .., T, S]: the same value at each (row, col)
+        if not _index_tree(graph, n.inputs[0], rank, acc):
+            return False
+        if nid not in acc:
+            acc.append(nid)
+        return True
     if n.op is Op.IOTA or (n.op is Op.RESHAPE and graph.node(n.inputs[0]).op is Op.IOTA):
         if index_axis(n, rank) is None:
             return False
@@ -93,6 +99,16 @@ def _index_tree(graph: Graph, nid: int, rank: int, acc: list[int]) -> bool:
     if nid not in acc:
         acc.append(nid)
     return True
+
+
+def _leading_ones(graph: Graph, n: Node) -> bool:
+    """A reshape of a non-IOTA that only adds leading size-1 dims."""
+    if n.op is not Op.RESHAPE:
+        return False
+    src = graph.node(n.inputs[0])
+    k = len(n.shape) - len(src.shape)
+    return src.op is not Op.IOTA and k > 0 and tuple(n.shape[k:]) == tuple(src.shape) \
+        and all(d == 1 for d in n.shape[:k])
 
 
 def _attention_patterns(graph: Graph, users: dict[int, list[int]]) -> list[AttentionPattern]:

@@ -31,6 +31,7 @@ from .emitter import TL, Emitted, Emitter
 from .spec import KernelSpec
 
 INTEGERS = {"int8", "int16", "int32", "int64", "uint8"}
+LOG2E = 1.4426950408889634
 
 
 def parts(spec: KernelSpec) -> tuple[int, int, int]:
@@ -124,78 +125,116 @@ def attention(e: Emitter) -> Emitted:
     if v.single:      # D <= BLOCK_D: q's tile is loaded once
         w.line(f"q = tl.load(q_base + rm[:, None] * {sqm} + rd[None, :] * {sqd}, "
                "mask=m_ok[:, None] & (rd < K)[None, :], other=0)")
-    loaded: dict[int, str] = {}
+    before_loop: dict[int, str] = {}
     for j, (_dt, level) in enumerate(spec.operands):
         if level == "scalar":           # run-time scalars (a scale): loaded once, before the loop
-            loaded[j] = f"x{j}"
+            before_loop[j] = f"x{j}"
             w.line(f"x{j} = {e.load(j, '0', None)}")
     w.line('m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)')
     w.line("l_i = tl.zeros([BLOCK_M], tl.float32)")
     w.line("acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)")
-    w.line("hi = " + ("tl.minimum(N, (pid_m + 1) * BLOCK_M)" if skip else "N"))
-    w.line("for n0 in range(0, hi, BLOCK_N):")
-    w.indent += 1
-    w.line("rn = n0 + tl.arange(0, BLOCK_N)")
-    w.line("n_ok = rn < N")
-    if v.single:
-        w.line(f"kt = tl.load(k_base + rd[:, None] * {skd} + rn[None, :] * {skn}, "
-               "mask=(rd < K)[:, None] & n_ok[None, :], other=0)")
-        w.line(f"s = {_dot('q', 'kt', None, qk_dt)}")
-    else:
-        w.line("s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)")
-        w.line("for d0 in range(0, K, BLOCK_D):")
-        w.indent += 1
-        w.line("dd = d0 + rd")
-        w.line(f"q = tl.load(q_base + rm[:, None] * {sqm} + dd[None, :] * {sqd}, "
-               "mask=m_ok[:, None] & (dd < K)[None, :], other=0)")
-        w.line(f"kt = tl.load(k_base + dd[:, None] * {skd} + rn[None, :] * {skn}, "
-               "mask=(dd < K)[:, None] & n_ok[None, :], other=0)")
-        w.line(f"s = {_dot('q', 'kt', 's', qk_dt)}")
-        w.indent -= 1
-    # The product rounds to its dtype before the chain reads it, as on the CPU.
-    if spec.nodes[mm1].dtype in ("bfloat16", "float16"):
-        w.line(f"s = s.to({TL[spec.nodes[mm1].dtype]}).to(tl.float32)")
 
-    def load(j: int) -> str:
-        """Operand j read by the chain, at this tile's rows and columns (broadcast where its stride is 0)."""
-        if j not in loaded:
-            t = w.tmp("x")
-            sm_, sn_ = e.stride(j, nb), e.stride(j, nb + 1)
-            if sm_ == "0" and sn_ == "0":
-                w.line(f"{t} = {e.load(j, offset(j), None)}")
-            elif sm_ == "0":
-                w.line(f"{t} = {e.load(j, offset(j, f'rn * {sn_}'), 'n_ok')}[None, :]")
-            elif sn_ == "0":
-                w.line(f"{t} = {e.load(j, offset(j, f'rm * {sm_}'), 'm_ok')}[:, None]")
-            else:
-                tile = f"rm[:, None] * {sm_} + rn[None, :] * {sn_}"
-                w.line(f"{t} = {e.load(j, offset(j, tile), 'm_ok[:, None] & n_ok[None, :]')}")
-            loaded[j] = t
-        return loaded[j]
-
-    vals: dict[int, str] = {mm1: "s"}
-    for k in range(mm1 + 1, sm):
-        n = spec.nodes[k]
-        t = w.tmp("v")
-        if n.op == "iota":
-            index = "rm[:, None]" if n.level == "row" else "rn[None, :]"
-            w.line(f"{t} = {index}.to({TL[n.dtype]})")
+    def key_block(interior: bool) -> None:
+        """One key block's scores, chain and online-softmax step; `interior`: no key past N and
+        (causal) none right of the diagonal, so nothing is masked."""
+        cols = None if interior else "n_ok"
+        w.line("rn = n0 + tl.arange(0, BLOCK_N)")
+        if not interior:
+            w.line("n_ok = rn < N")
+        kmask = "(rd < K)[:, None]" + ("" if interior else " & n_ok[None, :]")
+        if v.single:
+            w.line(f"kt = tl.load(k_base + rd[:, None] * {skd} + rn[None, :] * {skn}, mask={kmask}, other=0)")
+            w.line(f"s = {_dot('q', 'kt', None, qk_dt)}")
         else:
-            w.line(f"{t} = {e.op(n, [e.arg(a, vals, load) for a in n.args])}")
-        vals[k] = t
-    x = e.arg(spec.nodes[sm].args[0], vals, load)
-    # Online softmax over the key blocks; columns past S take no part.
-    w.line(f'x = tl.where(n_ok[None, :], {x}, float("-inf"))')
-    w.line("m_new = tl.maximum(m_i, tl.max(x, axis=1))")
-    w.line('m_use = tl.where(m_new == float("-inf"), 0.0, m_new)     # an all -inf block so far: nothing to scale')
-    w.line("alpha = tl.exp(m_i - m_use)")
-    w.line("p = tl.exp(x - m_use[:, None])")
-    w.line("l_i = l_i * alpha + tl.sum(p, axis=1)")
-    w.line(f"vv = tl.load(v_base + rn[:, None] * {svn} + rv[None, :] * {svd}, mask=n_ok[:, None] & v_ok[None, :], other=0)")
-    w.line("acc = acc * alpha[:, None]")
-    w.line(f"acc = {_dot(f'p.to({TL[v_dt]})', 'vv', 'acc', v_dt)}")
-    w.line("m_i = m_new")
-    w.indent -= 1
+            w.line("s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)")
+            w.line("for d0 in range(0, K, BLOCK_D):")
+            w.indent += 1
+            w.line("dd = d0 + rd")
+            w.line(f"q = tl.load(q_base + rm[:, None] * {sqm} + dd[None, :] * {sqd}, "
+                   "mask=m_ok[:, None] & (dd < K)[None, :], other=0)")
+            w.line(f"kt = tl.load(k_base + dd[:, None] * {skd} + rn[None, :] * {skn}, "
+                   f"mask={kmask.replace('rd', 'dd')}, other=0)")
+            w.line(f"s = {_dot('q', 'kt', 's', qk_dt)}")
+            w.indent -= 1
+        # The product rounds to its dtype before the chain reads it, as on the CPU.
+        if spec.nodes[mm1].dtype in ("bfloat16", "float16"):
+            w.line(f"s = s.to({TL[spec.nodes[mm1].dtype]}).to(tl.float32)")
+        loaded = dict(before_loop)
+
+        def load(j: int) -> str:
+            """Operand j read by the chain, at this tile's rows and columns (broadcast where its stride is 0)."""
+            if j not in loaded:
+                t = w.tmp("x")
+                sm_, sn_ = e.stride(j, nb), e.stride(j, nb + 1)
+                if sm_ == "0" and sn_ == "0":
+                    w.line(f"{t} = {e.load(j, offset(j), None)}")
+                elif sm_ == "0":
+                    w.line(f"{t} = {e.load(j, offset(j, f'rn * {sn_}'), cols)}[None, :]")
+                elif sn_ == "0":
+                    w.line(f"{t} = {e.load(j, offset(j, f'rm * {sm_}'), 'm_ok')}[:, None]")
+                else:
+                    tile = f"rm[:, None] * {sm_} + rn[None, :] * {sn_}"
+                    both = "m_ok[:, None]" + ("" if interior else " & n_ok[None, :]")
+                    w.line(f"{t} = {e.load(j, offset(j, tile), both)}")
+                loaded[j] = t
+            return loaded[j]
+
+        vals: dict[int, str] = {mm1: "s"}
+        for k in range(mm1 + 1, sm):
+            n = spec.nodes[k]
+            if interior and k == causal_where:      # every score here is kept: the where's `then`
+                vals[k] = e.arg(n.args[1], vals, load)
+                continue
+            if interior and k not in kept:          # read only by the causal where's mask
+                continue
+            t = w.tmp("v")
+            if n.op == "iota":
+                index = "rm[:, None]" if n.level == "row" else "rn[None, :]"
+                w.line(f"{t} = {index}.to({TL[n.dtype]})")
+            else:
+                w.line(f"{t} = {e.op(n, [e.arg(a, vals, load) for a in n.args])}")
+            vals[k] = t
+        x = e.arg(spec.nodes[sm].args[0], vals, load)
+        # Online softmax over the key blocks, in base 2 (one FMA and an exp2 per score); columns
+        # past S take no part.
+        if interior:
+            w.line(f"x = {x}")
+        else:
+            w.line(f'x = tl.where(n_ok[None, :], {x}, float("-inf"))')
+        w.line("m_new = tl.maximum(m_i, tl.max(x, axis=1))")
+        w.line('m_use = tl.where(m_new == float("-inf"), 0.0, m_new)     # an all -inf block so far: nothing to scale')
+        w.line(f"alpha = tl.exp2((m_i - m_use) * {LOG2E!r})")
+        w.line(f"p = tl.exp2(x * {LOG2E!r} - (m_use * {LOG2E!r})[:, None])")
+        w.line("l_i = l_i * alpha + tl.sum(p, axis=1)")
+        vmask = "v_ok[None, :]" if interior else "n_ok[:, None] & v_ok[None, :]"
+        w.line(f"vv = tl.load(v_base + rn[:, None] * {svn} + rv[None, :] * {svd}, mask={vmask}, other=0)")
+        w.line("acc = acc * alpha[:, None]")
+        w.line(f"acc = {_dot(f'p.to({TL[v_dt]})', 'vv', 'acc', v_dt)}")
+        w.line("m_i = m_new")
+
+    causal_where = spec.nodes[sm].args[0][1] if skip else None
+    # The chain's nodes an interior block evaluates: what the softmax reads, through the causal
+    # where's `then` side only.
+    kept: set[int] = set()
+    stack = [spec.nodes[causal_where].args[1] if skip else spec.nodes[sm].args[0]]
+    while stack:
+        a = stack.pop()
+        if a[0] == "n" and a[1] not in kept:
+            kept.add(a[1])
+            stack += list(spec.nodes[a[1]].args)
+
+    w.line("hi = " + ("tl.minimum(N, (pid_m + 1) * BLOCK_M)" if skip else "N"))
+    # Interior key blocks first: wholly inside the keys and (causal) wholly left of the program's
+    # first row, so no score in them is masked: their loads take no bounds masks and the causal
+    # `where` is not evaluated. Then the blocks up to the diagonal (or N), masked.
+    w.line("lo = " + ("tl.minimum(pid_m * BLOCK_M, N)" if skip else "N") + " // BLOCK_N * BLOCK_N")
+    for interior in (True, False):
+        w.line("for n0 in range(0, lo, BLOCK_N):" if interior else "for n0 in range(lo, hi, BLOCK_N):")
+        w.indent += 1
+        key_block(interior)
+        w.indent -= 1
+
+
     fill = causal_fill(spec) if skip else None
     if fill is not None and fill != float("-inf"):
         # The keys past the last block visited score `fill` in every row here (module doc).
@@ -219,7 +258,11 @@ def attention(e: Emitter) -> Emitted:
         w.indent -= 1
         w.line("acc += w_f[:, None] * vsum[None, :]")
         w.indent -= 1
-    w.line("out = tl.where(N > 0, acc / l_i[:, None], 0.0)     # no keys at all: an empty sum, as torch")
+    if ("safe", True) in spec.nodes[sm].attrs:
+        # A safe softmax: a row whose every score is -inf (l_i == 0 exactly then) gives zeros.
+        w.line("out = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)")
+    else:
+        w.line("out = tl.where(N > 0, acc / l_i[:, None], 0.0)     # no keys at all: an empty sum, as torch")
     e.store(0, "bid * M * DV + rm[:, None] * DV + rv[None, :]", "out", "m_ok[:, None] & v_ok[None, :]")
     return e.finish({"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_D": cfg["BLOCK_D"],
                      "BLOCK_DV": cfg["BLOCK_DV"]})

@@ -233,7 +233,9 @@ def rowwise(e: Emitter) -> Emitted:
                 x = value(n.args[0][1]) if n.args[0][0] == "n" else e.arg(n.args[0], vals, load)
                 m, s = f"smax{k}", f"ssum{k}"
                 t = w.tmp("v")
-                if n.op == "softmax":
+                if n.op == "softmax" and ("safe", True) in n.attrs:   # a row of -inf alone: zeros
+                    w.line(f'{t} = tl.where({m} == float("-inf"), 0.0, tl.exp(({x}) - {m}) / {s})')
+                elif n.op == "softmax":
                     w.line(f"{t} = tl.exp(({x}) - {m}) / {s}")
                 else:
                     w.line(f"{t} = ({x}) - {m} - tl.log({s})")

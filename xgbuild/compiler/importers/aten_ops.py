@@ -346,10 +346,10 @@ def _weight_norm(t, node, args, kwargs):
     return C.weight_norm(t.b, args[0], args[1], int(arg(args, kwargs, 2, "dim", 0)))
 
 
-@op("aten.softmax", "aten._softmax", "aten.log_softmax", "aten._log_softmax")
+@op("aten.softmax", "aten._softmax", "aten.log_softmax", "aten._log_softmax", "aten._safe_softmax")
 def _softmax(t, node, args, kwargs):
-    log = "log" in str(node.target.overloadpacket)
-    return t.b.cast(C.softmax(t.b, args[0], int(args[1]), log), out_dtype(node))
+    name = str(node.target.overloadpacket)
+    return t.b.cast(C.softmax(t.b, args[0], int(args[1]), "log" in name, safe="_safe" in name), out_dtype(node))
 
 
 @op("aten.embedding")

@@ -68,16 +68,19 @@ def gelu(b: IRBuilder, x: Ref, approximate: str = "none") -> Ref:
     return b.binary(Op.MUL, b.binary(Op.MUL, x, 0.5), b.binary(Op.ADD, b.unary(Op.TANH, inner), 1.0))
 
 
-def softmax(b: IRBuilder, x: Ref, dim: int, log: bool = False) -> Ref:
+def softmax(b: IRBuilder, x: Ref, dim: int, log: bool = False, safe: bool = False) -> Ref:
+    """softmax (log_softmax) along `dim`; `safe`: a row whose every input is -inf gives zeros, not
+    NaN (torch's `_safe_softmax`, what attention gives a query its mask leaves no key)."""
     x = _float(b, x)
     r = b.rank(x)
     if r == 0:
         return b.full(0.0 if log else 1.0, b.dtype(x), ())
     dim %= r
     op = Op.LOG_SOFTMAX if log else Op.SOFTMAX
+    extra = {"safe": True} if safe and not log else {}
     if dim == r - 1:
-        return b.op(op, [x], dim=dim)
-    y = b.op(op, [b.transpose(x, dim, r - 1)], dim=r - 1)
+        return b.op(op, [x], dim=dim, **extra)
+    y = b.op(op, [b.transpose(x, dim, r - 1)], dim=r - 1, **extra)
     return b.transpose(y, dim, r - 1)
 
 
@@ -172,17 +175,10 @@ def attention(b: IRBuilder, q: Ref, k: Ref, v: Ref, mask: Ref | None, causal: bo
             scores = b.where(mask, scores, NEG_INF)
         else:
             scores = b.binary(Op.ADD, scores, b.cast(mask, b.dtype(scores)))
-    out = matmul(b, softmax(b, scores, -1), v)
-    if mask is None:
-        return out
     # A query row the mask leaves no key (a padded query under a sliding window) attends to nothing:
-    # zeros, as PyTorch's attention gives, not the NaN of a softmax over -inf alone. Which rows are
-    # empty is read from the mask, not the scores, so the attention stays one fused kernel.
-    allowed = mask if b.dtype(mask) == "bool" else b.compare(Op.GT, mask, NEG_INF)
-    if causal:
-        allowed = b.op(Op.AND, [allowed, keep])
-    empty = b.unary(Op.NOT, reduce_bool(b, allowed, [-1], True, "any"))
-    return b.where(empty, 0.0, out)
+    # zeros, as PyTorch's attention gives (its `_safe_softmax`), not the NaN of a softmax over -inf
+    # alone. The fused attention kernel gives them from its row sums, with no pass over the mask.
+    return matmul(b, softmax(b, scores, -1, safe=mask is not None), v)
 
 
 def embedding(b: IRBuilder, table: Ref, idx: Ref) -> Ref:

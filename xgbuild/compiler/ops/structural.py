@@ -278,7 +278,11 @@ def _cpu_reduce(node, args, dt):
 
 def _cpu_softmax(node, args, dt):
     import torch
-    return torch.softmax(args[0], dim=node.attr("dim"))
+    out = torch.softmax(args[0], dim=node.attr("dim"))
+    if node.attr("safe", False):        # a row of -inf alone gives zeros (torch's _safe_softmax)
+        empty = (args[0] == float("-inf")).all(dim=node.attr("dim"), keepdim=True)
+        out = out.masked_fill(empty, 0.0)
+    return out
 
 
 def _cpu_log_softmax(node, args, dt):

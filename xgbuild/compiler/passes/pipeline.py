@@ -18,6 +18,7 @@ from .cse import cse
 from .dce import dce
 from .inline import inline
 from .shard import shard
+from .simplify import simplify
 from .sink_reshapes import sink_reshapes
 from .stage import stage
 
@@ -27,6 +28,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("autodiff", autodiff),
     ("inline", inline),
     ("const-fold", const_fold),
+    ("simplify", simplify),
     ("cse", cse),
     ("sink-reshapes", sink_reshapes),
     ("dce", dce),

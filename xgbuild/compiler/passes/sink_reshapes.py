@@ -89,9 +89,10 @@ def sink_reshapes(program: Program) -> Program:
     output = tree_map(g.output, lambda i: alias.get(i, i))
     # The reshapes nothing reads any more (the chain's, now between its moved ops) go here, so
     # that the pass never grows the graph by more than the views it adds for dense operands.
+    # Every node but those reshapes stays (dce runs later), so what any of them reads is live.
     live = set(tree_ids(output))
     for n in reversed(out):
-        if n.id in live:
+        if n.id in live or n.op is not Op.RESHAPE:
             live.update(n.inputs)
     out = [n for n in out if n.id in live or n.op is not Op.RESHAPE]
     return program.replace_main(g.with_nodes(out, output))

@@ -171,6 +171,11 @@ class AttentionTemplate(KernelTemplate):
             n = g.node(nid)
             if nid not in tree:
                 return operand(nid)
+            if n.op is Op.RESHAPE and g.node(n.inputs[0]).op is not Op.IOTA:
+                ref = side(n.inputs[0])               # leading size-1 dims added: the same values
+                if ref[0] == "n":
+                    local[nid] = ref[1]
+                return ref
             if n.op is Op.IOTA or n.op is Op.RESHAPE:
                 return add(nid, LocalNode("iota", (), n.dtype, index_axis(n, score_rank)))
             attrs: tuple = (("value", const(n.attr("value"), n.dtype)[1]),) if n.op is Op.FULL else ()
@@ -189,7 +194,8 @@ class AttentionTemplate(KernelTemplate):
                 add(nid, LocalNode("matmul", (("n", local[n.inputs[0]]),), n.dtype, "full"))
             else:
                 args = tuple(("n", local[i]) if i in inside else side(i) for i in n.inputs)
-                add(nid, LocalNode(n.op.value, args, n.dtype, "full"))
+                attrs = (("safe", True),) if n.op is Op.SOFTMAX and n.attr("safe", False) else ()
+                add(nid, LocalNode(n.op.value, args, n.dtype, "full", attrs))
         spec = KernelSpec("attention", out_rank, tuple(operands), tuple(nodes), (local[k.anchor],), 0, tuple(mm))
         return spec, Binding(tuple(operand_nodes), (k.anchor,), k.anchor, "shape")
 

@@ -70,12 +70,14 @@ def build(sched: Schedule, k: Kernel, level_of: Callable[[Node], str], perm: tup
             else:
                 args = tuple(("n", local[i]) if i in inside else operand(i, want) for i in n.inputs)
         # Reductions reduce the kernel's columns and element-wise ops carry no attributes: only
-        # FULL's value, UNINDEX's items and GATHER's count of index dims matter to the code.
+        # FULL's value, UNINDEX's items, GATHER's count of index dims and a safe softmax matter to the code.
         attrs: tuple = (("value", const(n.attr("value"), n.dtype)[1]),) if n.op is Op.FULL else ()
         if n.op is Op.UNINDEX:
             attrs = (("items", n.attr("items")),)
         elif n.op is Op.GATHER:
             attrs = (("lead", len(g.node(n.inputs[1]).shape)),)
+        elif n.op is Op.SOFTMAX and n.attr("safe", False):
+            attrs = (("safe", True),)
         local[nid] = len(nodes)
         nodes.append(LocalNode(n.op.value, args, n.dtype, level, attrs))
     outputs = tuple(local[nid] for nid in k.nodes if nid in outs)
