@@ -90,6 +90,29 @@ def test_imported_model_replays_with_weights_in_place() -> None:
             assert rel(first, ref) < 1e-4 and torch.equal(first, second)
 
 
+def test_an_out_of_range_token_is_refused_at_every_stage_of_replay() -> None:
+    # The index range of a CUDA input is read after the run, with its other checks (no sync before
+    # the work is queued): a bad token id is still an InputError naming the input, whether the run
+    # launches kernel by kernel, captures or replays, and good runs around it are unaffected.
+    from xgbuild.errors import InputError
+    model, inputs, dyn = make("gpt")
+    engine = xg.compile(model, inputs, target=local_target(), tune="predict", dynamic_shapes=dyn)
+    good = make("gpt", batch=3, seed=5)[1][0].cuda()
+    vocab = model.wte.weight.shape[0]
+    bad = good.clone()
+    bad[1, 2] = 10 ** 6
+    want = engine(good).clone()
+    for run in range(4):                    # kernel by kernel, capture, replay, replay
+        with pytest.raises(InputError, match=r"holds 1000000, outside \[0, "):
+            engine(bad)
+        assert torch.equal(engine(good), want), run
+    assert engine.engine.cuda_executor()._captured
+    neg = good.clone()
+    neg[0, 0] = -1
+    with pytest.raises(InputError, match="holds -1"):
+        engine(neg)
+
+
 def test_eager_fallback_ops_run_between_kernels_on_cuda() -> None:
     sys.path.insert(0, str(REPO / "tests" / "unit" / "importers"))
     from test_fallback import Ranker

@@ -64,6 +64,7 @@ class Engine(EngineView):
     _specialised: dict = field(default_factory=dict, repr=False)
     _cuda: dict = field(default_factory=dict, repr=False)        # arch -> CudaExecutor
     _weights: dict = field(default_factory=dict, repr=False)     # device -> {name: tensor}
+    _fast: dict = field(default_factory=dict, repr=False)        # caller's input shapes -> specialised graph
     trust: Trust | None = field(default=None, repr=False)        # set when loaded against trusted keys
 
     def __repr__(self) -> str:
@@ -99,9 +100,13 @@ class Engine(EngineView):
 
     # --- inputs ---------------------------------------------------------------------------------
     def prepare_inputs(self, values: Mapping[str, Any] | None, device: str,
-                       placeholders: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+                       placeholders: frozenset[str] = frozenset(),
+                       pending: list | None = None) -> dict[str, torch.Tensor]:
         """The inputs checked against the signature. Those named in `placeholders` (inputs a
-        pipeline rank does not read) may be `meta` tensors: only their shapes and dtypes count."""
+        pipeline rank does not read) may be `meta` tensors: only their shapes and dtypes count.
+        `pending`: a GPU input's index range is not read here (a sync before any work is queued,
+        the GPU idle meanwhile) but appended, with its min and max still on the device, for
+        `check_ranges` after the run: an out-of-range index reads zeros on the GPU, never faults."""
         values = dict(values or {})
         self.check_names(values)
         out: dict[str, torch.Tensor] = {}
@@ -118,12 +123,11 @@ class Engine(EngineView):
             if t.device.type != device:
                 raise InputError(f"input `{name}` is on {t.device}, but the engine runs on {device}")
             if "range" in spec and t.numel():
-                lo, hi = spec["range"]
-                tmin, tmax = torch.stack(torch.aminmax(t)).tolist()    # one device sync, not two
-                if tmin < lo or tmax >= hi:
-                    bad = tmin if tmin < lo else tmax
-                    raise InputError(f"input `{name}` holds {bad}, outside [{lo}, {hi}): it indexes a table "
-                                     f"of {hi} rows")
+                check = (name, *spec["range"], torch.stack(torch.aminmax(t)))
+                if pending is not None and t.device.type == "cuda":
+                    pending.append(check)
+                else:
+                    check_ranges([check])
             out[name] = t
         out.update(self.weights(device))
         return out
@@ -144,6 +148,22 @@ class Engine(EngineView):
         return self.specialise({n: tuple(t.shape) for n, t in inputs.items()},
                                {n: str(t.dtype) for n, t in inputs.items()})
 
+    def _specialised_fast(self, inputs: Mapping[str, torch.Tensor], device: str) -> tuple[Graph, dict, bool]:
+        """`specialised`, keyed by the caller's inputs alone: the engine's own weights (a hundred
+        and more tensors for an imported model) never change shape, so a run does not describe
+        them again (host time the GPU would otherwise wait through)."""
+        own = self._weights.get(device, {})
+        key = (device,) + tuple((n, t.dtype, tuple(t.shape)) for n, t in inputs.items()
+                                if own.get(n) is not t)
+        hit = self._fast.get(key)
+        if hit is not None:
+            return hit[0], hit[1], True
+        graph, env, cached = self.specialised(inputs)
+        if len(self._fast) >= 64:
+            self._fast.clear()
+        self._fast[key] = (graph, env)
+        return graph, env, cached
+
     # --- running --------------------------------------------------------------------------------
     def run(self, external_values: Mapping[str, Any] | None = None, *, device: str = "cpu", check: bool = True,
             float64: bool = False, wait: bool = True, profiler: Any = None) -> RunResult:
@@ -159,15 +179,21 @@ class Engine(EngineView):
             executor = self.cuda_executor(check=check)     # refuses missing kernels or GPU first
         else:
             executor = CpuExecutor(float64=float64, check=check)
-        inputs = self.prepare_inputs(external_values, device)
+        pending: list = []
+        inputs = self.prepare_inputs(external_values, device, pending=pending)
         if profiler is not None:
             if device == "cuda":
                 torch.cuda.synchronize()        # the iteration starts on an idle GPU
             profiler.begin()
         t0 = time.perf_counter()
-        graph, env, cached = self.specialised(inputs)
+        graph, env, cached = self._specialised_fast(inputs, device)
         if device == "cuda":
-            out = executor.run(graph, inputs, wait=wait or profiler is not None, profiler=profiler)
+            try:
+                out = executor.run(graph, inputs, wait=wait or profiler is not None, profiler=profiler)
+            except ExecutionError:
+                check_ranges(pending)       # a bad input index is the cause to name first
+                raise
+            check_ranges(pending)
         else:
             out = executor.run(graph, inputs)
         total_ms = (time.perf_counter() - t0) * 1e3
@@ -220,6 +246,19 @@ class Engine(EngineView):
         ex = self._cuda[arch]
         ex.check = check
         return ex
+
+
+def check_ranges(checks: list) -> None:
+    """InputError for the first input of `checks` ((name, lo, hi, its [min, max] tensor)) holding an
+    index outside [lo, hi); one device read for them all."""
+    if not checks:
+        return
+    values = torch.cat([c[3] for c in checks]).tolist()
+    for k, (name, lo, hi, _mm) in enumerate(checks):
+        tmin, tmax = values[2 * k], values[2 * k + 1]
+        if tmin < lo or tmax >= hi:
+            bad = tmin if tmin < lo else tmax
+            raise InputError(f"input `{name}` holds {bad}, outside [{lo}, {hi}): it indexes a table of {hi} rows")
 
 
 def _profile_ops(profiler: Any, graph: Graph, timings: list[dict], iteration: int) -> None:

@@ -119,6 +119,7 @@ class KernelExecutor:
         self._guards: dict[int, tuple[Graph, frozenset[int], frozenset[int]]] = {}
         self._replays: dict[tuple, Replay] = {}
         self._dynamic: dict[int, tuple[Graph, bool]] = {}
+        self._key_parts: dict[str, tuple[torch.Tensor, tuple]] = {}    # stable input -> (tensor, its key part)
         self._consts: dict[tuple, torch.Tensor] = {}
         # `runtime.profile.Profiler` while a run is profiled: each launch bracketed by CUDA events,
         # nothing replayed (a replay's launches are not told apart).
@@ -303,7 +304,10 @@ class KernelExecutor:
             raise ExecutionError(f"internal: %{n.id} (`{n.op.value}`) is read before a kernel writes it")
         return base
 
-    def _key(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> tuple | None:
+    def _key(self, graph: Graph, inputs: dict[str, torch.Tensor], stable: frozenset[str] = frozenset()) -> tuple | None:
+        """The launches' key: per input its shape, strides, dtype, device and alignment. `stable`
+        names inputs whose tensors persist between runs (an engine's weights): their part is
+        remembered per tensor object, not described again at every run."""
         dynamic = self._dynamic.get(id(graph))
         if dynamic is None or dynamic[0] is not graph:
             dynamic = self._dynamic[id(graph)] = (graph, any(n.op in (Op.INDEX, Op.UNINDEX) and len(n.inputs) > 1
@@ -311,8 +315,18 @@ class KernelExecutor:
         if dynamic[1]:
             return None                 # run-time indices: the launch depends on their values
         # A GATHER's indices are tensor data its kernel reads: its launches depend on shapes alone.
-        return (id(graph), self.check_outputs) + tuple((name, tuple(t.shape), tuple(t.stride()), t.dtype, t.device,
-                                                        t.data_ptr() % 16) for name, t in sorted(inputs.items()))
+        memo = self._key_parts
+        parts = []
+        for name, t in sorted(inputs.items()):
+            known = memo.get(name) if name in stable else None
+            if known is not None and known[0] is t:
+                parts.append(known[1])
+                continue
+            part = (name, tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t.data_ptr() % 16)
+            if name in stable:
+                memo[name] = (t, part)
+            parts.append(part)
+        return (id(graph), self.check_outputs) + tuple(parts)
 
     def covered(self, graph: Graph) -> frozenset[int]:
         """The graph's outputs whose values a kernel stores, so check mode's flag word guards them."""
@@ -487,13 +501,13 @@ class CudaExecutor:
     def _values(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> tuple[dict[int, torch.Tensor],
                                                                                 torch.Tensor | None]:
         """The run's outputs and its check-mode flag word (None with checks off)."""
-        key = self.kernels._key(graph, inputs) if self.graphs else None
+        key = self.kernels._key(graph, inputs, self.stable) if self.graphs else None
         if key is None:
             return self.kernels.run(graph, inputs), self.kernels.flags
         with self._lock:                        # a graph's buffers serve one run at a time
             cap = self._captured.pop(key, None)
             if cap is not None:
-                if cap.graph is graph and all(inputs[n].data_ptr() == cap.inputs[n].data_ptr()
+                if cap.graph is graph and all(inputs[n] is cap.inputs[n] or inputs[n].data_ptr() == cap.inputs[n].data_ptr()
                                               for n in cap.inputs if n not in cap.copied):
                     self._captured[key] = cap   # most recently used last: evicted last
                     return self._replay(cap, inputs)

@@ -130,7 +130,7 @@ def _gather(e: Emitter, k: int, n, idx: str) -> str:
     """Node k, a `gather`: the table's element in row `idx` (this element's index, loaded at the
     domain's leading positions), the rest of the domain's dims lining up with the table's after its
     rows. An index outside the table reads nothing (the load is masked, the row clamped to 0) and
-    gives 0: engines reject such index inputs on the host before a run."""
+    gives 0: engines refuse such index inputs, read with the run's checks after it."""
     w, spec = e.w, e.spec
     lead = dict(n.attrs)["lead"]
     t = n.args[0][1]
