@@ -27,13 +27,13 @@ class Tuning:
     cache: Any
     measurers: list
     compiler: Any           # tuner.Compiler: processes compiling kernels for the target's arch
-    gpu_procs: list = ()    # tuner.gpu_procs.GpuProcess: GPUs 1.. of this host, measuring from a process each
+    gpu_procs: list = ()    # tuner.gpu_procs.GpuProcess: with several GPUs, each measuring from a process of its own
 
 
 class EarlyStart:
     """A measured build's GPUs and compile pool, started from a thread before its front end runs:
-    this process's measurers (torch's import, CUDA's start), GPUs 1..'s measuring processes
-    (seconds each of the same) and the compile workers, so that their start-up overlaps parsing,
+    this process's measurers (torch's import, CUDA's start), with several GPUs each one's
+    measuring process, GPU 0's too (seconds each of the same) and the compile workers, so that their start-up overlaps parsing,
     checking and lowering instead of the first jobs. `tuning(early=...)` takes them when they are
     what its step needs (the same profile, workers and budget); `close` ends whatever was not
     taken, at once (a front end that fails does not wait for torch)."""
@@ -119,7 +119,7 @@ def tuning(profile: GpuProfile, policy: Policy, settings: Settings, workers: int
            origins: Any = None, budget_s: float | None = None, early: EarlyStart | None = None) -> Iterator[Tuning]:
     """Open the cache (a cache that cannot be opened costs a warning, never the build), find the
     measurers `policy` needs, start the compiler and, with several GPUs, the measuring processes
-    of GPUs 1.. (each takes seconds to import torch and start CUDA: started here, that overlaps
+    of every GPU (each takes seconds to import torch and start CUDA: started here, that overlaps
     planning and the cache lookups); close them all after (a process still starting is killed).
     `origins` (an `origins.Origins`): note there which tier served each cache hit, for the
     provenance. `budget_s`: the measuring processes' tuning budget, as `tune_jobs` takes it.

@@ -2,25 +2,29 @@
 
 Threads measuring in one process share its interpreter lock, and a candidate's measurement is
 as much Python (binding, launching, timing runs, checking) as GPU time for most kernels: two
-GPUs in one process tuned 1.3-1.4x the jobs per minute of one. Here each GPU gets a process
-(`workers.Worker`, `CUDA_VISIBLE_DEVICES` naming its GPU alone) that keeps a `Tuner`, a
-`CudaMeasurer`, a compile pool (its share of the host's CPUs) and the XG cache open between jobs;
-the parent hands it jobs one at a time, in order, and gets the winners back. Cubins meet in the
-shared XG cache (and Triton's), so the parent links the winners without compiling them again.
+GPUs in one process tuned 1.3-1.4x the jobs per minute of one. Here each GPU (GPU 0 too: the
+build's process then only coordinates, looks up and compiles) gets a process (`workers.Worker`,
+`CUDA_VISIBLE_DEVICES` naming its GPU alone) that keeps a `Tuner`, a `CudaMeasurer`, a compile
+pool (its share of the host's CPUs) and the XG cache open between jobs; the parent hands it jobs
+one at a time, in order, with what it already worked out for each (`Handoff`: the candidates,
+their ranking and the first wave's compiled kernels), and gets the winners back, which it records.
+Cubins meet in the shared XG cache (and Triton's), so the parent links the winners without
+compiling them again.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from ..settings import visible_device, visible_devices
 from .jobs import Job
 from .tuner import Compiler, TuneError, Tuner, Winner
 from .workers import Worker, WorkerDied
 
-_STATE: dict[str, Tuner] = {}       # in a measuring process: its tuner, made by the first call
+_STATE: dict[str, Any] = {}        # in a measuring process: its tuner, made by the first call
 
 
 class GpuUnavailable(RuntimeError):
@@ -37,40 +41,105 @@ def _profile(name: str, hw_dir: Any, expected: dict) -> Any:
     return profile
 
 
+@dataclass(frozen=True)
+class Handoff:
+    """What the build's tuner worked out for a job before a measuring process gets it (see
+    `Tuner.preset`): the process would otherwise prune, rank and emit the candidates again and
+    read the first wave's cubins back from the cache. `waited_s`: how long the job waited here
+    for that wave, counted as the job's waiting for compiles."""
+    candidates: list
+    ranked: list
+    seed: str | None
+    wave: dict          # config key -> (variant, emitted, KernelBinary) or (variant, emitted or None, why it failed)
+    waited_s: float = 0.0
+
+
+def handoff(tuner: Tuner, job: Job, wave: dict, waited_s: float = 0.0) -> Handoff:
+    """`job`'s `Handoff` from `tuner`, given its first wave (`Tuner.prefetch`'s entries, after
+    `link._await_first_wave`); compiles not done are left out (the process compiles them)."""
+    done: dict = {}
+    for k, (variant, em, got) in wave.items():
+        if em is None:
+            done[k] = (variant, None, str(got))
+        elif got.done() and not got.cancelled():
+            exc = got.exception()
+            if exc is None:
+                done[k] = (variant, em, got.result()[0])
+            else:
+                text = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+                done[k] = (variant, em, text)
+    ranked = tuner.ranked(job)
+    seed = tuner.wave_seed(job)
+    return Handoff(tuner.candidates(job), ranked, seed, done, round(waited_s, 3))
+
+
+def _local_measurers(profile: Any) -> list:
+    from .cuda_measure import local_measurers
+    return local_measurers(profile)
+
+
 def tune_here(settings: Any, profile_ref: tuple, policy: str, budget_s: float | None, workers: int,
-              job: Job | None, priority: float) -> Winner | None:
+              find: Callable[[Any], list] | None, job: Job | None, priority: float,
+              given: Handoff | None = None) -> Winner | None:
     """Runs in a measuring process: `job`'s winner, measured on this process's one GPU (None: only
-    start the tuner, its GPU, cache and compile workers)."""
+    start the tuner, its GPU, cache and compile workers), not recorded (the build's process
+    records it). `find(profile)`: this process's measurers (default: its local GPUs of the
+    profile's model; a test passes fakes). `given`: what the build's process worked out for it."""
     tuner = _STATE.get("tuner")
     if tuner is None:
         profile = _profile(*profile_ref)
-        from .cuda_measure import local_measurers
         cache = None
         if settings is not None:
             from ..cache import Cache
             cache = Cache.open(settings)
-        measurers = local_measurers(profile)
+        measurers = (find or _local_measurers)(profile)
         if not measurers:
             raise TuneError(f"the measuring process for GPU {','.join(visible_devices())} finds no "
                             f"{profile.name} GPU")
-        # The build's own process compiles every job's first candidates into the shared cache;
-        # this pool compiles what a job here needs beyond them. Started now, with the process,
-        # and not at the first such candidate (its workers' start then held that job seconds).
+        # The build's own process compiles every job's first candidates and hands them over;
+        # this pool compiles what a job here needs beyond them (`start_pool`).
         compiler = Compiler(profile.sm, cache, workers)
-        compiler.start()
         tuner = _STATE["tuner"] = Tuner(profile, policy=policy, cache=cache, measurer=measurers[0],
                                         budget_s=budget_s, compiler=compiler)
-    return None if job is None else tuner.tune(job, priority=priority, looked_up=True)
+    if job is None:
+        return None
+    start_pool(tuner)
+    if given is not None:
+        tuner.preset(job, given.candidates, given.ranked, given.seed, given.wave)
+    winner = tuner.tune(job, priority=priority, looked_up=True, record=False)
+    if given is not None and given.waited_s and winner.search:
+        for k in ("seconds", "waiting_s"):
+            if k in winner.search:
+                winner.search[k] = round(winner.search[k] + given.waited_s, 3)
+    return winner
+
+
+def start_pool(tuner: Tuner) -> None:
+    """Start a measuring process's compile pool, at its first job: not with the process, whose
+    start (seconds of torch and CUDA) overlaps the first waves' compiles in the build's pool, which
+    every GPU waits for; the pool's workers, warming up then (Triton's import and a first compile,
+    0.7 CPU-seconds each, a share of the host's CPUs per GPU), would slow those compiles. Its first
+    job comes with its first wave compiled (`Handoff`), so the workers warm up while that wave is
+    measured, before the job needs a candidate beyond it; not at the first such candidate (its
+    workers' start then held that job seconds)."""
+    if not _STATE.get("pool started"):
+        _STATE["pool started"] = True
+        tuner.compiler.start()
 
 
 class GpuProcess:
-    """One GPU's measuring process, as `tune_jobs` drives it: `tune(job, priority)` -> Winner."""
+    """One GPU's measuring process, as `tune_jobs` drives it: `tune(job, priority, given=Handoff)`
+    -> Winner, which the caller records. `find`: a picklable `(profile) -> measurers` the process
+    measures with (default: its GPU; tests pass fakes)."""
+
+    takes_handoff = True        # `tune_jobs` hands it each job's first wave (`Handoff`)
 
     def __init__(self, device_index: int, settings: Any, profile: Any, policy: str, budget_s: float | None,
-                 workers: int) -> None:
+                 workers: int, find: Callable[[Any], list] | None = None) -> None:
         self.device_index = device_index
         hw_dir = getattr(settings, "hw_dir", None)
-        self._args = (settings, (profile.name, hw_dir, profile.to_dict()), str(policy), budget_s, max(1, workers))
+        self._args = (settings, (profile.name, hw_dir, profile.to_dict()), str(policy), budget_s, max(1, workers),
+                      find)
         self._worker = Worker({"CUDA_VISIBLE_DEVICES": visible_device(device_index)})
         self._lock = threading.Lock()           # one call at a time on the worker's pipes
         self._starting: BaseException | None = None
@@ -98,11 +167,11 @@ class GpuProcess:
                                  f"{type(self._starting).__name__}: {self._starting}")
         return True
 
-    def tune(self, job: Job, priority: float = 0, looked_up: bool = True) -> Winner:
+    def tune(self, job: Job, priority: float = 0, looked_up: bool = True, given: Handoff | None = None) -> Winner:
         self.started()
         with self._lock:
             try:
-                return self._worker.call(tune_here, (*self._args, job, priority))
+                return self._worker.call(tune_here, (*self._args, job, priority, given))
             except WorkerDied as exc:
                 raise GpuUnavailable(f"GPU {self.device_index}'s measuring process died: {exc}") from None
 

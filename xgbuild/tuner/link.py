@@ -22,16 +22,18 @@ from ..compiler.codegen.schedule import ScheduleError
 from ..compiler.codegen.spec import Binding
 from ..compiler.codegen.launch_abi import Variant
 from ..compiler.codegen.templates import emit
+from ..compiler.codegen.templates.base import config_key
 from ..compiler.frontend.codes import KERNEL_COMPILE, NO_GPU_CODE, NO_TUNED_KERNEL
 from ..compiler.frontend.diagnostics import plain_error
 from ..compiler.ir.graph import Graph
 from ..hw import GpuProfile
-from .gpu_procs import GpuUnavailable
+from .gpu_procs import GpuUnavailable, handoff
 from .jobs import Job, plan, tuning_env
 from .policy import Policy
 from .progress import TuneProgress
 from .space import default_config
 from .tuner import Compiler, Measurer, StrictMiss, Tuner, TuneError, Winner
+from .writer import WinnerWriter
 
 
 @dataclass
@@ -59,8 +61,11 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
     job order; when measuring, cache hits are settled first and a background thread compiles
     ahead: each job's first candidates, queued behind the jobs the GPUs are on (`Tuner.prefetch`).
     `progress`: draw a bar (True), write JSON events on stderr ("json") or report to a `TuneProgress`.
-    `gpu_procs`: the measuring processes of GPUs 1.. when the caller started them (and closes
-    them: `context.tuning`); otherwise they are started, and closed, here."""
+    `gpu_procs`: the measuring processes of the GPUs when the caller started them (and closes
+    them: `context.tuning`); otherwise they are started, and closed, here. A process for every
+    measurer: they measure and this process hands out jobs and records the winners; for some only
+    (a test's), measurers[0] measures here too. When every process gave up with jobs left, the
+    build fails (TuneError)."""
     tuners = [Tuner(profile, policy=policy, cache=cache, measurer=m, budget_s=budget_s, compiler=compiler)
               for m in (measurers or [None])]
     for t in tuners[1:]:                        # one build: the seeds and compiles ahead are shared
@@ -120,50 +125,86 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
             misses.put(None)
             if fetcher is not None and stop.is_set():
                 fetcher.join()
-        # GPU 0 measures from this process (nothing to start); any others from a process each,
-        # started by the caller (`context.tuning`) or now, overlapping GPU 0's first jobs.
+        # With several GPUs each measures from a process of its own, started by the caller
+        # (`context.tuning`) or now; this process then only looks up, compiles ahead and hands
+        # the jobs out. One GPU (or processes for some of them only) measures from here.
         own = gpu_procs is None
         procs: list = []
         if measuring and queue:
             procs = gpu_processes(measurers, cache, profile, policy, budget_s, compiler) if own else list(gpu_procs)
-        runners: list[Any] = [tuners[0], *procs] if procs else tuners
+        runners: list[Any] = tuners if not procs else [tuners[0], *procs] if len(procs) < len(tuners) else procs
+        unavailable: list[str] = []         # why each GPU that gave up did
+
+        # A GPU whose queue ran dry waits while another holds a job: a process that dies gives
+        # its job back, for whichever GPU is left.
+        changed = threading.Condition(lock)
+        held = [0]                          # jobs the GPUs hold now
 
         def worker(tuner: Any) -> None:
-            if not _started(tuner, lambda: not queue or bool(errors)):
+            if not _started(tuner, lambda: (not queue and not held[0]) or bool(errors), unavailable):
                 return
             while True:
-                with lock:
+                with changed:
+                    while not queue and held[0] and not errors:
+                        changed.wait()
                     if not queue or errors:
                         return
                     i, job = queue.pop(0)
+                    held[0] += 1
+                wave: dict = {}
                 try:
                     bar.start_job(job.ident, len(tuners[0].candidates(job)) if measuring else 0)
-                    if tuner is not tuners[0]:
-                        _await_first_wave(tuners[0], job)
-                    w = tuner.tune(job, priority=i, looked_up=bool(measuring))
-                except GpuUnavailable as exc:      # the job goes back; the other GPUs carry on
+                    if tuner in tuners:
+                        w = tuner.tune(job, priority=i, looked_up=bool(measuring))
+                    else:
+                        t0 = time.monotonic()
+                        wave = _await_first_wave(tuners[0], job)
+                        if getattr(tuner, "takes_handoff", False):
+                            w = tuner.tune(job, priority=i, given=handoff(tuners[0], job, wave, time.monotonic() - t0))
+                        else:
+                            w = tuner.tune(job, priority=i, looked_up=bool(measuring))
+                        if w.source == "measured":     # a process measures; this one records
+                            tuners[0].record_winner(tuners[0].key(job), w)
+                            with tuners[0]._neighbours_lock:
+                                tuners[0].seeds.setdefault(job.spec.name, config_key(w.config))
+                except GpuUnavailable as exc:      # the job (and its wave) goes back; the other GPUs carry on
                     sys.stderr.write(f"warning: {exc}; tuning on the other GPUs\n")
-                    with lock:
+                    with changed:
+                        unavailable.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                        if wave:
+                            tuners[0]._prefetched[job.ident] = wave
                         queue.insert(0, (i, job))
+                        held[0] -= 1
+                        changed.notify_all()
                     return
                 except TuneError as exc:
-                    with lock:
+                    with changed:
                         if isinstance(exc, StrictMiss):
                             missing.append("\n    ".join([job.ident, *exc.report]))
                         else:
                             errors.append(exc)
+                        held[0] -= 1
+                        changed.notify_all()
                     continue
                 except BaseException as exc:  # noqa: BLE001 (re-raised below, on the main thread)
-                    with lock:
+                    with changed:
                         errors.append(exc)
+                        held[0] -= 1
+                        changed.notify_all()
                     return
-                with lock:
+                with changed:
+                    held[0] -= 1
+                    changed.notify_all()
                     winners[job.ident] = w
                     try:
                         bar.advance(job.ident, w.source, w.ms, w.search)
                     except BaseException as exc:  # noqa: BLE001 (a thread's error is the build's, not a traceback)
                         errors.append(exc)
                         return
+        # Measured winners reach the cache from a thread of their own: no GPU waits on SQLite.
+        writer = WinnerWriter(cache) if measuring and cache is not None else None
+        for t in tuners:
+            t.writer = writer
         t_tune = time.perf_counter()
         try:
             if len(runners) == 1:
@@ -182,8 +223,19 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
             for p in procs if own else ():
                 p.close()
             bar.tune_s = time.perf_counter() - t_tune
+            for t in tuners:
+                t.writer = None
+            if writer is not None:
+                try:
+                    writer.close()          # every winner written before the build links
+                except BaseException as exc:  # noqa: BLE001 (the build's error, after any earlier one)
+                    errors.append(exc)
         if errors:
             raise errors[0]
+        if queue:       # every GPU gave up with jobs left (each warned as it did)
+            raise TuneError(f"tuning failed: no GPU is left to measure {len(queue)} of {len(jobs)} jobs "
+                            f"({'; '.join(unavailable) or 'no GPU took a job'}); XG_TUNE_IN_PROCESS=1 measures "
+                            "from the build's own process instead")
     if missing:
         raise TuneError(f"--tune=strict: {len(missing)} of {len(jobs)} jobs have no cached winner for "
                         f"{profile.name}:\n  " + "\n  ".join(missing)
@@ -192,39 +244,53 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
     return winners
 
 
-def _started(runner: Any, done: Any, poll_s: float = 0.05) -> bool:
+START_TIMEOUT_S = 600.0     # a measuring process not up after this long is given up on
+
+
+def _started(runner: Any, done: Any, unavailable: list | None = None, poll_s: float = 0.05,
+             timeout_s: float = START_TIMEOUT_S) -> bool:
     """Whether a measuring process (`GpuProcess.started`) is up to take jobs; False when `done()`
     says the jobs ran out first (the other GPUs took them: nothing to wait for) or its start failed
-    (warned: the other GPUs carry on). A job is taken only once the process is up, so that the
-    jobs it would have held while starting go to the GPUs already measuring."""
+    or took over `timeout_s` (warned, and why noted in `unavailable`: the other GPUs carry on). A
+    job is taken only once the process is up, so that the jobs it would have held while starting
+    go to the GPUs already measuring."""
     started = getattr(runner, "started", None)
     if started is None:
         return True
+    deadline = time.monotonic() + timeout_s
     try:
         while not started(poll_s):
             if done():
                 return False
+            if time.monotonic() > deadline:
+                raise GpuUnavailable(f"GPU {getattr(runner, 'device_index', '?')}'s measuring process did not "
+                                     f"start in {timeout_s:.0f} s")
     except GpuUnavailable as exc:
         sys.stderr.write(f"warning: {exc}; tuning on the other GPUs\n")
+        if unavailable is not None:
+            unavailable.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         return False
     return True
 
 
-def _await_first_wave(tuner: Tuner, job: Job, timeout_s: float = 120.0) -> None:
+def _await_first_wave(tuner: Tuner, job: Job, timeout_s: float = 120.0) -> dict:
     """Before a measuring process gets `job`: wait for the compiles of its first wave that this
-    process started ahead (`Tuner.prefetch`), so that the other process finds them in the shared
-    cache instead of compiling them again, in a pool of its own that is still starting."""
+    process started ahead (`Tuner.prefetch`), and return them (the wave is the process's now:
+    handed over with the job, `gpu_procs.handoff`, rather than compiled again in a pool of its
+    own that may still be starting)."""
     wave = tuner._prefetched.pop(job.ident, {})
     pending = [entry[2] for entry in wave.values() if entry[1] is not None]
     if pending:
         futures.wait(pending, timeout=timeout_s)
+    return wave
 
 
 def gpu_processes(measurers: list | None, cache: Any, profile: GpuProfile, policy: Policy, budget_s: float | None,
                    compiler: Compiler) -> list:
-    """A measuring process for each local GPU after the first when there are several (`gpu_procs`):
-    threads of one process share its interpreter lock. None for one GPU, or for measurers of
-    another kind."""
+    """A measuring process for each local GPU when there are several (`gpu_procs`): threads of one
+    process share its interpreter lock, which GPU 0 measuring here would share with the lookups,
+    the compiles' coordination and the dispatch. None for one GPU (measured here: no process to
+    start), or for measurers of another kind."""
     return measuring_processes(measurers, getattr(cache, "settings", None), profile, policy, budget_s,
                                compiler.workers)
 
@@ -240,7 +306,7 @@ def measuring_processes(measurers: list, settings: Any, profile: GpuProfile, pol
         return []
     from .gpu_procs import GpuProcess
     share = max(1, workers // len(measurers))
-    return [GpuProcess(m.device_index, settings, profile, policy, budget_s, share) for m in measurers[1:]]
+    return [GpuProcess(m.device_index, settings, profile, policy, budget_s, share) for m in measurers]
 
 
 def compile_winners(jobs: list[Job], winners: dict[str, Winner], compiler: Compiler

@@ -453,6 +453,7 @@ class Tuner:
         self.seeds: dict[str, str] = {}         # kernel name -> this build's first winner (tuners may share it)
         self._prefetched: dict[str, dict] = {}
         self.events: Any = None                 # callable(kind, **fields): progress events
+        self.writer: Any = None                 # writer.WinnerWriter: records stored from a thread of its own
         self._memo: dict[tuple[str, str], Any] = {}
 
     def _as_accurate_as_float32(self, outs: list[torch.Tensor], ref: list[torch.Tensor], data: JobData) -> str | None:
@@ -516,8 +517,9 @@ class Tuner:
             self.cache.adopt(hit, "remote-verified")
         return winner
 
-    def tune(self, job: Job, priority: float = 0, looked_up: bool = False) -> Winner:
-        """`job`'s winner under the policy; `looked_up`: the caller found no cache hit already."""
+    def tune(self, job: Job, priority: float = 0, looked_up: bool = False, record: bool = True) -> Winner:
+        """`job`'s winner under the policy; `looked_up`: the caller found no cache hit already;
+        `record=False`: a measured winner is the caller's to record (`record_winner`)."""
         key = self.key(job)
         if self.policy == "predict":
             return self._predict(job, key)
@@ -533,11 +535,16 @@ class Tuner:
                                 f"{self.profile.name} host")
             return self._predict(job, key)
         winner = self.measure(job, key, priority)
+        if record:
+            self.record_winner(key, winner)
+        return winner
+
+    def record_winner(self, key: CacheKey, winner: Winner) -> None:
+        """Cache a measured winner under its job's key (through `writer` when there is one)."""
         self._record(key, {"how": "measured", "origin": "measured", "config": winner.config, "ms": winner.ms,
                            "measured_on": winner.measured_on, "candidates": winner.candidates,
                            "rejected": winner.rejected, "search": winner.to_json().get("search", {}),
                            "timings": winner.timings})
-        return winner
 
     def _predict(self, job: Job, key: CacheKey) -> Winner:
         config, ms, n = self.predicted(job)
@@ -548,6 +555,9 @@ class Tuner:
 
     def _record(self, key: CacheKey, value: dict) -> None:
         if self.cache is None:
+            return
+        if self.writer is not None:     # off the GPU's path: its next job does not wait on SQLite
+            self.writer.put(key, value)
             return
         try:
             self.cache.store(key, value)
@@ -615,14 +625,44 @@ class Tuner:
         if self.compiler is None:
             return
         ranked = self.ranked(job)
-        wave = first_wave(ranked, self.seed(job, ranked), LOOKAHEAD)
+        seed = self.wave_seed(job)
+        wave = first_wave(ranked, seed, LOOKAHEAD)
         self._prefetched[job.ident] = {c.key: self._submit(job, c, priority) for c in wave}
+
+    def wave_seed(self, job: Job) -> str | None:
+        """The seed `job`'s first wave is (or would be) compiled for, fixed at its first call: a
+        measuring process that gets the wave starts its search from the same one."""
+        return self._once("wave seed", job, lambda: (self.seed(job, self.ranked(job)),))[0]
+
+    def preset(self, job: Job, candidates: list[dict], ranked: list[Candidate], seed: str | None,
+               wave: dict[str, tuple]) -> None:
+        """Take what another tuner (the build's, for a measuring process) worked out for `job`: its
+        candidates, their ranking, the seed and the first wave compiled for it, `wave[config key]`
+        = (variant, emitted, binary) or (variant, None or emitted, why it failed). Pruning,
+        ranking, emitting and looking the wave up in the cache cost tens of milliseconds a job."""
+        self._memo[("candidates", job.ident)] = candidates
+        self._memo[("ranked", job.ident)] = ranked
+        self._memo[("seed", job.ident)] = (seed,)
+        started = {}
+        for k, (variant, em, got) in wave.items():
+            if em is not None:
+                done: futures.Future = futures.Future()
+                if isinstance(got, str):
+                    done.set_exception(RuntimeError(got))
+                else:
+                    done.set_result((got, ""))
+                got = done
+            else:
+                got = RuntimeError(got)
+            started[k] = (variant, em, got)
+        self._prefetched[job.ident] = started
 
     def measure(self, job: Job, key: CacheKey, priority: float = 0) -> Winner:
         assert self.measurer is not None and self.compiler is not None
         t_start = time.monotonic()
         ranked = self.ranked(job)
-        search = Search(ranked, seed=self.seed(job, ranked), exhaustive=exhaustive(),
+        handed = self._memo.pop(("seed", job.ident), None)     # (the seed its first wave was compiled for)
+        search = Search(ranked, seed=handed[0] if handed else self.seed(job, ranked), exhaustive=exhaustive(),
                         margin=template(job.problem.kind).bound_margin)
         started = self._prefetched.pop(job.ident, {})
         if not started:                 # nothing compiled ahead: start before the reference is made
