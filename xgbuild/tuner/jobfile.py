@@ -57,10 +57,13 @@ def _layout_from(lay: Any) -> Any:
 
 def job_to_json(job: "Job") -> dict:
     from ..compiler.ir.serialize import to_json as graph_to_json
-    return {"ident": job.ident, "spec": job.spec.canonical(), "problem": dataclasses.asdict(job.problem),
-            "layouts": [_layout_json(lay) for lay in job.layouts], "sizes": dict(sorted(job.sizes.items())),
-            "max_extent": job.max_extent, "graph": graph_to_json(job.graph),
-            "sites": [[b.to_json(), list(nodes)] for b, nodes in job.sites]}
+    out = {"ident": job.ident, "spec": job.spec.canonical(), "problem": dataclasses.asdict(job.problem),
+           "layouts": [_layout_json(lay) for lay in job.layouts], "sizes": dict(sorted(job.sizes.items())),
+           "max_extent": job.max_extent, "graph": graph_to_json(job.graph),
+           "sites": [[b.to_json(), list(nodes)] for b, nodes in job.sites]}
+    if job.misaligned:
+        out["misaligned"] = True
+    return out
 
 
 def job_from_json(d: dict) -> "Job":
@@ -77,7 +80,7 @@ def job_from_json(d: dict) -> "Job":
                   tuple(_layout_from(lay) for lay in d["layouts"]),
                   {str(k): int(v) for k, v in d["sizes"].items()}, graph_from_json(d["graph"]),
                   [(Binding.from_json(b), [int(n) for n in nodes]) for b, nodes in d["sites"]],
-                  max_extent=int(d["max_extent"]))
+                  max_extent=int(d["max_extent"]), misaligned=d.get("misaligned", False) is True)
     except JobFileError:
         raise
     except XGError as exc:
@@ -128,7 +131,7 @@ def portable(job: "Job") -> "Job":
     site = Binding(tuple(new[i] for i in binding.operands), tuple(new[i] for i in binding.outputs),
                    new[binding.domain], binding.domain_from, binding.perm)
     return Job(job.spec, job.problem, job.layouts, dict(job.sizes), sub, [(site, [new[i] for i in nodes])],
-               max_extent=job.max_extent)
+               max_extent=job.max_extent, misaligned=job.misaligned)
 
 
 def shard_docs(jobs: list["Job"], target: str, shards: int) -> list[dict]:

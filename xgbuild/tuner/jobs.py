@@ -35,19 +35,25 @@ class Job:
     sizes: dict[str, int]               # the launch's integer arguments at the tuning shape
     graph: Graph                        # the program specialised to the tuning shape
     sites: list[tuple[Binding, list[int]]] = field(default_factory=list)   # (binding, kernel nodes)
+    # An operand is a view at an offset that is not a multiple of 16 bytes at the tuning shape (a
+    # convolution's shifted window): the tuned variant may not assume aligned pointers.
+    misaligned: bool = False
 
     @property
     def ident(self) -> str:
         lay = hashlib.sha256(repr(self.layouts).encode()).hexdigest()[:8]
-        return f"{self.spec.name}:{self.shape_text}:{lay}"
+        return f"{self.spec.name}:{self.shape_text}:{lay}" + (":u" if self.misaligned else "")
 
     @property
     def shape_text(self) -> str:
         return template(self.problem.kind).shape_text(self.problem)
 
     def shape_part(self) -> dict:
-        return {"sizes": {k: v for k, v in sorted(self.sizes.items()) if not k.startswith("p")},
+        part = {"sizes": {k: v for k, v in sorted(self.sizes.items()) if not k.startswith("p")},
                 "layouts": [lay if lay == "dense" else list(lay) for lay in self.layouts]}
+        if self.misaligned:
+            part["misaligned"] = True
+        return part
 
     def fast_variant(self, config: dict[str, int]) -> Variant:
         """What the tuned kernel may assume: this job's layouts, int32 offsets where they fit,
@@ -59,8 +65,8 @@ class Job:
         hinted = ["N", "K", "C", "DV", "numel"] + [f"p{j}_s{d}" for j, lay in enumerate(self.layouts)
                                               if lay != "dense" for d, s in enumerate(lay) if s is None]
         unaligned = tuple(name for name in hinted if name in self.sizes and self.sizes[name] % 16)
-        return Variant(wide=wide, layouts=self.layouts, aligned=True, single=single, even_k=even_k,
-                       unaligned=unaligned)
+        return Variant(wide=wide, layouts=self.layouts, aligned=not self.misaligned, single=single,
+                       even_k=even_k, unaligned=unaligned)
 
     max_extent: int = 0
 
@@ -137,7 +143,8 @@ def plan(graph: Graph, env: dict[str, int], world: int = 1) -> tuple[list[Job], 
                         for j, seen in enumerate(launch.layouts))
         problem = _problem(spec, launch, sg, list(binding.outputs))
         extent = max([t.numel() for t in launch.tensors.values()] + [0])
-        job = Job(spec, problem, layouts, dict(launch.ints), sg, max_extent=extent)
+        misaligned = any(t.storage_offset() * t.element_size() % 16 for t in launch.tensors.values())
+        job = Job(spec, problem, layouts, dict(launch.ints), sg, max_extent=extent, misaligned=misaligned)
         job = jobs.setdefault(job.ident, job)
         # The reference recomputes what the kernel computes, index expressions included.
         job.sites.append((binding, list(kernel.inlined) + list(kernel.nodes)))
