@@ -237,6 +237,39 @@ def schedule(graph: Graph) -> Schedule:
     def owner_index(k: Kernel) -> int:
         return next(i for i, kk in enumerate(kernels) if kk is k)
 
+    position = {n.id: p for p, n in enumerate(graph.nodes)}
+
+    def can_merge(a: int, b: int) -> bool:
+        """Kernel b's nodes may join kernel a: both element-wise over one shape, no third kernel
+        on a path between them (the merged kernel would feed and read it), and no gathering op
+        (read at other positions) of either reads a value the other computes."""
+        ka, kb = kernels[a], kernels[b]
+        if ka is None or kb is None or ka.kind != "elementwise" or kb.kind != "elementwise" or ka.extern \
+                or kb.extern or tuple(ka.shape) != tuple(kb.shape):
+            return False
+        if any(reaches(p, b) for p in deps[a] if p != b) or any(reaches(p, a) for p in deps[b] if p != a):
+            return False
+        for k_from, k_other in ((ka, b), (kb, a)):
+            for nid in k_from.nodes:
+                g = graph.node(nid)
+                if g.op in GATHERS and any(owner.get(source(i)) == k_other for i in g.inputs):
+                    return False
+        return True
+
+    def merge(a: int, b: int) -> None:
+        """Kernel b's nodes join kernel a (in program order); kernels reading b read a."""
+        kb = kernels[b]
+        kernels[a].nodes[:] = sorted(kernels[a].nodes + kb.nodes, key=position.__getitem__)
+        for nid in kb.nodes:
+            owner[nid] = a
+        deps[a] = (deps[a] | deps.pop(b, set())) - {a, b}
+        kernels[b] = None
+        for k, d in deps.items():
+            if b in d:
+                d.discard(b)
+                if k != a:
+                    d.add(a)
+
     def new_kernel(k: Kernel, n: Node) -> None:
         kernels.append(k)
         idx = len(kernels) - 1
@@ -309,10 +342,14 @@ def schedule(graph: Graph) -> Schedule:
                 kernels[idx].nodes.append(n.id)
                 owner[n.id] = idx
                 deps[idx] |= producers(n, idx)
+                for j in n.inputs:          # another input's element-wise kernel comes along
+                    other = owner.get(source(j))
+                    if other is not None and other != idx and can_merge(idx, other):
+                        merge(idx, other)
                 break
         else:
             new_kernel(Kernel("elementwise", None, [n.id], tuple(n.shape)), n)
-    order = _topological(len(kernels), deps)
+    order = [i for i in _topological(len(kernels), deps) if kernels[i] is not None]
     remap = {old: new for new, old in enumerate(order)}
     return Schedule(graph, [kernels[i] for i in order], {n: remap[k] for n, k in owner.items()}, views, inlined)
 

@@ -372,7 +372,14 @@ def cat(b: IRBuilder, xs: Sequence[Ref], dim: int) -> Ref:
     combine = Op.OR if b.dtype(xs[0]) == "bool" else Op.ADD
     for x, n in zip(xs, sizes):
         if n:
-            placed = place(b, x, dim, total, offset)
+            # A negated part is placed first and negated after (the zeros around it stay zeros
+            # to add): the placement then reads the part's own input from memory, and no kernel
+            # writes the negated part (rotary embeddings' rotate_half, `cat([-x2, x1])`).
+            node = b.node(x)
+            negate = node.op is Op.NEG and combine is Op.ADD
+            placed = place(b, node.inputs[0] if negate else x, dim, total, offset)
+            if negate:
+                placed = b.unary(Op.NEG, placed)
             out = placed if out is None else b.op(combine, [out, placed])
         offset += n
     return out if out is not None else xs[0]
