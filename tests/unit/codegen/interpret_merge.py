@@ -1,6 +1,7 @@
 """Element-wise kernels that merge: rotary position embeddings as `transformers` writes them
-(`q * cos + rotate_half(q) * sin`, rotate_half a `cat` of negated and plain halves), and a graph
-where merging two kernels would close a cycle through a matmul. Imports each, runs its kernels
+(`q * cos + rotate_half(q) * sin`, rotate_half a `cat` of negated and plain halves), a graph
+where merging two kernels would close a cycle through a matmul, and one whose sum reads the other
+kernel's value transposed. Imports each, runs its kernels
 under Triton's interpreter (CPU) against the float64 CPU reference, and prints as JSON each
 model's kernels (kind, shape, ops) and each output's error. A script, not a test: TRITON_INTERPRET
 must be set before Triton is imported, so the test runs it in a fresh process.
@@ -37,6 +38,11 @@ class Cycle(torch.nn.Module):
         return a + b
 
 
+class Viewed(torch.nn.Module):
+    def forward(self, x, y):
+        return x * 2.0 + (y + 1.0).t()      # y + 1 read transposed: never merged into the sum's kernel
+
+
 def rotary_inputs(seed: int) -> tuple:
     g = torch.Generator().manual_seed(seed)
     q, k = torch.randn(2, 4, 24, 32, generator=g), torch.randn(2, 2, 24, 32, generator=g)
@@ -49,12 +55,18 @@ def cycle_inputs(seed: int) -> tuple:
     return torch.randn(16, 34, generator=g), torch.randn(34, 32, generator=g)
 
 
+def viewed_inputs(seed: int) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(40, 40, generator=g), torch.randn(40, 40, generator=g)
+
+
 def main() -> None:
     interpret.enable()
     from xgbuild.compiler.codegen.schedule import schedule
     from xgbuild.compiler.importers.torch_export import import_torch
     report = {}
-    for name, model, make in (("rotary", Rotary(), rotary_inputs), ("cycle", Cycle(), cycle_inputs)):
+    for name, model, make in (("rotary", Rotary(), rotary_inputs), ("cycle", Cycle(), cycle_inputs),
+                              ("viewed", Viewed(), viewed_inputs)):
         imported = import_torch(model, make(0))
         graph = imported.optimized.main
         kernels = [(k.kind, list(k.shape), sorted({graph.node(n).op.value for n in k.nodes}))

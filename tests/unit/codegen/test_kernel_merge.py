@@ -20,7 +20,7 @@ from interpreted import interpreted_report  # noqa: E402
 from interpret_merge import Rotary, rotary_inputs  # noqa: E402
 
 
-def test_rotary_embedding_is_one_kernel_per_tensor_and_a_cycle_is_never_merged() -> None:
+def test_rotary_embedding_is_one_kernel_per_tensor_and_cycles_and_views_are_never_merged() -> None:
     report = interpreted_report(HERE / "interpret_merge.py")
     rotary = report["rotary"]["kernels"]
     assert [k[0] for k in rotary] == ["elementwise", "elementwise"], rotary
@@ -29,7 +29,9 @@ def test_rotary_embedding_is_one_kernel_per_tensor_and_a_cycle_is_never_merged()
     # x * 2 feeds the matmul whose padded product the sum reads: the sum joins the pad's kernel and
     # the product's producer stays a kernel of its own
     assert [k[0] for k in cycle] == ["elementwise", "matmul", "elementwise"], cycle
-    for name in ("rotary", "cycle"):
+    # a value read through a view (here transposed) comes from memory: its kernel stays apart
+    assert [k[0] for k in report["viewed"]["kernels"]] == ["elementwise", "elementwise"], report["viewed"]
+    for name in ("rotary", "cycle", "viewed"):
         outs = report[name]["outputs"]
         assert outs and all(o["rel_err"] < 1e-6 for o in outs), (name, outs)
 

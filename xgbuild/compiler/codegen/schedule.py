@@ -241,8 +241,9 @@ def schedule(graph: Graph) -> Schedule:
 
     def can_merge(a: int, b: int) -> bool:
         """Kernel b's nodes may join kernel a: both element-wise over one shape, no third kernel
-        on a path between them (the merged kernel would feed and read it), and no gathering op
-        (read at other positions) of either reads a value the other computes."""
+        on a path between them (the merged kernel would feed and read it), and neither reads a
+        value the other computes through a view (a reshape, transpose or collective: other
+        positions, or another rank's piece) or with a gathering op (read at other positions)."""
         ka, kb = kernels[a], kernels[b]
         if ka is None or kb is None or ka.kind != "elementwise" or kb.kind != "elementwise" or ka.extern \
                 or kb.extern or tuple(ka.shape) != tuple(kb.shape):
@@ -252,7 +253,7 @@ def schedule(graph: Graph) -> Schedule:
         for k_from, k_other in ((ka, b), (kb, a)):
             for nid in k_from.nodes:
                 g = graph.node(nid)
-                if g.op in GATHERS and any(owner.get(source(i)) == k_other for i in g.inputs):
+                if any(owner.get(source(i)) == k_other for i in g.inputs if g.op in GATHERS or i in views):
                     return False
         return True
 
@@ -343,7 +344,7 @@ def schedule(graph: Graph) -> Schedule:
                 owner[n.id] = idx
                 deps[idx] |= producers(n, idx)
                 for j in n.inputs:          # another input's element-wise kernel comes along
-                    other = owner.get(source(j))
+                    other = owner.get(j)        # (a value read directly: never through a view)
                     if other is not None and other != idx and can_merge(idx, other):
                         merge(idx, other)
                 break
