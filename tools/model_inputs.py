@@ -1,7 +1,8 @@
-"""Writes a valid first-step input file for models/train.xg (or models/infer.xg) engines.
+"""Writes a valid first-step input file for models/train.xg (GPT-2), models/train_tiny.xg or
+models/infer.xg engines.
 
-Parameters are scaled normal draws (norm gains near 1), optimizer moments zero, STEP 1, LR 0.01,
-tokens from the synthetic "next token" task. Deterministic for a given --seed.
+Parameters are scaled normal draws (norm gains 1, GPT-2's biases 0), optimizer moments zero,
+STEP 1, LR 0.01, tokens from the synthetic "next token" task. Deterministic for a given --seed.
 
     python tools/model_inputs.py ENGINE.xge OUT.safetensors [--seed N]
 """
@@ -28,21 +29,29 @@ def first_step_inputs(engine: Engine, seed: int) -> dict[str, torch.Tensor]:
         if any(not isinstance(d, int) for d in shape):
             raise XGError(f"input `{name}` has symbolic shape {list(shape)}; this tool needs a fixed-size model")
         if name in ("TOKENS", "TARGETS"):
-            vocab = next(s["shape"][0] for s in engine.signature if s["name"] == "EMB")
-            start = int(torch.randint(0, vocab, (1,), generator=gen))
-            seq = (start + torch.arange(shape[0] + 1)) % vocab
-            out[name] = seq[:-1] if name == "TOKENS" else seq[1:]
+            vocab = next(s["shape"][0] for s in engine.signature if s["name"] in ("EMB", "WTE"))
+            rows = math.prod(shape[:-1])           # [T] (tiny) or [B, T] (GPT-2): one sequence a row
+            start = torch.randint(0, vocab, (rows, 1), generator=gen)
+            seq = (start + torch.arange(shape[-1] + 1)) % vocab
+            out[name] = (seq[:, :-1] if name == "TOKENS" else seq[:, 1:]).reshape(shape)
         elif name == "STEP":
             out[name] = torch.tensor(1.0, dtype=dtype)
         elif name == "LR":
             out[name] = torch.tensor(0.01, dtype=dtype)
         elif name.startswith(("M_", "V_")):
             out[name] = torch.zeros(shape, dtype=dtype)
-        elif len(shape) == 1:
+        elif name.endswith("_G") or len(shape) == 1 and not _is_bias(name):
             out[name] = torch.ones(shape, dtype=dtype)
+        elif _is_bias(name):
+            out[name] = torch.zeros(shape, dtype=dtype)
         else:
             out[name] = (torch.randn(shape, generator=gen, dtype=torch.float64) / math.sqrt(shape[0])).to(dtype)
     return out
+
+
+def _is_bias(name: str) -> bool:
+    """GPT-2's biases: LN1_B, BQKV, BO, B1, ... (models/train.xg)."""
+    return name.endswith("_B") or (name.startswith("B") and name[1:2] in ("Q", "O", "1", "2"))
 
 
 def main() -> int:

@@ -52,18 +52,21 @@ def __dir__() -> list[str]:
 
 def compile_file(path: Path | str, *, target: str | None = None, num_gpu: int | None = None,
                  tune: str = "cache", kernels: bool = True, dims: Mapping[str, int] | None = None,
-                 sharding: Path | str | None = None, entry: str = "main") -> Engine:
+                 sharding: Path | str | None = None, entry: str = "main",
+                 consts: Mapping[str, Any] | None = None) -> Engine:
     """Compile an `.xg` file into an engine (raises `CompileError` with rendered diagnostics).
 
     Like `xgc --out`: GPU kernels for the target are tuned under `tune` (measure | cache | predict |
     strict) at the sizes `dims` gives symbolic dims (1024 otherwise); `kernels=False` makes a
     CPU-only engine; `sharding` is a plan file, as `xgc --sharding`; `entry` names the function the
-    engine runs (another than `main` takes the engine's inputs as its parameters). The same source
-    and winners give the same bytes as `xgc`."""
+    engine runs (another than `main` takes the engine's inputs as its parameters); `consts`
+    overrides file-level constants, as `xgc --const` (`{"L": 2, "D": 64}`: a small configuration
+    of a model whose sizes are constants). The same source and winners give the same bytes as
+    `xgc`."""
     from xgbuild.build import engines as _build
     from xgbuild.runtime.engine import Engine
     engine = _build.compile_file(path, Settings.from_env(), target=target, num_gpu=num_gpu, tune=tune,
-                                 kernels=kernels, dims=dims, sharding=sharding, entry=entry)
+                                 kernels=kernels, dims=dims, sharding=sharding, entry=entry, consts=consts)
     return Engine(engine.file, RunSettings.from_env())
 
 

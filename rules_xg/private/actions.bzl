@@ -62,6 +62,8 @@ def _common_flags(args, build):
         args.add("--sharding", build.sharding)
     for name, size in sorted(build.dims.items()):
         args.add("--dim", "%s=%s" % (name, size))
+    for name, value in sorted(build.consts.items()):
+        args.add("--const", "%s=%s" % (name, value))
 
 def jobs_action(ctx, build, inputs, shards):
     args = ctx.actions.args()

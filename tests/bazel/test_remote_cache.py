@@ -1,8 +1,11 @@
 """One cache for every checkout: Bazel's remote cache and XG's remote tier on one real nginx.
 
-Checkout A builds `//models:train_engine --config=gb200 --config=cache`; A is cleaned; checkout B,
-in another directory, builds the same target and gets every action from the server. Then two clean
-builds with no cache at all (fresh XG caches, no remote) give byte-identical engines too.
+Checkout A builds `//models:train_engine_small --config=gb200 --config=cache`; A is cleaned;
+checkout B, in another directory, builds the same target and gets every action from the server.
+Then two clean builds with no cache at all (fresh XG caches, no remote) give byte-identical engines
+too. The target is the training step of models/train.xg at a small configuration (`consts`): the
+same jobs, tuning and link actions as the real size, in seconds instead of minutes (the real size
+is built once, by tests/bazel/test_workspace.py).
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from bazel_helpers import explain, summary
 
 pytestmark = [pytest.mark.timeout(2400), pytest.mark.slow]       # two clean Bazel builds each: CI runs them
 
-TARGET = "//models:train_engine"
+TARGET = "//models:train_engine_small"
+ENGINE = "models/train_engine_small.xge"
 
 
 def _cache_flags(url: str, xg_cache) -> list[str]:
@@ -31,7 +35,7 @@ def test_second_checkout_hits_the_remote_cache_for_every_action(make_checkout, c
     flags = _cache_flags(cache_server, tmp_path / "xg-cache")
     first = a.build(TARGET, *flags)
     assert first.returncode == 0, explain(first)
-    engine_a = a.bin("models/train_engine.xge").read_bytes()
+    engine_a = a.bin(ENGINE).read_bytes()
     assert a.run("clean").returncode == 0
 
     second = b.build(TARGET, *flags)
@@ -41,12 +45,12 @@ def test_second_checkout_hits_the_remote_cache_for_every_action(make_checkout, c
                                                                      line.split("processes:", 1)[-1]))
     executed = {k: v for k, v in counts.items() if k not in ("internal", "remote cache hit")}
     assert counts.get("remote cache hit", 0) >= 6 and not executed, line
-    assert b.bin("models/train_engine.xge").read_bytes() == engine_a
+    assert b.bin(ENGINE).read_bytes() == engine_a
 
     # And A, rebuilt after its clean, also takes everything from the server.
     again = a.build(TARGET, *flags)
     assert again.returncode == 0 and "remote cache hit" in summary(again), explain(again)
-    assert a.bin("models/train_engine.xge").read_bytes() == engine_a
+    assert a.bin(ENGINE).read_bytes() == engine_a
 
 
 def test_two_clean_builds_without_any_cache_are_byte_identical(make_checkout, tmp_path):
@@ -56,7 +60,7 @@ def test_two_clean_builds_without_any_cache_are_byte_identical(make_checkout, tm
         res = ws.build(TARGET, "--config=gb200", f"--action_env=XG_CACHE_DIR={tmp_path / name / 'xg-cache'}")
         assert res.returncode == 0, explain(res)
         assert "remote cache hit" not in summary(res)
-        engines.append(ws.bin("models/train_engine.xge").read_bytes())
+        engines.append(ws.bin(ENGINE).read_bytes())
     assert engines[0] == engines[1]
 
 

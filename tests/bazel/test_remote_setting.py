@@ -17,7 +17,8 @@ from bazel_helpers import explain
 
 pytestmark = [pytest.mark.bazel, pytest.mark.timeout(900)]
 
-TARGET = "//models:train_engine"
+# models/train.xg at a small configuration: the real size's actions, plus `consts` on their command lines.
+TARGET = "//models:train_engine_small"
 URL = "http://cache.example:8080"
 HEADER_FILE = "/etc/xg/cache-header"
 XG_TIER = [f"--//rules_xg:remote_cache={URL}", f"--//rules_xg:remote_header_file={HEADER_FILE}"]
@@ -55,6 +56,9 @@ def test_the_tuning_actions_see_xg_remote_tier_and_no_token(repo_workspace, tmp_
             assert flags.get("--remote") == URL and flags.get("--remote-header-file") == HEADER_FILE, a["argv"]
         else:           # only tuning reads the XG cache: nothing else's key carries the URL
             assert "--remote" not in a["argv"], a
+        if a["mnemonic"] in ("XgJobs", "XgLink"):     # `consts`, as `--const NAME=VALUE` sorted by name
+            consts = [v.strip("'") for f, v in zip(a["argv"], a["argv"][1:]) if f == "--const"]
+            assert consts == ["B=2", "D=64", "H=2", "L=2", "T=32", "V=128"], a["argv"]
     # A value that is not a URL fails analysis, naming it and what is allowed.
     res = repo_workspace.run("aquery", "--config=ci", TARGET, "--//rules_xg:remote_cache=cache.example:8080")
     assert res.returncode != 0 and '"cache.example:8080" is not an allowed value' in res.stderr, explain(res)

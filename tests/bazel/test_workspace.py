@@ -59,7 +59,7 @@ def test_sharding_plan_attribute_builds_the_many_gpu_engine(repo_workspace, tmp_
     results = sorted(engine.parent.glob(f"{target}.tune/result-*.json"))
     assert results
     out = tmp_path / f"{target}.xge"
-    cli = subprocess.run([str(PYTHON), "-m", "xgbuild.cli.xgc", "models/train.xg", "--target", "H100", "--num-gpu",
+    cli = subprocess.run([str(PYTHON), "-m", "xgbuild.cli.xgc", "models/train_tiny.xg", "--target", "H100", "--num-gpu",
                           "2", "--sharding", f"models/plans/{plan}.toml", "--out", str(out), "--quiet",
                           *[a for r in results for a in ("--kernels-from", str(r))]],
                          capture_output=True, text=True, timeout=600, cwd=repo_workspace.root)
@@ -82,6 +82,32 @@ def test_a_type_error_fails_the_build_with_the_diagnostic(make_checkout):
         assert "error[XG0300]: cannot prove the divisor `B` is nonzero" in out, explain(res)
         assert "--> broken/bad.xg:4:" in out and "^ this divisor may be zero" in out, explain(res)
         assert "Traceback" not in out
+
+
+def test_consts_override_file_constants_and_bad_ones_fail_with_a_message(make_checkout):
+    """`consts` reaches the compiler as `--const`: a value of the wrong form fails analysis, naming
+    it; a constant the file lacks fails the build with XG's diagnostic; a good one builds."""
+    ws = make_checkout("consts")
+    pkg = ws.root / "deep"
+    pkg.mkdir()
+    (pkg / "deep.xg").write_text("L = 3\nextern Tensor[float32, L, 8, 8] W\nextern Tensor[float32, 8] X\n"
+                                 "def main() -> Tensor[float32, 8] {\n    x = X\n    for l in range(L) {\n"
+                                 "        x = tanh(x @ W[l])\n    }\n    return x\n}\n")
+    (pkg / "BUILD").write_text('load("//rules_xg:defs.bzl", "xg_engine")\n'
+                               'xg_engine(name = "two", src = "deep.xg", consts = {"L": "2"}, kernels = False)\n'
+                               'xg_engine(name = "word", src = "deep.xg", consts = {"L": "two"}, kernels = False)\n'
+                               'xg_engine(name = "typo", src = "deep.xg", consts = {"Q": "2"}, kernels = False)\n')
+    res = ws.build("//deep:word", "--nobuild")
+    assert res.returncode != 0 and 'consts["L"] = "two" is not a value' in res.stderr, explain(res)
+    res = ws.build("//deep:typo")
+    out = res.stderr + res.stdout
+    assert res.returncode != 0 and "error[XG0019]: `--const Q=2` overrides no constant" in out, explain(res)
+    assert "Traceback" not in out
+    res = ws.build("//deep:two")
+    assert res.returncode == 0, explain(res)
+    manifest = inspect(ws.bin("deep/two.xge"))
+    assert manifest["consts"] == {"L": 2}
+    assert [i["shape"] for i in manifest["entry"]["inputs"] if i["name"] == "W"] == [[2, 8, 8]]
 
 
 def test_unknown_target_fails_analysis_listing_the_allowed_ones(repo_workspace):

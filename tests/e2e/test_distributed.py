@@ -355,7 +355,7 @@ def test_training_step_matches_the_single_process_float64_step(tmp_path: Path, r
         plan_file.write_text((REPO_ROOT / "models" / "plans" / "train_pipeline.toml").read_text()
                              + f'\n[pipeline]\nmicrobatches = {plan.split("+mb")[1]}\n'
                              'split = { TOKENS = 0, TARGETS = 0 }\n')
-    done = subprocess.run([*command("xgc"), str(REPO_ROOT / "models" / "train.xg"), "--no-kernels", "--num-gpu",
+    done = subprocess.run([*command("xgc"), str(REPO_ROOT / "models" / "train_tiny.xg"), "--no-kernels", "--num-gpu",
                            str(nproc), "--sharding", str(plan_file), "--out", str(engine)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     values = train_inputs(rand)
@@ -380,7 +380,7 @@ def test_tensor_parallel_step_with_kernels_in_row_blocks(tmp_path: Path, rand: R
     """The training step scaled up (T=256, D=64, F=256), tensor parallel on 2 ranks running the
     engine's kernels (Triton's interpreter): with XG_COMM_BLOCKS=4 its reduce-scattered products
     (transposed operands among them) run in row blocks, and the step equals the float64 one."""
-    text = (REPO_ROOT / "models" / "train.xg").read_text()
+    text = (REPO_ROOT / "models" / "train_tiny.xg").read_text()
     for name, size in (("T", 256), ("D", 64), ("F", 256)):
         text = re.sub(rf"^{name} = \d+", f"{name} = {size}", text, flags=re.M)
     text = re.sub(r"^SCALE = .*$", f"SCALE = {64 ** -0.5!r}", text, flags=re.M)

@@ -142,14 +142,14 @@ def test_ir_json_is_strict_json_even_with_non_finite_constants(tmp_path) -> None
 def test_sharding_plan_option(tmp_path) -> None:
     good = tmp_path / "tp.toml"
     good.write_text('[regions.mlp]\nstrategy = "tensor"\nshard = { w1 = 1, w2 = 0 }\n')
-    res = cli("xgc", REPO_ROOT / "models" / "train.xg", "--num-gpu", "2", "--sharding", good, "--emit", "ir-opt")
+    res = cli("xgc", REPO_ROOT / "models" / "train_tiny.xg", "--num-gpu", "2", "--sharding", good, "--emit", "ir-opt")
     assert res.code == 0, res.both
     assert res.out.startswith("# sharding plan over 2 GPUs") and "all_reduce" in res.out and "@S(1)" in res.out
     bad = tmp_path / "bad.toml"
     bad.write_text('[regions.mpl]\nstrategy = "tensor"\nshard = { w1 = 1 }\n')
-    res = cli("xgc", REPO_ROOT / "models" / "train.xg", "--check", "--sharding", bad, "--json")
+    res = cli("xgc", REPO_ROOT / "models" / "train_tiny.xg", "--check", "--sharding", bad, "--json")
     assert res.code == 1 and json.loads(res.out)["diagnostics"][0]["code"] == "XG0505"
-    res = cli("xgc", REPO_ROOT / "models" / "train.xg", "--check", "--sharding", bad)
+    res = cli("xgc", REPO_ROOT / "models" / "train_tiny.xg", "--check", "--sharding", bad)
     assert res.code == 1 and res.err.startswith("error[XG0505]") and "`mlp`" in res.err
 
 

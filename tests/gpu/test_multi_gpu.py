@@ -1,6 +1,6 @@
 """Many GPUs through NCCL: `xgrun --nproc N --device cuda` on 2 and 4 GPUs of this host gives the
 float64 single-process result for row-, column- and contracting-sharded matmuls, a tensor-parallel
-MLP, a training step of models/train.xg (tensor parallel, pipelines of 2 and 4 stages, and 2 stages
+MLP, a training step of models/train_tiny.xg (tensor parallel, pipelines of 2 and 4 stages, and 2 stages
 of 2 GPUs each) and a pipeline with microbatches; with the engine's own kernels on every rank too
 (the matmuls and the tensor-parallel step), whole and with their reduced matmuls in row blocks
 (XG_COMM_BLOCKS). Each test skips when the host has fewer GPUs."""
@@ -96,7 +96,7 @@ def test_sharded_matmuls_and_mlp_on_nccl(tmp_path: Path, n: int) -> None:
 def test_training_step_on_nccl(tmp_path: Path, n: int, plan: str) -> None:
     need(n)
     engine = tmp_path / "train.xge"
-    done = xg("xgc", str(REPO / "models" / "train.xg"), "--no-kernels", "--num-gpu", str(n), "--sharding",
+    done = xg("xgc", str(REPO / "models" / "train_tiny.xg"), "--no-kernels", "--num-gpu", str(n), "--sharding",
               str(REPO / "models" / "plans" / f"{plan}.toml"), "--out", str(engine))
     assert done.returncode == 0, done.stderr
     gen = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
@@ -151,7 +151,7 @@ def test_engine_kernels_on_nccl_whole_and_in_row_blocks(tmp_path: Path, n: int) 
     cases.append((tmp_path / "p.xg", [], vals))
     # the training step scaled up (blocks are whole tiles of rows), tensor parallel: its partial sums
     # are mostly reduce-scattered
-    text = (REPO / "models" / "train.xg").read_text()
+    text = (REPO / "models" / "train_tiny.xg").read_text()
     for name, size in (("T", 512), ("D", 256), ("F", 1024)):
         text = re.sub(rf"^{name} = \d+", f"{name} = {size}", text, flags=re.M)
     text = re.sub(r"^SCALE = .*$", f"SCALE = {256 ** -0.5!r}", text, flags=re.M)

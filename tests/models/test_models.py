@@ -1,4 +1,4 @@
-"""models/train.xg and models/infer.xg: the transformer's forward pass and gradients against a
+"""models/train_tiny.xg and models/infer.xg: the transformer's forward pass and gradients against a
 torch reference in float64, and a real training run through xg.run_engine on the CPU."""
 
 import math
@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import xg
+from model_sources import gradient_source
 from xgbuild.build.package import engine_of
 from xgbuild.compiler.driver import compile_source
 
@@ -63,19 +64,9 @@ def test_infer_matches_torch() -> None:
 
 @pytest.mark.parametrize("dtype,tol", [("float64", 1e-6), ("float32", 1e-4)])
 def test_whole_model_gradients_match_torch(tmp_path: Path, dtype: str, tol: float) -> None:
-    # The same model (in float64, through a float64 copy of std.nn, or as written): keep the
-    # forward and the loss, return the gradients; torch's reference runs in float64.
-    (tmp_path / "nn64.xg").write_text((REPO / "std" / "nn.xg").read_text().replace("float32", dtype))
-    src = (REPO / "models" / "train.xg").read_text().replace("float32", dtype)
-    src = src[:src.index("def main()")] + (
-        "def main() {\n    return value_and_grad(loss_fn, wrt=(emb, g1, wq, wk, wv, wo, g2, w1, w2, gf, head))"
-        "(TOKENS, TARGETS, EMB, G1, WQ, WK, WV, WO, G2, W1, W2, GF, HEAD)\n}\n")
-    src = src.replace("import std.nn\n", "import nn64\n").replace("import std.optim\n", "")
-    src = "\n".join(line for line in src.splitlines()   # the optimizer's inputs are not needed here
-                    if not line.startswith((f"extern {dtype} STEP", f"extern {dtype} LR"))
-                    and not line.split(" ")[-1].startswith(("M_", "V_"))) + "\n"
-    path = tmp_path / "train64.xg"
-    path.write_text(src)
+    # The same model (in float64, through a float64 copy of std.nn, or as written), returning the
+    # loss and the gradients; torch's reference runs in float64.
+    path = gradient_source("train_tiny.xg", tmp_path, dtype, PARAMS)
     engine = xg.compile_file(path)
     gen = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
     params = init_params(gen, getattr(torch, dtype))
@@ -109,11 +100,11 @@ def train(engine, steps: int, seed: int) -> list[float]:
 
 
 def test_training_learns_and_is_bit_reproducible() -> None:
-    engine = xg.compile_file(REPO / "models" / "train.xg")
+    engine = xg.compile_file(REPO / "models" / "train_tiny.xg")
     seed = int(np.random.SeedSequence().entropy % 2**31)
     first = train(engine, 60, seed)
     assert first[-1] < first[0] / 10, f"seed {seed}: loss {first[0]:.4f} -> {first[-1]:.4f}"
-    again = train(xg.compile_file(REPO / "models" / "train.xg"), 60, seed)
+    again = train(xg.compile_file(REPO / "models" / "train_tiny.xg"), 60, seed)
     assert [np.float32(x).tobytes() for x in first] == [np.float32(x).tobytes() for x in again]
 
 

@@ -7,7 +7,8 @@ second checkout against a warm remote cache. Prints a table and writes JSON (out
 Runs in two fresh copies of this checkout (the files git knows), with a real nginx cache server
 (tools/cache-server) as the remote cache of Bazel and of XG, and an empty XG cache, so "cold"
 means cold: every kernel is planned, tuned (predicted: no GPU here) and compiled. The edit adds a
-residual in `forward` of models/train.xg, which changes some kernels and leaves the rest alone;
+residual before the final LayerNorm of models/train.xg (GPT-2 small), which changes some kernels
+and leaves the rest alone;
 before it, a comment line atop the file moves every line and changes no kernel (the tuning
 actions stay cached: shard files hold no source positions).
 """
@@ -31,8 +32,8 @@ sys.path.insert(0, str(REPO / "tests" / "bazel"))
 
 from bazel_helpers import PYTHON, copy_checkout, summary  # noqa: E402  (the tests' checkout copier)
 
-EDIT_FROM = "    return rms_norm(h, gf) @ head\n"
-EDIT_TO = "    return rms_norm(h + x, gf) @ head\n"
+EDIT_FROM = "    logits = layer_norm(x, lnf_g, lnf_b) @ transpose(wte)\n"
+EDIT_TO = "    logits = layer_norm(x + x, lnf_g, lnf_b) @ transpose(wte)\n"
 
 
 def timed(ws, target: str, flags: list[str]) -> tuple[float, str]:
@@ -67,7 +68,7 @@ def main() -> None:
             ("cold build (empty caches)", a, None),
             ("no-op rebuild (warm server)", a, None),
             ("rebuild after a comment line atop train.xg", a, "comment"),
-            ("rebuild after editing forward() in train.xg", a, "edit"),
+            ("rebuild after editing loss_fn() in train.xg", a, "edit"),
             ("no-op rebuild after the edit", a, None),
             ("second checkout, warm remote cache", b, None),
         ):

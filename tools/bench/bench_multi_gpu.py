@@ -2,7 +2,7 @@
 
 Workloads: a large matmul with its rows split over the GPUs (`--size`, bfloat16), the same with
 the contracting dim split (partial sums and an all-reduce), the training step of
-models/train.xg scaled up (`--train-dims`) under models/plans/train_tensor.toml, and a pipeline: a
+models/train_tiny.xg scaled up (`--train-dims`) under models/plans/train_tensor.toml, and a pipeline: a
 4-layer float32 MLP training step (`--pipeline-dims`), its layers placed on the GPUs and its batch in
 `--microbatches` (ideal efficiency M / (M + n - 1) for M microbatches on n GPUs; its ranks and its
 one-GPU baseline run PyTorch's ops), and `pipeline-dp`, the same MLP as two stages of two layers,
@@ -123,7 +123,7 @@ def build(workdir: Path, workload: str, ngpu: int, args) -> Path:
         src = MATMUL.format(dtype=dtype, n=args.size, shards=SHARDS[workload])
         compiled = compile_source(src, f"{workload}.xg", options)
     else:
-        text = (REPO_ROOT / "models" / "train.xg").read_text()
+        text = (REPO_ROOT / "models" / "train_tiny.xg").read_text()
         dims = dict(kv.split("=") for kv in args.train_dims.split(","))
         for k, v in dims.items():
             text = re.sub(rf"^{k} = \d+", f"{k} = {int(v)}", text, flags=re.M)

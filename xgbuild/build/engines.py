@@ -50,20 +50,26 @@ def link_engine(compiled: Any, settings: Settings, *, policy: Policy | str = Pol
 
 def compile_file(path: Path | str, settings: Settings, *, target: str | None = None, num_gpu: int | None = None,
                  tune: Policy | str = Policy.CACHE, kernels: bool = True, dims: Mapping[str, int] | None = None,
-                 sharding: Path | str | None = None, entry: str = "main") -> Engine:
+                 sharding: Path | str | None = None, entry: str = "main",
+                 consts: Mapping[str, Any] | None = None) -> Engine:
     """`xg.compile_file`: an `.xg` file's engine, as `xgc --out` builds it (the arguments checked
     first, each refusal an XGError naming it)."""
+    from ..compiler.frontend.constants import OverrideError, normalize
     from ..compiler.frontend.checker import target_option_error
     from .compile import compile_program
     if num_gpu is not None and (not isinstance(num_gpu, int) or num_gpu < 1):
         raise XGError(f"num_gpu must be a positive integer, got {num_gpu!r}")
     if not isinstance(entry, str) or not entry.isidentifier():
         raise XGError(f"entry must name a function, got {entry!r}")
+    try:
+        overrides = normalize(consts)
+    except OverrideError as exc:
+        raise XGError(str(exc)) from None
     bad_target = target_option_error(target, settings.hw_dir, "target=")
     if bad_target is not None:
         raise bad_target
     from .context import early_start
-    options = CheckOptions(target=target, num_gpu=num_gpu, entry=entry, hw_dir=settings.hw_dir)
+    options = CheckOptions(target=target, num_gpu=num_gpu, entry=entry, hw_dir=settings.hw_dir, consts=overrides)
     with early_start(tune, target, settings, kernels=kernels) as early:     # (overlaps the front end)
         compiled = compile_program(path, options, sharding)
         # `tune` goes to the tuner as given: it names a bad policy (and only when kernels are built).

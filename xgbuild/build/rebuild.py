@@ -154,7 +154,7 @@ def rebuild(path: Path, settings: Settings, *, entry: str | None = None, dims: M
     with tempfile.TemporaryDirectory(prefix="xg-rebuild-") as tmp:
         main, plan = _write_sources(file, where, Path(tmp))
         options = CheckOptions(target=manifest["target"], num_gpu=manifest["num_gpu"], entry=entry,
-                               hw_dir=settings.hw_dir)
+                               hw_dir=settings.hw_dir, consts=tuple(sorted(manifest.get("consts", {}).items())))
         try:
             compiled = compile_program(main, options, plan)
         except CompileError as exc:

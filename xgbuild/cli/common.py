@@ -123,6 +123,22 @@ def parse_dims(specs: list[str]) -> dict[str, int]:
     return out
 
 
+def parse_consts(specs: list[str]) -> tuple:
+    """`--const NAME=VALUE` options as `CheckOptions.consts`; a malformed one, or a constant
+    given twice, is a usage error."""
+    from ..compiler.frontend.constants import OverrideError, normalize, parse_override
+    out: dict = {}
+    try:
+        for spec in specs:
+            name, value = parse_override(spec)
+            if name in out:
+                fail(f"--const {name} is given twice", EXIT_USAGE)
+            out[name] = value
+        return normalize(out)
+    except OverrideError as exc:
+        fail(str(exc), EXIT_USAGE)
+
+
 def progress_or_exit(progress: str, quiet: bool = False, json_out: bool = False) -> bool | str:
     """`--progress auto|bar|json|none` as what the tuner takes: True draws the bar (auto: when
     stderr is a terminal, and neither --quiet nor --json), "json" writes one JSON event per line on

@@ -20,14 +20,18 @@ import typer
 
 from ..compiler.frontend import CheckOptions
 from ..errors import XGError
-from .common import (EXIT_USAGE, compile_or_exit, emit_json, fail, parse_dims, policy_or_exit, progress_or_exit,
-                     settings_or_exit, target_or_exit)
+from .common import (EXIT_USAGE, compile_or_exit, emit_json, fail, parse_consts, parse_dims, policy_or_exit,
+                     progress_or_exit, settings_or_exit, target_or_exit)
 
-def _options(target: str | None, num_gpu: int | None, entry: str, settings) -> CheckOptions:
+def _options(target: str | None, num_gpu: int | None, entry: str, settings, const: list[str]) -> CheckOptions:
     if not entry.isidentifier():
         fail(f"--entry names a function, got {entry!r}", EXIT_USAGE)
     target_or_exit(target, settings.hw_dir)
-    return CheckOptions(target=target, num_gpu=num_gpu, entry=entry, hw_dir=settings.hw_dir)
+    return CheckOptions(target=target, num_gpu=num_gpu, entry=entry, hw_dir=settings.hw_dir,
+                        consts=parse_consts(const))
+
+
+_CONST_HELP = "NAME=VALUE: override a file-level constant (as xgc --const)"
 
 
 def tune(
@@ -35,6 +39,7 @@ def tune(
     target: Optional[str] = typer.Option(None, "--target", help="GPU profile from hw/ (overrides TARGET_GPU)"),
     num_gpu: Optional[int] = typer.Option(None, "--num-gpu", min=1, help="GPUs to plan for (overrides NUM_GPU)"),
     entry: str = typer.Option("main", "--entry", help="the entry function (as xgc --entry)"),
+    const: list[str] = typer.Option([], "--const", metavar="NAME=VALUE", help=_CONST_HELP),
     sharding: Optional[Path] = typer.Option(None, "--sharding", help="a sharding plan (TOML), as xgc --sharding"),
     policy: str = typer.Option("measure", "--tune", help="measure | cache | predict | strict"),
     dim: list[str] = typer.Option([], "--dim", help="NAME=SIZE: tune at this size of a symbolic dim (default 1024)"),
@@ -47,7 +52,7 @@ def tune(
     """Tune every kernel of FILE for the target (winners go to the XG cache); link nothing."""
     policy, dims = policy_or_exit(policy), parse_dims(dim)
     settings = settings_or_exit()
-    compiled = compile_or_exit(file, _options(target, num_gpu, entry, settings), sharding=sharding)
+    compiled = compile_or_exit(file, _options(target, num_gpu, entry, settings, const), sharding=sharding)
     from ..build.kernels import tune_program
     from ..build.target import target_profile
     try:
@@ -72,6 +77,7 @@ def jobs(
     target: Optional[str] = typer.Option(None, "--target", help="GPU profile from hw/ (overrides TARGET_GPU)"),
     num_gpu: Optional[int] = typer.Option(None, "--num-gpu", min=1, help="GPUs to plan for (overrides NUM_GPU)"),
     entry: str = typer.Option("main", "--entry", help="the entry function (as xgc --entry)"),
+    const: list[str] = typer.Option([], "--const", metavar="NAME=VALUE", help=_CONST_HELP),
     sharding: Optional[Path] = typer.Option(None, "--sharding", help="a sharding plan (TOML), as xgc --sharding"),
     dim: list[str] = typer.Option([], "--dim", help="NAME=SIZE: tune at this size of a symbolic dim (default 1024)"),
     quiet: bool = typer.Option(False, "--quiet", help="print errors only (no warnings, no summary)"),
@@ -80,7 +86,7 @@ def jobs(
     dims = parse_dims(dim)
     if len(set(out)) != len(out):
         fail("each --out names a different shard file", EXIT_USAGE)
-    compiled = compile_or_exit(file, _options(target, num_gpu, entry, settings_or_exit()), warnings=not quiet,
+    compiled = compile_or_exit(file, _options(target, num_gpu, entry, settings_or_exit(), const), warnings=not quiet,
                                sharding=sharding)
     from ..build.shards import write_shards
     try:

@@ -81,6 +81,8 @@ def inspect(
     out.write(f"engine      {engine}\ndigest      {eng.digest}\nformat      {m['format_version']}\n")
     out.write(f"target      {m['target']} ({m['target_profile']['arch']}), num_gpu {m['num_gpu']}\n")
     out.write("toolchain   " + ", ".join(f"{k} {v}" for k, v in sorted(m["toolchain"].items())) + "\n")
+    if m.get("consts"):
+        out.write("consts      " + " ".join(f"{k}={v}" for k, v in sorted(m["consts"].items())) + "   (--const)\n")
     out.write("inputs\n")
     for spec in m["entry"]["inputs"]:
         out.write(f"  {spec['name']:<12} {spec['dtype']:<9} {spec['shape']}\n")

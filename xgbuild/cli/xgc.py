@@ -2,6 +2,7 @@
 
     xgc FILE.xg --check [--json]                       type-check only
     xgc FILE.xg --out build/engine.xge [--target T] [--num-gpu N] [--sharding plan.toml] [--entry F]
+    xgc FILE.xg --out build/small.xge --const L=2 --const D=64         file constants overridden
     xgc FILE.xg --out build/engine.xge --kernels-from r0.json ...   link `xgbuild tune-shard` results
     xgc FILE.xg --out build/engine.xge --sign-key KEY | --provenance  with a (signed) provenance statement
     xgc FILE.xg --emit ast|ir|ir-opt|ir-json|dot [--dump-after PASS]
@@ -25,8 +26,8 @@ import typer
 from ..compiler.frontend import CheckOptions, check_file
 from ..compiler.passes import PASS_NAMES
 from ..errors import CompileError, XGError
-from .common import (EXIT_PROGRAM, EXIT_USAGE, emit_json, exit_code_for, fail, make_app, policy_or_exit, run,
-                     settings_or_exit, target_or_exit, write_diagnostics)
+from .common import (EXIT_PROGRAM, EXIT_USAGE, emit_json, exit_code_for, fail, make_app, parse_consts,
+                     policy_or_exit, run, settings_or_exit, target_or_exit, write_diagnostics)
 from .version import version_option
 
 app = make_app("Compile an XG program (.xg) into an engine bundle (.xge), or check it.")
@@ -50,6 +51,8 @@ def compile(
     json_out: bool = typer.Option(False, "--json", help="print one JSON object on stdout"),
     target: Optional[str] = typer.Option(None, "--target", help="GPU profile from hw/ (overrides TARGET_GPU)"),
     num_gpu: Optional[int] = typer.Option(None, "--num-gpu", min=1, help="GPUs to plan for (overrides NUM_GPU)"),
+    const: list[str] = typer.Option([], "--const", metavar="NAME=VALUE", help="override the file-level constant "
+                                    "NAME (repeat per constant), e.g. --const L=2 for a small configuration"),
     lib: bool = typer.Option(False, "--lib", help="a library file: no `main` required (with --check)"),
     entry: str = typer.Option("main", "--entry", help="the entry function; another than `main` takes the "
                               "engine's inputs as its parameters"),
@@ -83,6 +86,7 @@ def compile(
     policy = policy_or_exit(tune, "{} or {}")
     settings = settings_or_exit()        # read once here; the hw directory and the cache go down from it
     target_or_exit(target, settings.hw_dir)
+    consts = parse_consts(const)
     if sign_key is not None or provenance:
         if out is None:
             fail("--sign-key and --provenance apply to the engine --out writes", EXIT_USAGE)
@@ -96,8 +100,8 @@ def compile(
         except XGError as exc:
             fail(str(exc), EXIT_USAGE)
     if file.suffix.lower() == ".onnx":
-        if kernels_from or sharding is not None or entry != "main":
-            fail("--kernels-from, --sharding and --entry apply to .xg sources, not ONNX models", EXIT_USAGE)
+        if kernels_from or sharding is not None or entry != "main" or consts:
+            fail("--kernels-from, --sharding, --entry and --const apply to .xg sources, not ONNX models", EXIT_USAGE)
         from .xgc_onnx import compile_onnx
         compile_onnx(file, check=check, out=out, emit=emit.value if emit else None, dump_after=dump_after,
                      json_out=json_out, target=target, num_gpu=num_gpu, tune=policy, kernels=kernels, dims=dim,
@@ -105,7 +109,8 @@ def compile(
         return
     if not entry.isidentifier():
         fail(f"--entry names a function, got {entry!r}", EXIT_USAGE)
-    options = CheckOptions(target=target, num_gpu=num_gpu, lib=lib, entry=entry, hw_dir=settings.hw_dir)
+    options = CheckOptions(target=target, num_gpu=num_gpu, lib=lib, entry=entry, hw_dir=settings.hw_dir,
+                           consts=consts)
     plan = None
     if sharding is not None:
         from ..build.compile import sharding_plan
@@ -177,6 +182,7 @@ def compile(
                     from ..build.provenance import build_envelope
                     parameters = {"source": file.name, "target": compiled.target, "num_gpu": compiled.num_gpu,
                                   "entry": entry, "dims": dims, "tune": policy.value, "kernels": kernels,
+                                  "consts": dict(consts) or None,
                                   "sharding": compiled.plan.name if compiled.plan is not None else None,
                                   "kernels_from": bool(kernels_from)}
                     envelope = build_envelope(built.engine.file, name=out.name, parameters=parameters,

@@ -47,11 +47,13 @@ def _output_sig(graph: Graph, tree: dict) -> dict:
 def build_manifest(*, graph: Graph, program_blob: bytes, profile: GpuProfile, num_gpu: int, sources: dict[str, bytes],
                    passes: list[str], shards: list[dict], kernels: list[dict] | None = None,
                    launches: list[dict] | None = None, plan: dict | None = None, weights: dict | None = None,
-                   ranges: dict[str, list[int]] | None = None) -> dict:
+                   ranges: dict[str, list[int]] | None = None, consts: dict | None = None) -> dict:
     """`plan`: the SPMD plan of a many-GPU engine; `weights` (imported models): {"path", "sha256",
     "tensors": [{name, dtype, shape}]}, the INPUTs the engine binds itself, left out of the entry
     signature; `ranges`: [lo, hi) of integer inputs used as indices (checked before a run);
-    `profile`: the target's, recorded whole so a deploy host needs no hw/ directory."""
+    `profile`: the target's, recorded whole so a deploy host needs no hw/ directory; `consts`: the
+    file constants overridden (`xgc --const`), recorded only when there are any, so that the
+    sources rebuild the engine."""
     bound = {t["name"] for t in weights["tensors"]} if weights else set()
     ranges = ranges or {}
     inputs = [{"name": name, **_tensor_sig(graph, nid), **({"range": list(ranges[name])} if name in ranges else {})}
@@ -75,6 +77,8 @@ def build_manifest(*, graph: Graph, program_blob: bytes, profile: GpuProfile, nu
     }
     if weights:
         manifest["weights"] = weights
+    if consts:
+        manifest["consts"] = dict(sorted(consts.items()))
     return manifest
 
 
@@ -130,6 +134,10 @@ def check_manifest(manifest: dict, graph: Graph, entries: set[str], where: str) 
         if node is None or (spec.get("dtype"), spec.get("shape")) != (node.dtype, list(node.shape)):
             raise bad(f"weights declare {str(name)[:40]!r} as {spec.get('dtype')}{spec.get('shape')}, "
                       "which is not an input of the program")
+    consts = manifest.get("consts", {})
+    if not isinstance(consts, dict) or not all(isinstance(k, str) and type(v) in (int, float, bool)
+                                               for k, v in consts.items()):
+        raise bad("consts is not an object of constant names to numbers or booleans")
     check_sizes(graph, manifest, where)
     for path in _paths(manifest):
         if not isinstance(path, str) or path not in entries:

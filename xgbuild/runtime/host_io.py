@@ -94,7 +94,7 @@ def as_host(name: str, value: Any) -> HostArray:
 # An XG external name: the lexer's NAME token that is not a keyword (`frontend/lexer.py`).
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 KEYWORDS = frozenset({"import", "def", "return", "if", "else", "with", "match", "extern", "true", "false",
-                       "and", "or", "not"})
+                       "and", "or", "not", "for", "in"})
 
 # 1980-01-01 is the earliest time a zip entry can carry; a fixed stamp keeps `.npz` bytes stable.
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)

@@ -18,6 +18,20 @@ def _dims(ctx):
             fail("%s: dims[%s] = %s is not a positive integer" % (ctx.label, repr(name), repr(size)))
     return ctx.attr.dims
 
+def _consts(ctx):
+    for name, value in ctx.attr.consts.items():
+        if not name or not (name[0].isalpha() or name[0] == "_") or not name.replace("_", "a").isalnum():
+            fail("%s: consts has %s, which is not a constant's name" % (ctx.label, repr(name)))
+        if name in ("TARGET_GPU", "NUM_GPU"):
+            fail("%s: consts[%s]: set it with `%s` instead" %
+                 (ctx.label, repr(name), "target" if name == "TARGET_GPU" else "num_gpu"))
+        # The form only: whether the value suits the constant is the compiler's to say (XG0019).
+        number = value and value[0] in "0123456789.+-" and not value.lstrip("0123456789.eE+-_")
+        if value not in ("true", "false") and not number:
+            fail("%s: consts[%s] = %s is not a value: give an integer, a number, true or false" %
+                 (ctx.label, repr(name), repr(value)))
+    return ctx.attr.consts
+
 def engine_build(ctx):
     """The description of one engine build, from a rule's attributes and the build settings."""
     shards = ctx.attr.shards or ctx.attr._shards[XgSettingInfo].value
@@ -29,6 +43,7 @@ def engine_build(ctx):
         entry = ctx.attr.entry,
         sharding = ctx.file.sharding,
         dims = _dims(ctx),
+        consts = _consts(ctx),
         kernels = ctx.attr.kernels,
         shards = shards,
         remote_cache = ctx.attr._remote_cache[XgSettingInfo].value,
@@ -94,6 +109,11 @@ ENGINE_ATTRS = {
         default = "",
         doc = "A GPU profile from hw/ for this engine alone; empty: the `//rules_xg:target` setting " +
               "(the configs set it), and if that is empty too, the source's `TARGET_GPU`.",
+    ),
+    "consts": attr.string_dict(
+        doc = "File-level constants of `src` to override, e.g. {\"L\": \"2\", \"D\": \"64\"} for a small " +
+              "configuration of a model whose sizes are constants (`xgc --const NAME=VALUE`). Constants " +
+              "computed from them follow; the engine records the overrides.",
     ),
     "dims": attr.string_dict(
         doc = "Sizes of symbolic dims to tune the kernels at, e.g. {\"T\": \"8192\"} (1024 otherwise). " +

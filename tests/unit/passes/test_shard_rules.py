@@ -118,7 +118,7 @@ def test_programs_under_sharding_equal_one_process(name: str, n: int) -> None:
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("plan", ["train_tensor", "train_data"])
 def test_training_step_under_each_plan(plan: str, n: int) -> None:
-    c = compile_file(REPO / "models" / "train.xg", CheckOptions(num_gpu=n),
+    c = compile_file(REPO / "models" / "train_tiny.xg", CheckOptions(num_gpu=n),
                      plan=load_plan(REPO / "models" / "plans" / f"{plan}.toml"))
     engine = engine_of(c)
     gen = torch.Generator().manual_seed(7)

@@ -68,7 +68,7 @@ def test_each_layer_runs_on_its_gpu_and_its_gradient_with_it() -> None:
 
 
 def test_ranks_agree_on_the_order_of_their_transfers() -> None:
-    g = compiled(REPO_ROOT / "models" / "plans" / "train_pipeline4.toml", REPO_ROOT / "models" / "train.xg",
+    g = compiled(REPO_ROOT / "models" / "plans" / "train_pipeline4.toml", REPO_ROOT / "models" / "train_tiny.xg",
                  num_gpu=4).optimized.main
     plans = [stage_plan(g, r) for r in range(4)]
     for a in range(4):
@@ -140,7 +140,7 @@ def test_every_rank_run_in_turn_gives_the_whole_programs_result(tmp_path: Path, 
     if micro > 1:   # the model has no batch dim: its 32 tokens go in microbatches (attention gathers them)
         text += f"\n[pipeline]\nmicrobatches = {micro}\nsplit = {{ TOKENS = 0, TARGETS = 0 }}\n"
     (tmp_path / "p.toml").write_text(text)
-    g = compiled(tmp_path / "p.toml", REPO_ROOT / "models" / "train.xg", world).optimized.main
+    g = compiled(tmp_path / "p.toml", REPO_ROOT / "models" / "train_tiny.xg", world).optimized.main
     inputs = train_values(g)
     got, want = run_ranks_in_turn(g, world, inputs), whole_run(g, inputs)
     for i, w in want.items():
@@ -207,9 +207,9 @@ def test_microbatches_equal_the_whole_batch() -> None:
 
 
 def test_each_gpu_holds_only_its_stage() -> None:
-    c = compiled(REPO_ROOT / "models" / "plans" / "train_pipeline.toml", REPO_ROOT / "models" / "train.xg", 2)
+    c = compiled(REPO_ROOT / "models" / "plans" / "train_pipeline.toml", REPO_ROOT / "models" / "train_tiny.xg", 2)
     fp = footprint(c.optimized.main, 2)
-    one = footprint(compile_file(REPO_ROOT / "models" / "train.xg").optimized.main, 1)
+    one = footprint(compile_file(REPO_ROOT / "models" / "train_tiny.xg").optimized.main, 1)
     assert len(fp["per_stage"]) == 2 and fp["total"] == max(s["total"] for s in fp["per_stage"])
     assert all(s["activations"] < one["activations"] for s in fp["per_stage"])
     text = "\n".join(plan_lines(plan_of(c.optimized.main, 2, load_profile("H100"))))
@@ -464,15 +464,15 @@ TRAIN4 = (REPO_ROOT / "models" / "plans" / "train_pipeline4.toml").read_text()
 CASES = {
     "example-1f1b": (EXAMPLE_PLAN, REPO_ROOT / "examples" / "pipeline.xg", 2),
     "example-gpipe": (EXAMPLE_PLAN + 'schedule = "gpipe"\n', REPO_ROOT / "examples" / "pipeline.xg", 2),
-    "train-4-stages": (TRAIN4, REPO_ROOT / "models" / "train.xg", 4),
+    "train-4-stages": (TRAIN4, REPO_ROOT / "models" / "train_tiny.xg", 4),
     "train-4-stages-4-microbatches": (TRAIN4 + "\n[pipeline]\nmicrobatches = 4\nsplit = { TOKENS = 0, TARGETS = 0 }\n",
-                                      REPO_ROOT / "models" / "train.xg", 4),
+                                      REPO_ROOT / "models" / "train_tiny.xg", 4),
     # Stages of several GPUs: data-parallel replicas of the pipeline.
     "train-2-stages-of-2-gpus": ((REPO_ROOT / "models" / "plans" / "train_pipeline_dp.toml").read_text(),
-                                 REPO_ROOT / "models" / "train.xg", 4),
+                                 REPO_ROOT / "models" / "train_tiny.xg", 4),
     "train-2-stages-of-2-gpus-2-microbatches-shares": (
         (REPO_ROOT / "models" / "plans" / "train_pipeline_dp.toml").read_text() + "microbatches = 2\n",
-        REPO_ROOT / "models" / "train.xg", 4),
+        REPO_ROOT / "models" / "train_tiny.xg", 4),
     "example-2-stages-of-2-gpus-gpipe": (EXAMPLE_PLAN.replace("microbatches = 4", "microbatches = 2")
                                          + 'schedule = "gpipe"\n', REPO_ROOT / "examples" / "pipeline.xg", 4),
     "example-2-stages-of-4-gpus-shares": (EXAMPLE_PLAN, REPO_ROOT / "examples" / "pipeline.xg", 8),

@@ -88,7 +88,7 @@ def test_the_statement_describes_this_engine(built):
 def test_verify_rebuild_reproduces_an_xgc_engine_of_the_training_step(tmp_path):
     env = {"XG_CACHE_DIR": str(tmp_path / "cache")}
     engine = tmp_path / "train.xge"
-    res = cli("xgc", str(REPO / "models" / "train.xg"), "--out", str(engine), "--quiet", "--jobs", "2", env=env)
+    res = cli("xgc", str(REPO / "models" / "train_tiny.xg"), "--out", str(engine), "--quiet", "--jobs", "2", env=env)
     assert res.returncode == 0, res.stderr
     res = cli("xgbuild", "verify", "--rebuild", str(engine), "--jobs", "2", cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stderr
@@ -152,15 +152,16 @@ def test_an_imported_model_cannot_be_rebuilt_and_says_so(tmp_path):
 @pytest.mark.bazel
 @pytest.mark.timeout(1800)
 def test_verify_rebuild_reproduces_the_bazel_train_engine():
-    """`bazel build //models:train_engine` (jobs, tune-shard and link actions), then a rebuild from
-    the engine alone gives the same bytes."""
+    """`bazel build //models:train_engine_small` (jobs, tune-shard and link actions; the training
+    step of models/train.xg with `consts` overriding its sizes), then a rebuild from the engine
+    alone gives the same bytes: the engine records the overrides it was built with."""
     sys.path.insert(0, str(REPO / "tests" / "bazel"))
     from bazel_helpers import REPO as BAZEL_REPO, Workspace, explain
     ws = Workspace(BAZEL_REPO)
     try:
-        res = ws.build("//models:train_engine")
+        res = ws.build("//models:train_engine_small")
         assert res.returncode == 0, explain(res)
-        engine = ws.bin("models/train_engine.xge")
+        engine = ws.bin("models/train_engine_small.xge")
         res = cli("xgbuild", "verify", "--rebuild", str(engine), timeout=900)
         assert res.returncode == 0, res.stderr
         assert "the same bytes" in res.stdout

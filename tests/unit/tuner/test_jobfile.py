@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="module")
 def train():
-    return compile_file(REPO / "models" / "train.xg", CheckOptions(target="GB200"))
+    return compile_file(REPO / "models" / "train_tiny.xg", CheckOptions(target="GB200"))
 
 
 @pytest.fixture(scope="module")

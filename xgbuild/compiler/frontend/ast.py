@@ -194,7 +194,16 @@ class With(Node):
     body: Block
 
 
-Stmt = Assign | ExprStmt | Return | If | With
+@dataclass(slots=True, eq=False)
+class For(Node):               # for l in range(N) { ... }: unrolled when compiled (checker.py)
+    var: str
+    var_span: Span
+    bounds: list[Expr]         # range's arguments: [stop] or [start, stop]
+    body: Block
+    range_span: Span = Span(0, 0)
+
+
+Stmt = Assign | ExprStmt | Return | If | With | For
 
 
 # --- file level -------------------------------------------------------------------------------

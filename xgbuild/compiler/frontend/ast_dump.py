@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from . import ast as A
 
-_HIDDEN = ("nid", "span", "op_span", "method_span", "name_span", "binding_span")
+_HIDDEN = ("nid", "span", "op_span", "method_span", "name_span", "binding_span", "var_span", "range_span")
 
 
 def dump(module: A.Module, types: dict | None = None) -> str:

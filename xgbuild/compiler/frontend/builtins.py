@@ -394,6 +394,8 @@ class BuiltinChecker:
                                  detail=f"`wrt` names parameters of `{sig.name}`: {', '.join(names) or 'it has none'}")
                 return ERROR, R.ANY
             ptype = dict(sig.params)[item.id]
+            if isinstance(ptype, ErrorType):        # its type's error is reported already
+                return ERROR, R.ANY
             if not (isinstance(ptype, TensorType) and is_float(ptype.dtype)):
                 self.diags.error(NOT_DIFFERENTIABLE, item.span,
                                  detail=f"cannot differentiate with respect to `{item.id}` of type `{ptype}`",

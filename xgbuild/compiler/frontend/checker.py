@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING
 from . import ast as A
 from ..ops import sign as R
 from .builtins import SPECS, BuiltinChecker
-from .codes import (BAD_CHAR, BAD_DECL, BAD_DIM, BAD_NUM_GPU, COND_NOT_BOOL, DEFAULT_DTYPE, DUPLICATE, INDENT,
+from .constants import ConstantEvaluator
+from .codes import (BAD_CHAR, BAD_DECL, BAD_DIM, BAD_LOOP, BAD_NUM_GPU, COND_NOT_BOOL, DEFAULT_DTYPE, DUPLICATE, INDENT,
                     MAIN_PARAMS, MISSING_RETURN, NO_ENTRY, NO_MAIN, NOT_CALLABLE, OVERRIDE, RECURSION, RESULT_UNUSED,
                     RETURN_MISMATCH, SHARD_BAD, SHARD_CONFLICT, SHARD_INDIVISIBLE, SHARD_UNKNOWN, SYNTAX, TOO_DEEP,
                     TOO_LARGE, UNKNOWN_TARGET, UNKNOWN_TYPE, UNREACHABLE, UNUSED_VAR)
 from .diagnostics import Diagnostics
 from .exprs import UNIT, ExprChecker
+from .loops import LoopChecker, fresh_copy, max_nid
 from .scope import FuncSig, Scope, Var
 from .source import SourceFile, Span
 from .types import (DTYPES, ERROR, DimVar, DTypeVar, ErrorType, ExternVar, FloatLiteral, GradFn, IntLiteral,
@@ -58,6 +60,9 @@ class TypedProgram:
     # The target's profile as the checker loaded it (from `CheckOptions.hw_dir`); None without a
     # target. Handed on to the IR `Program` so the passes never load it again.
     profile: "GpuProfile | None" = field(default=None, compare=False, repr=False)
+    # Each `for` loop's iterations (loops.py): statement id -> [(value of the variable, the block's copy)].
+    unrolled: dict = field(default_factory=dict)
+    consts: tuple = ()                               # the `--const` overrides applied (CheckOptions.consts)
 
 
 @dataclass(frozen=True)
@@ -67,9 +72,12 @@ class CheckOptions:
     lib: bool = False               # a library file: no `main` required
     hw_dir: object = None           # where GPU profiles live (None: built-in; commands pass Settings.hw_dir)
     entry: str = "main"             # --entry: the function the engine runs
+    # --const NAME=VALUE: sorted (name, value) pairs overriding this file's constants
+    # (constants.normalize makes them from a mapping).
+    consts: tuple = ()
 
 
-class FunctionChecker(ExprChecker, BuiltinChecker):
+class FunctionChecker(LoopChecker, ExprChecker, BuiltinChecker):
     def __init__(self, prog: "ProgramChecker", fn: A.FuncDef, sig: FuncSig) -> None:
         self.prog = prog
         self.diags = prog.diags
@@ -94,6 +102,7 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
         self.shard_created: dict[str, Span] = {}
         self.active_shards: dict[str, int] = {}     # name -> dim, for the `with shard` blocks we are in
         self.call_nids: list[int] = []
+        self.loop_spans: list[tuple[int, int]] = []  # the blocks of the loops unrolled here (loops.py)
         for name, (value, ty) in self.constants.items():
             self.root_scope.bind(Var(name, ty, Span(0, 0), "const", used=True), R.of_value(value)
                                  if isinstance(value, (int, float)) and not isinstance(value, bool) else R.ANY)
@@ -117,9 +126,17 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
             self.diags.error(MISSING_RETURN, self.fn.name_span, name=self.fn.name, expected=self.sig.ret)
         for spec in self.shards:
             self.check_shard(spec)
+        # A definition in a loop's block is one Var per iteration, all at one span: judged together.
+        sites: dict[object, list[Var]] = {}
         for var in self.locals:
+            in_loop = any(lo <= var.span.start < hi for lo, hi in self.loop_spans)
+            sites.setdefault((var.name, var.span.start, var.span.end) if in_loop else id(var), []).append(var)
+        for copies in sites.values():
+            var = next((v for v in copies if v.used), copies[-1])
             ty = self.subst.resolve(var.type)
-            if isinstance(ty, ResultType) and not var.handled:
+            unhandled = next((v for v in copies if not v.handled), None)
+            if isinstance(ty, ResultType) and unhandled is not None:
+                var = unhandled
                 self.diags.error(RESULT_UNUSED, var.span, detail=f"`{var.name}` holds a `{ty}` that is never handled",
                                  label="this `Result` is dropped",
                                  help=f"handle it: `match {var.name} {{ Ok(v) => ..., Err(e) => ... }}` or `{var.name}.unwrap_or(...)`")
@@ -226,6 +243,10 @@ class FunctionChecker(ExprChecker, BuiltinChecker):
         prev = self.scope.get(target.id)
         if prev is not None:
             pvar = prev[0]
+            if pvar.kind == "loop":
+                self.diags.error(BAD_LOOP, target.span, detail=f"cannot assign to the loop variable `{target.id}`",
+                                 label="assigned in the loop", help="assign the value to another name")
+                return
             if pvar.kind in ("const", "extern"):
                 self.diags.error(DUPLICATE, target.span, name=target.id,
                                  label=f"`{target.id}` is a file-level {'constant' if pvar.kind == 'const' else 'external'}")
@@ -440,6 +461,9 @@ def _assigned_names(block: A.Block) -> set[str]:
                 stack.append(node.orelse)
         elif isinstance(node, A.With):
             stack.append(node.body)
+        elif isinstance(node, A.For):
+            names.add(node.var)
+            stack.append(node.body)
     return names
 
 
@@ -461,6 +485,21 @@ class ProgramChecker:
         self.profile: GpuProfile | None = None
         self.num_gpu = 1
         self.main_ret: Type | None = None
+        self.constants_eval = ConstantEvaluator(diags, options.consts)
+        self.unrolled: dict[int, list] = {}
+        self.unrolled_count = 0
+        self._last_nid: int | None = None      # loops.py: copies take ids past the parse's
+        self.bad_dim_constants: set[str] = set()   # reported as dims once (resolve_type)
+
+    def fresh_copy(self, block: A.Block) -> A.Block:
+        """A copy of a loop's block with node ids no other node has (loops.py)."""
+        if self._last_nid is None:
+            self._last_nid = max_nid(self.module)
+
+        def next_id() -> int:
+            self._last_nid += 1
+            return self._last_nid
+        return fresh_copy(block, next_id)
 
     @property
     def constants(self) -> dict[str, tuple[object, Type]]:
@@ -471,6 +510,7 @@ class ProgramChecker:
         return self.module_constants.setdefault(origin.module if origin else None, {})
 
     def run(self, module: A.Module) -> TypedProgram:
+        self.module = module
         target_decl: A.ConstDecl | None = None
         num_decl: A.ConstDecl | None = None
         defined: dict[str, Span] = {}
@@ -506,6 +546,7 @@ class ProgramChecker:
                     continue
                 self.funcs[name] = self.signature(decl)
         self.hardware(target_decl, num_decl)
+        self.constants_eval.unused(self.constants)
         entry = self.options.entry
         main = self.funcs.get(entry)
         # A syntax error may be the reason `main` was not seen (a broken `def main(` line): then the
@@ -537,24 +578,12 @@ class ProgramChecker:
                             {k: v for k, (v, _) in self.constants.items()}, self.target, self.num_gpu,
                             self.shards, self.main_ret,
                             {m: {k: v for k, (v, _) in table.items()} for m, table in self.module_constants.items()},
-                            self.profile)
+                            self.profile, self.unrolled, self.options.consts)
 
     # --- file-level declarations ----------------------------------------------------------------
     def constant(self, decl: A.ConstDecl) -> None:
-        value = decl.value
-        sign = 1
-        if isinstance(value, A.Unary) and value.op == "-" and isinstance(value.operand, (A.IntLit, A.FloatLit)):
-            value, sign = value.operand, -1
-        table = self.constants_of(decl)
-        if isinstance(value, A.IntLit):
-            table[decl.name] = (sign * value.value, IntLiteral(sign * value.value))
-        elif isinstance(value, A.FloatLit):
-            table[decl.name] = (sign * value.value, FloatLiteral(sign * value.value))
-        elif isinstance(value, A.BoolLit):
-            table[decl.name] = (value.value, TensorType("bool", ()))
-        else:
-            self.diags.error(BAD_DECL, decl.value.span, detail=f"file-level constant `{decl.name}` must be a literal",
-                             help="compute values inside a function")
+        """A file-level constant's value (constants.py), the compiled file's own overridable."""
+        self.constants_eval.declare(decl, self.constants_of(decl), own=getattr(decl, "origin", None) is None)
 
     def hardware(self, target_decl: A.ConstDecl | None, num_decl: A.ConstDecl | None) -> None:
         from ...hw import UnknownTargetError, known_targets, load_profile
@@ -626,8 +655,11 @@ class ProgramChecker:
                 if isinstance(d.value, str) and d.value in constants:
                     value = constants[d.value][0]
                     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                        self.diags.error(UNKNOWN_TYPE, d.span, name=d.value,
-                                         help="a constant used as a dimension must be a non-negative integer")
+                        # Once per constant: a model's size constant (`--const L=-1`) is in dozens of types.
+                        if d.value not in self.bad_dim_constants:
+                            self.bad_dim_constants.add(d.value)
+                            self.diags.error(UNKNOWN_TYPE, d.span, name=d.value,
+                                             help="a constant used as a dimension must be a non-negative integer")
                         return ERROR
                     dims.append(value)
                 else:

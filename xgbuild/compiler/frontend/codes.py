@@ -91,9 +91,10 @@ DUPLICATE = _code("XG0011", "duplicate definition", "`{name}` is defined more th
 Each function, parameter, constant and external has one definition per scope.
 """)
 BAD_DECL = _code("XG0012", "invalid file-level declaration", "{detail}", """
-At file level only `def`, `extern` and constant declarations `NAME = literal` are allowed; the
-hardware declarations are `TARGET_GPU = <GPU name>` and `NUM_GPU = <positive integer>`.
-Statements belong inside a function.
+At file level only `def`, `extern`, `import` and constant declarations `NAME = value` are
+allowed. A constant's value is a literal or arithmetic (`+ - * / %`, parentheses) on literals and
+constants declared above it (`F = 4 * D`); the hardware declarations are `TARGET_GPU = <GPU
+name>` and `NUM_GPU = <positive integer>`. Statements belong inside a function.
 """)
 UNKNOWN_TARGET = _code("XG0013", "unknown target GPU", "unknown target GPU `{name}`", """
 `TARGET_GPU` (and `--target`) name a GPU profile from the `hw/` directory, case-insensitively.
@@ -122,6 +123,26 @@ only: no `main`, no `extern`, no `TARGET_GPU` or `NUM_GPU`. Imports may not form
 message names its files: `a.xg -> b.xg -> a.xg`), and a module with errors cannot be imported
 (its diagnostics are listed as notes). A module is read like a source: a regular file of at most
 16 MiB. Imports may nest at most 32 modules deep, and a program may import at most 256 modules.
+""")
+
+BAD_LOOP = _code("XG0018", "invalid `for` loop", "{detail}", """
+`for l in range(N) { ... }` repeats its block N times, with `l` the constant 0, 1, ..., N-1: the
+loop is unrolled when the program is compiled, so each iteration may index a stacked weight with
+its own constant (`W[l]`), and a value reassigned in the block (`x = block(x, W[l])`) carries
+over to the next iteration. `range(start, stop)` counts from `start`. The bounds must be integer
+constants (literals, file-level constants, or arithmetic on them), the loop may repeat its block
+at most 4,096 times (and unroll at most 65,536 iterations in one program, nested loops
+multiplied), and the block may not `return` or assign the loop variable: compute a value in the
+loop and return after it.
+""")
+BAD_CONST_OVERRIDE = _code("XG0019", "invalid constant override", "{detail}", """
+`xgc --const NAME=VALUE` (Bazel's `consts = {"NAME": "VALUE"}`, `xg.compile_file(...,
+consts={...})`) replaces the value of the file-level constant `NAME` of the compiled file, e.g.
+`--const L=2 --const D=64` for a small configuration of a model whose sizes are constants. The
+constant must exist in that file (not in an imported module), and the value must be of the
+constant's kind: an integer for an integer constant, a number for a float constant, `true` or
+`false` for a boolean. Constants computed from it (`F = 4 * D`) follow. `TARGET_GPU` and
+`NUM_GPU` have their own options: `--target` and `--num-gpu`.
 """)
 
 # --- types (XG01xx) -------------------------------------------------------------------------
@@ -333,8 +354,8 @@ A warning: an external's dtype comes from an `extern` declaration or from its us
 fixes it, XG assumes `float32`. Declare it: `extern Tensor[float32, M, K] {name}`.
 """)
 OVERRIDE = _code("XG0702", "declaration overridden", "{detail}", """
-A note: a command-line option (`--target`, `--num-gpu`) overrides the file's hardware
-declaration.
+A note: a command-line option overrides a declaration of the file: `--target` its `TARGET_GPU`,
+`--num-gpu` its `NUM_GPU`, `--const NAME=VALUE` its constant `NAME`.
 """)
 
 # --- imported models (XG08xx) ---------------------------------------------------------------

@@ -85,6 +85,13 @@ class Diagnostics:
                                              self.source.name, line, col, span))
                 raise Diagnostics.Overflow
 
+    def error_outside(self, code: Code, *, help: str = "", notes: tuple[str, ...] = (), **fmt: object) -> None:
+        """An error in what was given beside the source (a command-line option): no line of the
+        file is shown."""
+        self.items.append(Diagnostic(code.code, Severity.ERROR, code.fmt(**fmt), self.source.name, 0, 0,
+                                     Span(0, 0), help=help, notes=notes))
+        self._errors += 1
+
     def error(self, code: Code, span: Span, **kw: object) -> None:
         self.emit(code, span, Severity.ERROR, **kw)
 
@@ -128,7 +135,9 @@ def _printable(text: str) -> str:
 def render(diag: Diagnostic, source: SourceFile | None) -> str:
     """Render one diagnostic the way rustc does."""
     head = f"{diag.severity.value}[{diag.code}]: {diag.message}"
-    if source is None:  # no line to show: an unreadable file, or no file at all (an imported model)
+    if source is None or diag.line == 0:
+        # No line to show: an unreadable file, no file at all (an imported model), or an option
+        # given outside the source (`--const`).
         lines = [head] + ([f" --> {diag.file}"] if diag.file else [])
         lines += [f"  = note: {note}" for note in diag.notes]
         if diag.help:

@@ -35,7 +35,7 @@ class T(str, Enum):
 
 
 KEYWORDS = frozenset({"import", "def", "return", "if", "else", "with", "match", "extern", "true", "false",
-                      "and", "or", "not"})
+                      "and", "or", "not", "for", "in"})
 
 MAX_TOKENS = 1 << 18   # a few seconds and a few hundred MB to check; the largest program shipped has ~1,200
 

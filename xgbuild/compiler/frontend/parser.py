@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from . import ast as A
-from .codes import BAD_DECL, INDENT, LITERAL_RANGE, SYNTAX, TOO_DEEP
+from .codes import BAD_DECL, BAD_LOOP, INDENT, LITERAL_RANGE, SYNTAX, TOO_DEEP
 from .diagnostics import Diagnostics
 from .lexer import T, Token
 from .source import Span
@@ -334,6 +334,8 @@ class Parser:
             return stmt
         if tok.is_kw("with"):
             return self.parse_with()
+        if tok.is_kw("for"):
+            return self.parse_for()
         expr = self.parse_expr_list()
         if self.at_op("="):
             eq = self.advance()
@@ -387,6 +389,28 @@ class Parser:
         if not (self.at_op("}") or self.tok.kind is T.EOF):
             self.end_statement()
         return A.If(self.nid(), start.span.to(end), cond, then, orelse)
+
+    def parse_for(self) -> A.For:
+        """`for NAME in range(stop) { ... }` or `range(start, stop)`; the checker unrolls it."""
+        start = self.advance()
+        var = self.expect_name("a loop variable")
+        if not self.at_kw("in"):
+            self.fail(f"expected `in` after the loop variable, found {self.tok.describe()}", label="expected `in`",
+                      help=f"write `for {var.text} in range(N) {{ ... }}`")
+        self.advance()
+        iterable = self.parse_expr()
+        if not (isinstance(iterable, A.Call) and isinstance(iterable.func, A.Name) and iterable.func.id == "range"
+                and 1 <= len(iterable.args) <= 2 and not iterable.kwargs):
+            self.diags.error(BAD_LOOP, iterable.span, detail="a `for` loop runs over `range(stop)` or `range(start, stop)`",
+                             label="expected `range(...)`",
+                             help=f"loops are unrolled over constant bounds: `for {var.text} in range(L) {{ ... }}`")
+            raise _Sync
+        if not self.at_op("{"):
+            self.fail(f"expected `{{` to start the loop's block, found {self.tok.describe()}", label="expected `{`",
+                      help=f"write `for {var.text} in range(N) {{ ... }}`")
+        body = self.parse_block()
+        return A.For(self.nid(), start.span.to(body.span), var.text, var.span, list(iterable.args), body,
+                     iterable.span)
 
     def parse_with(self) -> A.With:
         start = self.advance()

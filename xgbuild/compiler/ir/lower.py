@@ -244,6 +244,13 @@ class FunctionLowering:
                 result = self.if_stmt(stmt, stmts[i + 1:])
                 if result is not _FALLTHROUGH:
                     return result
+            elif isinstance(stmt, A.For):
+                # Unrolled by the checker (frontend/loops.py): its copies of the block, in order;
+                # the block never returns. The loop variable is a constant in each copy.
+                for value, block in self.tp.unrolled.get(stmt.nid, ()):
+                    self.env[stmt.var] = (Lit(value), IntLiteral(value))
+                    self.seq(list(block.stmts))
+                self.env.pop(stmt.var, None)
         return None
 
     def if_stmt(self, s: A.If, rest: list[A.Stmt]):

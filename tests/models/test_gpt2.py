@@ -1,0 +1,157 @@
+"""models/train.xg, the GPT-2-small training step, at a small configuration (`consts`): its loss and
+gradients against a PyTorch reference of the same model in float64, and 50 training steps in
+float32 against PyTorch's AdamW and gradient clipping. The full size is only compiled here."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import xg
+from model_sources import gradient_source
+from xgbuild.compiler.driver import compile_file
+from xgbuild.compiler.frontend import CheckOptions
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = {"L": 2, "D": 32, "H": 2, "T": 16, "V": 64, "B": 2}
+PARAMS = ["WTE", "WPE", "LN1_G", "LN1_B", "WQKV", "BQKV", "WO", "BO", "LN2_G", "LN2_B", "W1", "B1", "W2", "B2",
+          "LNF_G", "LNF_B"]
+DECAYED = {"WTE", "WPE", "WQKV", "WO", "W1", "W2"}      # rank >= 2: nanoGPT's weight-decay group
+
+
+def shapes(c: dict) -> dict:
+    L, D, T, V = c["L"], c["D"], c["T"], c["V"]
+    F_ = 4 * D
+    return {"WTE": (V, D), "WPE": (T, D), "LN1_G": (L, D), "LN1_B": (L, D), "WQKV": (L, D, 3 * D),
+            "BQKV": (L, 3 * D), "WO": (L, D, D), "BO": (L, D), "LN2_G": (L, D), "LN2_B": (L, D), "W1": (L, D, F_),
+            "B1": (L, F_), "W2": (L, F_, D), "B2": (L, D), "LNF_G": (D,), "LNF_B": (D,)}
+
+
+def init_params(c: dict, gen: torch.Generator, dtype) -> dict:
+    """GPT-2's initialisation (normal, std 0.02), with gains near 1 and small random biases so that
+    no gradient is trivially zero."""
+    out = {}
+    for name, shape in shapes(c).items():
+        noise = torch.randn(shape, generator=gen, dtype=torch.float64)
+        out[name] = 1.0 + 0.1 * noise if name.endswith("_G") else 0.02 * noise
+    return {k: v.to(dtype) for k, v in out.items()}
+
+
+def torch_loss(p: dict, tokens: torch.Tensor, targets: torch.Tensor, c: dict) -> torch.Tensor:
+    """The same model in plain PyTorch (nanoGPT's GPT-2 block)."""
+    L, D, H, T, B = c["L"], c["D"], c["H"], c["T"], c["B"]
+    dh = D // H
+    x = p["WTE"][tokens] + p["WPE"]                                   # [B, T, D]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    for l in range(L):
+        a = F.layer_norm(x, (D,), p["LN1_G"][l], p["LN1_B"][l], eps=1e-5)
+        q, k, v = (a @ p["WQKV"][l] + p["BQKV"][l]).split(D, dim=2)
+        q, k, v = (t.view(B, T, H, dh).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(dh)
+        att = torch.softmax(att.masked_fill(~causal, float("-inf")), dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, D)
+        x = x + y @ p["WO"][l] + p["BO"][l]
+        m = F.layer_norm(x, (D,), p["LN2_G"][l], p["LN2_B"][l], eps=1e-5)
+        x = x + F.gelu(m @ p["W1"][l] + p["B1"][l], approximate="tanh") @ p["W2"][l] + p["B2"][l]
+    logits = F.layer_norm(x, (D,), p["LNF_G"], p["LNF_B"], eps=1e-5) @ p["WTE"].T
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def batch(c: dict, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A learnable task: each sequence counts up from a random start by a random stride, modulo V."""
+    B, T, V = c["B"], c["T"], c["V"]
+    start = torch.randint(0, V, (B, 1), generator=gen)
+    stride = torch.randint(1, 4, (B, 1), generator=gen)
+    seq = (start + stride * torch.arange(T + 1)) % V
+    return seq[:, :-1], seq[:, 1:]
+
+
+def seed() -> int:
+    return int(np.random.SeedSequence().entropy % 2**31)
+
+
+def test_gradients_match_torch_in_float64(tmp_path: Path) -> None:
+    engine = xg.compile_file(gradient_source("train.xg", tmp_path, "float64", PARAMS), consts=SMALL, kernels=False)
+    s = seed()
+    gen = torch.Generator().manual_seed(s)
+    params = init_params(SMALL, gen, torch.float64)
+    tokens, targets = batch(SMALL, gen)
+    loss, grads = engine.run({"TOKENS": tokens, "TARGETS": targets, **params}).value
+
+    leaves = {k: v.clone().requires_grad_() for k, v in params.items()}
+    ref = torch_loss(leaves, tokens, targets, SMALL)
+    ref.backward()
+    assert abs(float(loss) - ref.item()) < 1e-6 * abs(ref.item()), f"seed {s}"
+    for name, g in zip(PARAMS, grads):
+        want = leaves[name].grad
+        err = float((g.double() - want).norm() / want.norm())
+        assert err < 1e-6, f"seed {s}: {name}: relative error {err:.2e}"
+
+
+def lr_at(step: int, steps: int, peak: float = 1e-2, warmup: int = 5) -> float:
+    """nanoGPT's schedule: linear warmup, then cosine decay to a tenth of the peak."""
+    if step <= warmup:
+        return peak * step / warmup
+    done = (step - warmup) / (steps - warmup)
+    return peak / 10 + 0.5 * (1 + math.cos(math.pi * done)) * (peak - peak / 10)
+
+
+def torch_training(params: dict, batches: list, c: dict) -> list[float]:
+    leaves = {k: v.clone().requires_grad_() for k, v in params.items()}
+    decay = [leaves[k] for k in PARAMS if k in DECAYED]
+    rest = [leaves[k] for k in PARAMS if k not in DECAYED]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=1.0, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    losses = []
+    for step, (tokens, targets) in enumerate(batches, 1):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, len(batches))
+        opt.zero_grad()
+        loss = torch_loss(leaves, tokens, targets, c)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([leaves[k] for k in PARAMS], 1.0, foreach=False)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_fifty_steps_track_torch_adamw_in_float32() -> None:
+    engine = xg.compile_file(REPO / "models" / "train.xg", consts=SMALL, kernels=False)
+    s = seed()
+    gen = torch.Generator().manual_seed(s)
+    params = init_params(SMALL, gen, torch.float32)
+    batches = [batch(SMALL, gen) for _ in range(50)]
+    want = torch_training(params, batches, SMALL)
+
+    state = {f"M_{k}": torch.zeros_like(v) for k, v in params.items()}
+    state |= {f"V_{k}": torch.zeros_like(v) for k, v in params.items()}
+    got = []
+    for step, (tokens, targets) in enumerate(batches, 1):
+        inputs = {"TOKENS": tokens, "TARGETS": targets, "STEP": torch.tensor(float(step)),
+                  "LR": torch.tensor(lr_at(step, len(batches)), dtype=torch.float32)}
+        loss, new_p, new_m, new_v = engine.run({**inputs, **params, **state}).value
+        params = dict(zip(PARAMS, new_p))
+        state = {f"M_{k}": m for k, m in zip(PARAMS, new_m)} | {f"V_{k}": v for k, v in zip(PARAMS, new_v)}
+        got.append(float(loss))
+    assert want[-1] < want[0] * 0.85, f"seed {s}: the reference did not learn: {want[0]:.4f} -> {want[-1]:.4f}"
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got, want))
+    assert worst < 1e-4, f"seed {s}: losses differ by {worst:.2e} relative\n{got}\n{want}"
+
+
+def test_full_size_compiles_on_the_cpu() -> None:
+    """GPT-2 small as written: 124M parameters, its graph lowered, differentiated and optimised."""
+    compiled = compile_file(REPO / "models" / "train.xg", CheckOptions())
+    inputs = dict(compiled.optimized.main.inputs)
+    graph = compiled.optimized.main
+    count = sum(math.prod(graph.node(inputs[name]).shape) for name in PARAMS)
+    assert count == 124_439_808          # GPT-2 small (Hugging Face's count: the LM head is tied)
+    assert graph.node(inputs["WQKV"]).shape == (12, 768, 2304)
+
+
+@pytest.mark.parametrize("bad,message", [({"Q": 2}, "overrides no constant"), ({"L": 2.5}, "gives a float")])
+def test_bad_overrides_are_diagnostics(bad: dict, message: str) -> None:
+    with pytest.raises(xg.CompileError, match=message):
+        xg.compile_file(REPO / "models" / "train.xg", consts=bad, kernels=False)
