@@ -47,6 +47,17 @@ def compare(engine: Engine, dims: dict[str, int], seed: int) -> None:
         sys.path.insert(0, str(REPO / "tools"))
         from model_inputs import first_step_inputs      # a model's valid first step (sqrt of moments >= 0)
         inputs = first_step_inputs(engine, seed)
+        # A later step's AdamW state, moments away from zero: a first step's update is m / sqrt(v) =
+        # sign(g), which flips with rounding where a gradient is zero in exact arithmetic (attention's
+        # key bias: softmax ignores a constant added to a row), so it would compare only noise there.
+        gen = torch.Generator().manual_seed(seed + 1)
+        for name, t in list(inputs.items()):
+            if name.startswith("M_"):
+                inputs[name] = (0.01 * torch.randn(t.shape, generator=gen, dtype=torch.float64)).to(t.dtype)
+            elif name.startswith("V_"):
+                inputs[name] = (1e-4 * (1 + torch.rand(t.shape, generator=gen, dtype=torch.float64))).to(t.dtype)
+            elif name == "STEP":
+                inputs[name] = torch.tensor(10.0, dtype=t.dtype)
     else:
         inputs = random_inputs(sig, seed=seed)
     ref = engine.run(inputs, device="cpu", float64=True)
