@@ -31,6 +31,9 @@ from xgbuild.compiler.codegen.templates.base import config_key, make_config  # n
 from xgbuild.tuner.tuner import Compiler, JobData, agrees  # noqa: E402
 
 GEMM = "extern Tensor[{dt}, M, K] A\nextern Tensor[{dt}, K, N] B\ndef main() {{\n    return A @ B\n}}\n"
+# B stored [N, K], as an `nn.Linear` weight (and a tied LM head's embedding) is
+LINEAR = ("extern Tensor[{dt}, M, K] A\nextern Tensor[{dt}, N, K] W\ndef main() {{\n"
+          "    return A @ transpose(W, 0, 1)\n}}\n")
 MLP = """extern Tensor[bfloat16, T, D] X
 extern Tensor[bfloat16, D, F] W1
 extern Tensor[bfloat16, F] B1
@@ -79,7 +82,13 @@ def main() -> int:
     arch = 10 * torch.cuda.get_device_capability(0)[0] + torch.cuda.get_device_capability(0)[1]
     problems = [("gemm bf16 4096^3", GEMM.format(dt="bfloat16"), {"M": 4096, "K": 4096, "N": 4096}, half_configs),
                 ("mlp bf16 8192x4096x11008", MLP, {"T": 8192, "D": 4096, "F": 11008}, half_configs),
-                ("gemm fp32 4096^3", GEMM.format(dt="float32"), {"M": 4096, "K": 4096, "N": 4096}, fp32_configs)]
+                ("gemm fp32 4096^3", GEMM.format(dt="float32"), {"M": 4096, "K": 4096, "N": 4096}, fp32_configs),
+                ("linear bf16 4096x3072x2048", LINEAR.format(dt="bfloat16"), {"M": 4096, "K": 2048, "N": 3072},
+                 half_configs),
+                ("gpt2 c_fc bf16 4096x3072x768", GEMM.format(dt="bfloat16"), {"M": 4096, "K": 768, "N": 3072},
+                 half_configs),
+                ("lm head bf16 4096x50257x768", LINEAR.format(dt="bfloat16"), {"M": 4096, "K": 768, "N": 50257},
+                 half_configs)]
     compiler = Compiler(arch, None, 16)
     measurer = CudaMeasurer(0, profile)
     rows = []

@@ -26,9 +26,12 @@ def check_program(path: str, dims: dict[str, int], target: str = "H100", seed: i
                        target)
 
 
-def check_graph(graph: Any, inputs: dict | list[dict], dims: dict[str, int], target: str = "H100") -> list[dict]:
+def check_graph(graph: Any, inputs: dict | list[dict], dims: dict[str, int], target: str = "H100",
+                choose: Any = None, check: bool = False) -> list[dict]:
     """`check_program` for a graph and its input sets (imported models pass their weights among them):
-    kernels tuned (predicted) at `dims`, run at the inputs' shapes, against the float64 reference."""
+    kernels tuned (predicted) at `dims`, run at the inputs' shapes, against the float64 reference.
+    `choose(job, config)`: the config to run instead of the predicted one (a test's); `check`: run
+    in check mode, each report entry then carrying the run's NaN/Inf flag word (`flag`)."""
     import torch
 
     from ..compiler.codegen.build import load_function
@@ -49,8 +52,9 @@ def check_graph(graph: Any, inputs: dict | list[dict], dims: dict[str, int], tar
     variants: dict[str, list[Compiled]] = {}
     for job in jobs:
         w = tuner.tune(job)
+        tuned = w.config if choose is None else choose(job, w.config)
         out = []
-        for cfg, v in ((w.config, job.fast_variant(w.config)), (default_config(job.problem), Variant.generic())):
+        for cfg, v in ((tuned, job.fast_variant(tuned)), (default_config(job.problem), Variant.generic())):
             em = emit(job.spec, cfg, v)
             out.append(Compiled(v, cfg, em.params, em.div16, (load_function(em), em)))
         variants[job.ident] = out
@@ -66,6 +70,7 @@ def check_graph(graph: Any, inputs: dict | list[dict], dims: dict[str, int], tar
     # Several input sets through one executor: later runs replay the first one's launches (the
     # deploy path's fast path) wherever the program allows it.
     executor = KernelExecutor(plans, run, torch.device("cpu"), replay=True)
+    executor.check_outputs = check
     report = []
     for trial, values in enumerate([inputs] if isinstance(inputs, dict) else list(inputs)):
         sg = specialize(graph, bind_symbols(graph, {k: tuple(v.shape) for k, v in values.items()}))
@@ -87,6 +92,8 @@ def check_graph(graph: Any, inputs: dict | list[dict], dims: dict[str, int], tar
                 err = float((v != r.to(v.dtype)).double().mean().item()) if v.numel() else 0.0
             report.append({"node": nid, "dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape),
                            "rel_err": err, "variants": chosen, "replayed": bool(trial and executor._replays)})
+            if check:
+                report[-1]["flag"] = int(executor.flags.item())
     return report
 
 

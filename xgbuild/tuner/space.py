@@ -24,16 +24,20 @@ def default_config(problem: Problem) -> Config:
     return for_problem(problem).default_config(problem)
 
 
-def full_space(problem: Problem) -> list[Config]:
-    """Every config of the problem's kind before pruning, in a fixed order."""
-    return for_problem(problem).full_space(problem)
+def full_space(problem: Problem, profile: GpuProfile | None = None) -> list[Config]:
+    """Every config of the problem's kind before pruning, in a fixed order (with `profile`, those
+    sized by the target too: a persistent matmul's programs)."""
+    return for_problem(problem).full_space(problem, profile)
 
 
 def _check_keys(problem: Problem, config: Config) -> None:
-    want = set(for_problem(problem).params) | {"num_warps", "num_stages"}
-    if set(config) != want:
-        raise ValueError(f"a {problem.kind} config needs exactly the keys {sorted(want)}, "
-                         f"got {config_key(config)}")
+    template = for_problem(problem)
+    want = set(template.params) | {"num_warps", "num_stages"}
+    extra = set(config) - want
+    if not want <= set(config) or not extra <= set(template.optional) or any(config[k] == 0 for k in extra):
+        raise ValueError(f"a {problem.kind} config needs exactly the keys {sorted(want)}"
+                         + (f" (and, when not 0, {sorted(template.optional)})" if template.optional else "")
+                         + f", got {config_key(config)}")
 
 
 def prune(problem: Problem, configs: Iterable[Config], profile: GpuProfile, *,
@@ -80,5 +84,5 @@ def _best(problem: Problem, configs: list[Config], profile: GpuProfile, limit: i
 
 def candidates(problem: Problem, profile: GpuProfile) -> list[Config]:
     """The pruned search space for `problem` on `profile`, best-predicted first (deterministic)."""
-    kept, _ = prune(problem, full_space(problem), profile, limit=for_problem(problem).max_candidates)
+    kept, _ = prune(problem, full_space(problem, profile), profile, limit=for_problem(problem).max_candidates)
     return kept

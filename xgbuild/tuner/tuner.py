@@ -49,7 +49,7 @@ from .predict import rank
 from .search import Candidate, Search, exhaustive, first_wave
 from .space import candidates, default_config
 
-SPACE_VERSION = 2
+SPACE_VERSION = 3
 TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "float16": 5e-3, "bfloat16": 2e-2}
 MEASURE_POLICY = {"objective": "median-ms", "warmup": 5, "reps": 50, "l2-flush": True}
 COMPILE_NICE = 10          # compile workers' niceness: the measuring loops (host-bound launches) keep their CPUs

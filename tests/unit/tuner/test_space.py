@@ -66,7 +66,9 @@ def test_candidates_fit_the_profile(gpu, problem):
     target = profile(gpu)
     configs = candidates(problem, target)
     assert configs, "every problem has at least one candidate"
-    assert len(configs) <= template(problem.kind).max_candidates
+    plain = [c for c in configs if not c.get("PROGRAMS")]
+    assert len(plain) <= template(problem.kind).max_candidates
+    assert len(configs) - len(plain) <= template(problem.kind).max_candidates
     for config in configs:
         assert list(config) == sorted(config)
         assert {"num_warps", "num_stages"} <= set(config)
@@ -83,9 +85,35 @@ def test_candidates_fit_the_profile(gpu, problem):
 def test_matmul_candidates_are_a_fraction_of_the_space(gpu):
     problem = matmul(4096, 4096, 4096)
     assert len(space.full_space(problem)) == 480
+    assert len(space.full_space(problem, profile(gpu))) == 960     # each with its persistent twin
     configs = candidates(problem, profile(gpu))
-    assert len(configs) == 48
-    assert len({config_key(c) for c in configs}) == 48
+    assert len(configs) == 96
+    assert len({config_key(c) for c in configs}) == 96
+
+
+@pytest.mark.parametrize("gpu", CHECKED)
+def test_persistent_twins_never_displace_the_plain_candidates(gpu):
+    """The plain configs kept are those kept without twins, and each twin runs one program per SM
+    with tensor descriptors; float32 products get no twins."""
+    target = profile(gpu)
+    problem = matmul(4096, 3072, 768)
+    configs = candidates(problem, target)
+    plain = [c for c in configs if "PROGRAMS" not in c]
+    alone, _ = space.prune(problem, space.full_space(problem), target, limit=48)
+    assert [config_key(c) for c in plain] == [config_key(c) for c in alone]
+    twins = [c for c in configs if "PROGRAMS" in c]
+    assert twins and all(c["PROGRAMS"] == target.sm_count and c["TMA"] == 1 for c in twins)
+    assert not any("PROGRAMS" in c for c in candidates(matmul(4096, 3072, 768, "float32", 4), target))
+
+
+def test_a_config_carries_an_optional_knob_only_when_it_is_not_0():
+    problem = matmul(256, 256, 256)
+    base = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, TF32X3=0, num_warps=4, num_stages=3)
+    assert space.prune(problem, [base, {**base, "PROGRAMS": 132, "TMA": 1}], profile("H100"))[0]
+    with pytest.raises(ValueError, match="when not 0"):
+        space.prune(problem, [{**base, "PROGRAMS": 0}], profile("H100"))
+    with pytest.raises(ValueError, match="exactly the keys"):
+        space.prune(problem, [{**base, "SPLIT_K": 2}], profile("H100"))
 
 
 def test_smem_overflow_is_dropped_with_a_reason():

@@ -114,6 +114,12 @@ class Emitter:
         self.div16: list[str] = []
         self.idx = "tl.int64" if variant.wide else "tl.int32"
         self.ity = "i64" if variant.wide else "i32"
+        # How `store` raises the NaN/Inf flag: "branch" (under `if` the output's check bit) or
+        # "carry" (inside a tile loop Triton flattens, whose pass refuses an `if` in its body: each
+        # tile adds its values times 0, NaN for a NaN or an infinity, into a per-row sum the loop
+        # carries, `carried`, and the template raises the flag once after the loop).
+        self.check_mode = "branch"
+        self.carried: list[tuple[str, int]] = []        # (the carried sum, output index)
 
     # --- parameters -------------------------------------------------------------------------
     def int_param(self, name: str, hint16: bool = False) -> str:
@@ -201,6 +207,12 @@ class Emitter:
         s, f = self.w.tmp("s"), self.w.tmp("f")
         self.w.line(f"{s} = ({value}).to({TL[n.dtype]})")
         self.w.line(f"tl.store(q{i} + {offset}, {s}{m})")
+        if self.check_mode == "carry":
+            z = f"z{i}"
+            self.carried.append((z, i))
+            lanes = f"tl.where({mask}, {s}, 0.0)" if mask else s
+            self.w.line(f"{z} += tl.sum({lanes} * 0.0, axis=1).to(tl.float32)")
+            return
         self.w.line(f"if (checks >> {i}) & 1:")
         self.w.indent += 1
         wide = n.dtype == "float64"

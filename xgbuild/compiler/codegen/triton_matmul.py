@@ -1,15 +1,19 @@
 """The matmul template: a tiled Triton GEMM over batch dims with an element-wise epilogue.
 
 Config knobs besides the tile (`BLOCK_M/N/K`, `GROUP_M`, warps, stages), each 0 when absent:
-- `TMA`: A and B tiles through tensor descriptors (Hopper's bulk copy engine, built on the device;
-  out-of-bounds reads come back as zeros, so no wrapped indices and no K mask). Taken only where
-  the variant guarantees what a descriptor needs: 16-byte aligned pointers and strides, int32
-  sizes and a unit stride along the tile's contiguous dim; otherwise the pointer path is emitted.
-- `PROGRAMS`: a persistent kernel: that many programs (the target's SM count) walk the tiles in
-  one flattened loop, letting Triton overlap a tile's epilogue with the next one's loads.
-  0 = one program a tile.
-Neither TMA nor PROGRAMS paid on an H100 with Triton 3.6 (docs/codegen.md): the search space leaves
-them at 0 and `tools/bench/bench_matmul_space.py` measures them again on other GPUs or Tritons.
+- `TMA`: A and B tiles through tensor descriptors (Hopper's bulk copy engine, built on the device
+  in Triton's global scratch; out-of-bounds reads come back as zeros, so no wrapped indices and no
+  K mask). An operand stored transposed (B as an `nn.Linear` weight [N, K], A^T in a backward
+  pass) is read [N, K] and transposed in registers. Taken only where the variant guarantees what a
+  descriptor needs: 16-byte aligned pointers and strides, int32 sizes and a unit stride along one
+  dim; otherwise the pointer path is emitted.
+- `PROGRAMS`: a persistent kernel: that many programs (the target's SM count; the launch grid is
+  the smaller of it and the tiles) walk the tiles in one flattened loop, letting Triton overlap a
+  tile's epilogue with the next one's loads. 0 = one program a tile.
+The search space pairs every 16-bit tile config with a persistent TMA twin (`templates/matmul.py`):
+on an H200 it ran Llama's `nn.Linear` layers (B stored [N, K]) at cuBLAS's rate, 15-20% ahead of
+the pointer kernel, and GPT-2's 50257-wide LM head 18% faster, while the pointer kernel stayed
+ahead on some of GPT-2's [K, N] products (docs/codegen.md); measurement picks per job.
 - `TF32X3` (float32 operands): three TF32 tensor-core products (hi*hi + hi*lo + lo*hi) instead of
   exact-product FMA. The tuner admits it only where its error is no worse than float32's own
   (see tuner.py's correctness gate).
@@ -38,10 +42,7 @@ def matmul(e: Emitter) -> Emitted:
     sam, sak = e.stride(ja, nb), e.stride(ja, nb + 1)
     sbk, sbn = e.stride(jb, nb), e.stride(jb, nb + 1)
     integer = a_dt in INTS
-    # A descriptor's strides must be 16-byte multiples, all but a unit last one: run-time strides
-    # are (the aligned variant hints them div16), baked 0/1 ones are not.
-    tma = bool(cfg.get("TMA", 0)) and v.aligned and not {sam, sbk} & set(v.unaligned) and not v.wide and not integer and a_dt != "float64" and \
-        sak == "1" and sam not in ("0", "1") and sbk not in ("0", "1") and sbn == "1"
+    tma = _tma_layout(e, cfg, a_dt, (sam, sak), (sbk, sbn))
     persistent = cfg.get("PROGRAMS", 0) > 0
 
     w.line("num_pid_m = tl.cdiv(M, BLOCK_M)")
@@ -51,14 +52,39 @@ def matmul(e: Emitter) -> Emitted:
         e.int_param("batch")
         w.line("tiles = num_pid_m * num_pid_n")
         if tma and nb == 0:
-            _descriptors(e, ja, jb, sam, sbk, "0", "0")
+            _descriptors(e, ja, jb, tma, (sam, sak), (sbk, sbn), "0", "0")
+        # Check mode inside the flattened loop: per-row sums carried across tiles (`Emitter.store`),
+        # the flag raised once at the end; a check per tile (a block reduction and a predicated
+        # store) cost the LM head 13-30% on an H200, a second copy of the loop its shared memory.
+        e.check_mode = "carry"
+        top = len(w.lines)
         w.line("for t in tl.range(tl.program_id(0), tiles * batch, tl.num_programs(0), flatten=True):")
         w.indent += 1
         w.line(f"bid = (t // tiles).to({e.idx})")
         w.line("pid = t % tiles")
+        _tile(e, nb, tma, integer, a_dt, (sam, sak), (sbk, sbn))
+        w.indent -= 1
+        e.check_mode = "branch"
+        for z, i in e.carried:
+            w.lines.insert(top, "    " * w.indent + f"{z} = tl.zeros((BLOCK_M,), dtype=tl.float32)")
+            top += 1
+            w.line(f"tl.store(flags, 1, mask=(tl.sum({z}) != tl.sum({z})) & (((checks >> {i}) & 1) != 0))")
     else:
         w.line("pid = tl.program_id(0)")
         w.line(f"bid = tl.program_id(1).to({e.idx})")
+        _tile(e, nb, tma, integer, a_dt, (sam, sak), (sbk, sbn))
+    constexprs = {"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_K": cfg["BLOCK_K"],
+                  "GROUP_M": cfg["GROUP_M"]}
+    return e.finish(constexprs)
+
+
+def _tile(e: Emitter, nb: int, tma: tuple[bool, bool] | None, integer: bool, a_dt: str,
+          a_strides: tuple[str, str], b_strides: tuple[str, str]) -> None:
+    """One output tile, `pid` (and `bid`, the batch) given: its product and epilogue."""
+    spec, w, v, cfg = e.spec, e.w, e.variant, e.config
+    ja, jb = spec.matmul
+    (sam, sak), (sbk, sbn) = a_strides, b_strides
+    persistent = cfg.get("PROGRAMS", 0) > 0
     w.line("first_m = (pid // group) * GROUP_M")
     w.line("size_m = tl.minimum(num_pid_m - first_m, GROUP_M)")
     w.line("pid_m = first_m + ((pid % group) % size_m)")
@@ -74,11 +100,14 @@ def matmul(e: Emitter) -> Emitted:
     w.line(f"acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={acc_dt})")
     if tma:
         if nb or not persistent:
-            _descriptors(e, ja, jb, sam, sbk, batch_offset(ja), batch_offset(jb))
+            _descriptors(e, ja, jb, tma, (sam, sak), (sbk, sbn), batch_offset(ja), batch_offset(jb))
         w.line("for kk in range(0, tl.cdiv(K, BLOCK_K)):")
         w.indent += 1
-        w.line("a = a_desc.load([pid_m * BLOCK_M, kk * BLOCK_K])")
-        w.line("b = b_desc.load([kk * BLOCK_K, pid_n * BLOCK_N])")
+        a_rows, b_rows = tma
+        w.line("a = a_desc.load([pid_m * BLOCK_M, kk * BLOCK_K])" if a_rows else
+               "a = a_desc.load([kk * BLOCK_K, pid_m * BLOCK_M]).T")
+        w.line("b = b_desc.load([kk * BLOCK_K, pid_n * BLOCK_N])" if b_rows else
+               "b = b_desc.load([pid_n * BLOCK_N, kk * BLOCK_K]).T")
         _dot(w, a_dt, cfg)
         w.indent -= 1
     elif integer:
@@ -115,16 +144,48 @@ def matmul(e: Emitter) -> Emitted:
         w.line(f"b_ptrs += BLOCK_K * {sbk}")
         w.indent -= 1
     _epilogue(e, nb, batch_offset)
-    constexprs = {"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_K": cfg["BLOCK_K"],
-                  "GROUP_M": cfg["GROUP_M"]}
-    return e.finish(constexprs)
 
 
-def _descriptors(e: Emitter, ja: int, jb: int, sam: str, sbk: str, a_off: str, b_off: str) -> None:
-    e.w.line(f"a_desc = tl.make_tensor_descriptor(p{ja} + {a_off}, shape=[M, K], strides=[{sam}, 1], "
-             "block_shape=[BLOCK_M, BLOCK_K])")
-    e.w.line(f"b_desc = tl.make_tensor_descriptor(p{jb} + {b_off}, shape=[K, N], strides=[{sbk}, 1], "
-             "block_shape=[BLOCK_K, BLOCK_N])")
+def _tma_layout(e: Emitter, cfg: dict, a_dt: str, a_strides: tuple[str, str], b_strides: tuple[str, str]
+                ) -> tuple[bool, bool] | None:
+    """Whether A and B are read through tensor descriptors, as (A stored [M, K], B stored [K, N]):
+    False for an operand stored transposed (an `nn.Linear` weight is B stored [N, K]), whose tile
+    is loaded that way and transposed in registers. None (pointers) unless the config asks for TMA
+    and the variant guarantees what a descriptor needs: a 16-byte aligned base, int32 sizes, one
+    unit stride and the other a multiple of 16 bytes (a baked stride is checked here, a run-time
+    one must be hinted: the aligned variant hints it unless the tuning shape's was not)."""
+    v = e.variant
+    if not cfg.get("TMA", 0) or not v.aligned or v.wide or a_dt not in ("bfloat16", "float16", "float32"):
+        return None
+    size = {"bfloat16": 2, "float16": 2, "float32": 4}[a_dt]
+
+    def aligned(stride: str) -> bool:
+        if stride.isdigit():
+            return int(stride) > 0 and int(stride) * size % 16 == 0
+        return v.hinted(stride)
+
+    def rows_of(outer: str, inner: str) -> bool | None:
+        """True: stored with the second dim contiguous; False: with the first; None: neither."""
+        if inner == "1" and aligned(outer):
+            return True
+        if outer == "1" and aligned(inner):
+            return False
+        return None
+
+    a_rows, b_rows = rows_of(*a_strides), rows_of(*b_strides)
+    return None if a_rows is None or b_rows is None else (a_rows, b_rows)
+
+
+def _descriptors(e: Emitter, ja: int, jb: int, tma: tuple[bool, bool], a_strides: tuple[str, str],
+                 b_strides: tuple[str, str], a_off: str, b_off: str) -> None:
+    (sam, sak), (sbk, sbn) = a_strides, b_strides
+    a_rows, b_rows = tma
+    e.w.line(f"a_desc = tl.make_tensor_descriptor(p{ja} + {a_off}, " + (
+        f"shape=[M, K], strides=[{sam}, 1], block_shape=[BLOCK_M, BLOCK_K])" if a_rows else
+        f"shape=[K, M], strides=[{sak}, 1], block_shape=[BLOCK_K, BLOCK_M])"))
+    e.w.line(f"b_desc = tl.make_tensor_descriptor(p{jb} + {b_off}, " + (
+        f"shape=[K, N], strides=[{sbk}, 1], block_shape=[BLOCK_K, BLOCK_N])" if b_rows else
+        f"shape=[N, K], strides=[{sbn}, 1], block_shape=[BLOCK_N, BLOCK_K])"))
 
 
 def _dot(w, a_dt: str, cfg: dict) -> None:

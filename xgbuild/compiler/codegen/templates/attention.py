@@ -238,7 +238,7 @@ class AttentionTemplate(KernelTemplate):
     def assumptions(self, p: Problem, config: Config) -> tuple[bool, bool]:
         return p.k <= config["BLOCK_D"], False
 
-    def full_space(self, p: Problem) -> list[Config]:
+    def full_space(self, p: Problem, hw: GpuProfile | None = None) -> list[Config]:
         bd, bdv = head_blocks(p)
         return [make_config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bdv, num_warps=w, num_stages=s)
                 for bm in BLOCK_M for bn in BLOCK_N for w in WARPS for s in STAGES]

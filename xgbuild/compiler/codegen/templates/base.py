@@ -92,9 +92,11 @@ class KernelTemplate(ABC):
 
     kind: str = ""
     params: tuple[str, ...] = ()        # config keys besides num_warps and num_stages
+    optional: tuple[str, ...] = ()      # config keys present only when not 0 (a config without
+                                        # one means 0: earlier configs and their keys stay valid)
     sizes: tuple[str, ...] = ()         # the `Problem` fields this kind needs >= 1
     tiled: bool = False                 # operands read as 2-D tiles: layouts always carry strides
-    max_candidates: int = 48            # configs `tuner.space.candidates` keeps at most
+    max_candidates: int = 48            # configs `tuner.space.candidates` keeps at most (matmul: of each form)
     # How far the tuner trusts this kind's cost model to stop measuring early (`tuner.search`):
     # the model's most optimistic measured/predicted ratio times this bounds an unmeasured
     # candidate's time. 0: measure every candidate (the model cannot rank them).
@@ -171,8 +173,9 @@ class KernelTemplate(ABC):
         raise NotImplementedError
 
     @abstractmethod
-    def full_space(self, p: Problem) -> list[Config]:
-        """Every config of this kind for `p` before pruning, in a fixed order."""
+    def full_space(self, p: Problem, hw: GpuProfile | None = None) -> list[Config]:
+        """Every config of this kind for `p` before pruning, in a fixed order (`hw`: the target,
+        for knobs sized by it; without it, only configs valid on any GPU)."""
         raise NotImplementedError
 
     @abstractmethod

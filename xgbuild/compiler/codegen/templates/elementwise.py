@@ -118,7 +118,7 @@ class ElementwiseTemplate(KernelTemplate):
     def assumptions(self, p: Problem, config: Config) -> tuple[bool, bool]:
         return False, False
 
-    def full_space(self, p: Problem) -> list[Config]:
+    def full_space(self, p: Problem, hw: GpuProfile | None = None) -> list[Config]:
         return [make_config(BLOCK=b, num_warps=w, num_stages=1) for b in BLOCKS for w in WARPS]
 
     def default_config(self, p: Problem) -> Config:

@@ -41,6 +41,8 @@ MAX_ACC_REGS_PER_THREAD = 128
 # 0.182 at BLOCK_K 64, bf16 4096^3), and for fp32/fp64 (CUDA-core FMA dots) operand fragments in
 # registers grow with BLOCK_K.
 MAX_K_SLICE_BYTES = 128
+# Operand dtypes whose configs get a persistent TMA twin (`full_space`).
+PERSISTENT_DTYPES = ("bfloat16", "float16")
 
 
 def smem_bytes(config: Config, elem_bytes: int) -> int:
@@ -120,6 +122,7 @@ def _ab_bytes(p: Problem, c: Config, hw: GpuProfile, slots: int) -> float:
 class MatmulTemplate(KernelTemplate):
     kind = "matmul"
     params = ("BLOCK_K", "BLOCK_M", "BLOCK_N", "GROUP_M", "TF32X3")
+    optional = ("PROGRAMS", "TMA")      # a persistent TMA kernel (`triton_matmul.py`)
     sizes = ("batch", "m", "n", "k")
     tiled = True
     rules = (_tf32x3, _tile_vs_problem, _k_slice, _smem, _regs)
@@ -172,6 +175,8 @@ class MatmulTemplate(KernelTemplate):
 
     def grid(self, config: Config, ints: dict[str, int]) -> tuple[int, int, int]:
         tiles = -(-ints["M"] // config["BLOCK_M"]) * -(-ints["N"] // config["BLOCK_N"])
+        if config.get("PROGRAMS", 0) > 0:       # persistent: the programs walk every batch's tiles
+            return (min(config["PROGRAMS"], tiles * ints["batch"]), 1, 1)
         return (tiles, ints["batch"], 1)
 
     def accepts(self, variant: Variant, config: Config, launch: Launch) -> bool:
@@ -228,15 +233,19 @@ class MatmulTemplate(KernelTemplate):
     def assumptions(self, p: Problem, config: Config) -> tuple[bool, bool]:
         return False, p.k % config["BLOCK_K"] == 0
 
-    def full_space(self, p: Problem) -> list[Config]:
+    def full_space(self, p: Problem, hw: GpuProfile | None = None) -> list[Config]:
         # float32 products: exact FMA (TF32X3=0) or three TF32 tensor-core products (see the
         # `_tf32x3` rule, `triton_matmul.py` and the tuner's gate, which admits them only as
-        # accurate as float32's own).
+        # accurate as float32's own). 16-bit products: each config and its persistent TMA twin,
+        # one program per SM of `hw` (neither form wins everywhere: `preselect`).
         x3s = (0, 1) if p.dtype == "float32" else (0,)
-        return [make_config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, TF32X3=x3,
-                            num_warps=w, num_stages=s)
-                for x3 in x3s for bm in BLOCK_M for bn in BLOCK_N for bk in BLOCK_K
-                for w in WARPS for s in STAGES]
+        plain = [make_config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, TF32X3=x3,
+                             num_warps=w, num_stages=s)
+                 for x3 in x3s for bm in BLOCK_M for bn in BLOCK_N for bk in BLOCK_K
+                 for w in WARPS for s in STAGES]
+        if hw is None or p.dtype not in PERSISTENT_DTYPES:
+            return plain
+        return plain + [make_config(**c, PROGRAMS=hw.sm_count, TMA=1) for c in plain]
 
     def default_config(self, p: Problem) -> Config:
         # 64x64 tiles fit 99 KiB parts even for fp64 at 2 stages; BLOCK_K respects the k-slice rule.
@@ -254,6 +263,8 @@ class MatmulTemplate(KernelTemplate):
         threads = 32 * c["num_warps"]
         smem = smem_bytes(c, p.elem_bytes)
         per_sm = blocks_per_sm(hw, threads, acc_regs_per_thread(c, p) + BASE_REGS_PER_THREAD, smem)
+        if c.get("PROGRAMS", 0) > 0:    # a persistent kernel has PROGRAMS programs in all
+            per_sm = max(1, min(per_sm, c["PROGRAMS"] // hw.sm_count))
         tiles = p.batch * math.ceil(p.m / bm) * math.ceil(p.n / bn)
         slots = hw.sm_count * per_sm
 
@@ -292,7 +303,8 @@ class MatmulTemplate(KernelTemplate):
         area = config["BLOCK_M"] * config["BLOCK_N"]
         if not (tensor_cores(p.dtype) or tf32x3(config)):
             area = min(area, 128 * 128)     # CUDA-core dots ran alike from 64x64 to 128x128 (fp32 4096^3)
-        return (-area, abs(config["BLOCK_K"] * p.elem_bytes - 128), config["num_stages"], config_key(config))
+        return (-area, abs(config["BLOCK_K"] * p.elem_bytes - 128), config["num_stages"],
+                config.get("PROGRAMS", 0) > 0, config_key(config))
 
     def preselect(self, p: Problem, ranked: list[Config], limit: int, best, split: bool
                   ) -> tuple[set[str], int]:
@@ -304,6 +316,13 @@ class MatmulTemplate(KernelTemplate):
             exact = best([c for c in ranked if not c["TF32X3"]], limit - half)
             x3 = best([c for c in ranked if c["TF32X3"]], half)
             chosen = {config_key(c) for c in exact + x3}
+            return chosen, len(chosen)
+        if split and any(c.get("PROGRAMS", 0) for c in ranked):
+            # Persistent twins are kept beside the plain configs, never instead of them: the plain
+            # set is what it would be without them, and measurement picks between the two forms.
+            plain = best([c for c in ranked if not c.get("PROGRAMS", 0)], limit)
+            twins = best([c for c in ranked if c.get("PROGRAMS", 0)], limit)
+            chosen = {config_key(c) for c in plain + twins}
             return chosen, len(chosen)
         per_shape: dict[tuple[int, int], int] = {}
         for config in ranked:

@@ -144,7 +144,7 @@ class RowwiseTemplate(KernelTemplate):
     def assumptions(self, p: Problem, config: Config) -> tuple[bool, bool]:
         return config.get("SINGLE", 0) == 1, False
 
-    def full_space(self, p: Problem) -> list[Config]:
+    def full_space(self, p: Problem, hw: GpuProfile | None = None) -> list[Config]:
         single = [make_config(BLOCK_N=next_pow2(p.cols), SINGLE=1, num_warps=w, num_stages=1)
                   for w in SINGLE_WARPS]
         looped = [make_config(BLOCK_N=b, SINGLE=0, num_warps=w, num_stages=1)
