@@ -27,7 +27,7 @@ from ..compiler.frontend.codes import KERNEL_COMPILE, NO_GPU_CODE, NO_TUNED_KERN
 from ..compiler.frontend.diagnostics import plain_error
 from ..compiler.ir.graph import Graph
 from ..hw import GpuProfile
-from .gpu_procs import GpuUnavailable, handoff
+from .gpu_procs import GpuUnavailable, Prepared, prepare
 from .jobs import Job, plan, tuning_env
 from .policy import Policy
 from .progress import TuneProgress
@@ -56,16 +56,19 @@ def plan_jobs(graph: Graph, dims: dict[str, int] | None, world: int = 1) -> tupl
 def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.CACHE, cache: Any = None,
               measurers: list[Measurer] | None = None, compiler: Compiler | None = None,
               progress: bool | str | TuneProgress = False, budget_s: float | None = None,
-              gpu_procs: list | None = None) -> dict[str, Winner]:
+              gpu_procs: list | None = None, timeline: dict | None = None) -> dict[str, Winner]:
     """A winner per job (by ident). Jobs fan out over the measurers, one thread per local GPU, in
     job order; when measuring, cache hits are settled first and a background thread compiles
     ahead: each job's first candidates, queued behind the jobs the GPUs are on (`Tuner.prefetch`).
     `progress`: draw a bar (True), write JSON events on stderr ("json") or report to a `TuneProgress`.
     `gpu_procs`: the measuring processes of the GPUs when the caller started them (and closes
     them: `context.tuning`); otherwise they are started, and closed, here. A process for every
-    measurer: they measure and this process hands out jobs and records the winners; for some only
-    (a test's), measurers[0] measures here too. When every process gave up with jobs left, the
-    build fails (TuneError)."""
+    measurer: they measure and this process hands out jobs and records the winners; each job goes
+    once the first candidate of its wave is compiled (the process asks for the rest as it reaches
+    them), made ready while the process measures the one before (`feed`); for some only (a
+    test's), measurers[0] measures here too. When every process gave up with jobs left, the
+    build fails (TuneError). `timeline`: filled, when measuring, with each GPU's `_Timeline` (by
+    the GPU's name, as `search["gpu"]` gives it)."""
     tuners = [Tuner(profile, policy=policy, cache=cache, measurer=m, budget_s=budget_s, compiler=compiler)
               for m in (measurers or [None])]
     for t in tuners[1:]:                        # one build: the seeds and compiles ahead are shared
@@ -136,76 +139,152 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
         unavailable: list[str] = []         # why each GPU that gave up did
 
         # A GPU whose queue ran dry waits while another holds a job: a process that dies gives
-        # its job back, for whichever GPU is left.
+        # its jobs back, for whichever GPU is left.
         changed = threading.Condition(lock)
-        held = [0]                          # jobs the GPUs hold now
+        held = [0]                          # jobs the GPUs hold now (a process's prepared next job too)
+        lines = {id(runner): _Timeline() for runner in runners}
 
-        def worker(tuner: Any) -> None:
-            if not _started(tuner, lambda: (not queue and not held[0]) or bool(errors), unavailable):
+        def take(wait: bool, spare: int = 0) -> tuple[int, Job] | None:
+            """The next job, now held; None when none is left (`wait`: none is left and no other
+            GPU holds one it could give back) or the build failed, or when no more than `spare`
+            are queued (left for the GPUs that will be free sooner)."""
+            with changed:
+                while wait and not queue and held[0] and not errors:
+                    changed.wait()
+                if len(queue) <= spare or errors:
+                    return None
+                held[0] += 1
+                return queue.pop(0)
+
+        def give_back(exc: GpuUnavailable, jobs_held: list[tuple[int, Job, dict]]) -> None:
+            """A GPU gave up: the jobs it held (and their first waves) go back to the front of the
+            queue, in order; the other GPUs carry on."""
+            sys.stderr.write(f"warning: {exc}; tuning on the other GPUs\n")
+            with changed:
+                unavailable.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                for i, job, wave in reversed(jobs_held):
+                    if wave:
+                        tuners[0]._prefetched[job.ident] = wave
+                    queue.insert(0, (i, job))
+                    held[0] -= 1
+                changed.notify_all()
+
+        def settle(job: Job, w: Winner | None, exc: BaseException | None = None) -> bool:
+            """A held job's end: its winner, or the error it ended with; whether its GPU goes on."""
+            with changed:
+                held[0] -= 1
+                changed.notify_all()
+                if isinstance(exc, StrictMiss):
+                    missing.append("\n    ".join([job.ident, *exc.report]))
+                    return True
+                if exc is not None:
+                    errors.append(exc)
+                    return isinstance(exc, TuneError)
+                assert w is not None
+                winners[job.ident] = w
+                try:
+                    bar.advance(job.ident, w.source, w.ms, w.search)
+                except BaseException as exc:  # noqa: BLE001 (a thread's error is the build's, not a traceback)
+                    errors.append(exc)
+                    return False
+                return True
+
+        def record(job: Job, w: Winner) -> None:
+            if w.source == "measured":     # a process measures; this one records
+                tuners[0].record_winner(tuners[0].key(job), w)
+                with tuners[0]._neighbours_lock:
+                    tuners[0].seeds.setdefault(job.spec.name, config_key(w.config))
+
+        def worker(runner: Any) -> None:
+            if not _started(runner, lambda: (not queue and not held[0]) or bool(errors), unavailable):
                 return
-            while True:
-                with changed:
-                    while not queue and held[0] and not errors:
-                        changed.wait()
-                    if not queue or errors:
-                        return
-                    i, job = queue.pop(0)
-                    held[0] += 1
+            line = lines[id(runner)]
+            line.up = time.monotonic() - t_line
+            if getattr(runner, "takes_handoff", False):
+                feed(runner, line)
+                return
+            while (taken := take(wait=True)) is not None:
+                i, job = taken
                 wave: dict = {}
                 try:
                     bar.start_job(job.ident, len(tuners[0].candidates(job)) if measuring else 0)
-                    if tuner in tuners:
-                        w = tuner.tune(job, priority=i, looked_up=bool(measuring))
-                    else:
-                        t0 = time.monotonic()
+                    line.start(time.monotonic() - t_line)
+                    if runner in tuners:
+                        w = runner.tune(job, priority=i, looked_up=bool(measuring))
+                    else:                       # a process that finds the wave in the shared cache
                         wave = _await_first_wave(tuners[0], job)
-                        if getattr(tuner, "takes_handoff", False):
-                            w = tuner.tune(job, priority=i, given=handoff(tuners[0], job, wave, time.monotonic() - t0))
-                        else:
-                            w = tuner.tune(job, priority=i, looked_up=bool(measuring))
-                        if w.source == "measured":     # a process measures; this one records
-                            tuners[0].record_winner(tuners[0].key(job), w)
-                            with tuners[0]._neighbours_lock:
-                                tuners[0].seeds.setdefault(job.spec.name, config_key(w.config))
-                except GpuUnavailable as exc:      # the job (and its wave) goes back; the other GPUs carry on
-                    sys.stderr.write(f"warning: {exc}; tuning on the other GPUs\n")
-                    with changed:
-                        unavailable.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-                        if wave:
-                            tuners[0]._prefetched[job.ident] = wave
-                        queue.insert(0, (i, job))
-                        held[0] -= 1
-                        changed.notify_all()
+                        w = runner.tune(job, priority=i, looked_up=bool(measuring))
+                        record(job, w)
+                    line.end(time.monotonic() - t_line, w)
+                except GpuUnavailable as exc:
+                    give_back(exc, [(i, job, wave)])
                     return
-                except TuneError as exc:
-                    with changed:
-                        if isinstance(exc, StrictMiss):
-                            missing.append("\n    ".join([job.ident, *exc.report]))
-                        else:
-                            errors.append(exc)
-                        held[0] -= 1
-                        changed.notify_all()
-                    continue
                 except BaseException as exc:  # noqa: BLE001 (re-raised below, on the main thread)
+                    if not settle(job, None, exc):
+                        return
+                    continue
+                if not settle(job, w):
+                    return
+
+        def feed(proc: Any, line: _Timeline) -> None:
+            """A measuring process's jobs, each `prepare`d while the process measures the one before
+            (its first candidate compiled, its Handoff pickled): it is sent as soon as the process
+            answers. A process that gives up gives back its job and the one prepared for it."""
+            ahead = futures.ThreadPoolExecutor(1, thread_name_prefix=f"xg-prepare-{getattr(proc, 'device_index', '')}")
+
+            def ready(taken: tuple[int, Job] | None) -> tuple | None:
+                if taken is None:
+                    return None
+                i, job = taken
+                wave = tuners[0]._prefetched.pop(job.ident, {})
+                return i, job, wave, ahead.submit(_prepare, tuners[0], job, i, wave)
+
+            try:
+                nxt = ready(take(wait=True))
+                while nxt is not None:
+                    i, job, wave, preparing = nxt
+                    t_free = time.monotonic()
+                    try:
+                        given = preparing.result()
+                    except BaseException as exc:  # noqa: BLE001 (re-raised below, on the main thread)
+                        if not settle(job, None, exc):
+                            return
+                        nxt = ready(take(wait=True))
+                        continue
+                    waited = time.monotonic() - t_free
+                    # The next job is taken now only while each other GPU would still find one.
+                    nxt = ready(take(wait=False, spare=len(runners) - 1))
+                    try:
+                        bar.start_job(job.ident, len(tuners[0].candidates(job)))
+                        line.start(t_free - t_line)         # (its wait for its first compile is its own)
+                        w = proc.tune(job, priority=i, given=given, waited_s=waited)
+                        line.end(time.monotonic() - t_line, w)
+                        given.release(tuners[0])
+                        record(job, w)
+                    except GpuUnavailable as exc:
+                        give_back(exc, [(i, job, wave)] + ([nxt[:3]] if nxt else []))
+                        return
+                    except BaseException as exc:  # noqa: BLE001 (re-raised below, on the main thread)
+                        if not settle(job, None, exc):
+                            break
+                    else:
+                        if not settle(job, w):
+                            break
+                    if nxt is None:
+                        nxt = ready(take(wait=True))
+                if nxt is not None:             # the build failed: the job prepared goes back
                     with changed:
-                        errors.append(exc)
+                        queue.insert(0, nxt[:2])
                         held[0] -= 1
                         changed.notify_all()
-                    return
-                with changed:
-                    held[0] -= 1
-                    changed.notify_all()
-                    winners[job.ident] = w
-                    try:
-                        bar.advance(job.ident, w.source, w.ms, w.search)
-                    except BaseException as exc:  # noqa: BLE001 (a thread's error is the build's, not a traceback)
-                        errors.append(exc)
-                        return
+            finally:
+                ahead.shutdown(wait=False, cancel_futures=True)
+
         # Measured winners reach the cache from a thread of their own: no GPU waits on SQLite.
         writer = WinnerWriter(cache) if measuring and cache is not None else None
         for t in tuners:
             t.writer = writer
-        t_tune = time.perf_counter()
+        t_tune, t_line = time.perf_counter(), time.monotonic()
         try:
             if len(runners) == 1:
                 worker(runners[0])
@@ -223,6 +302,8 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
             for p in procs if own else ():
                 p.close()
             bar.tune_s = time.perf_counter() - t_tune
+            if timeline is not None and measuring:
+                timeline.update({_gpu_of(r, n): lines[id(r)].to_json() for n, r in enumerate(runners)})
             for t in tuners:
                 t.writer = None
             if writer is not None:
@@ -273,16 +354,65 @@ def _started(runner: Any, done: Any, unavailable: list | None = None, poll_s: fl
     return True
 
 
-def _await_first_wave(tuner: Tuner, job: Job, timeout_s: float = 120.0) -> dict:
-    """Before a measuring process gets `job`: wait for the compiles of its first wave that this
-    process started ahead (`Tuner.prefetch`), and return them (the wave is the process's now:
-    handed over with the job, `gpu_procs.handoff`, rather than compiled again in a pool of its
-    own that may still be starting)."""
+def _await_first_wave(tuner: Tuner, job: Job, timeout_s: float = 120.0, first: int | None = None) -> dict:
+    """Before a measuring process gets `job`: take the compiles of its first wave that this process
+    started ahead (`Tuner.prefetch`; they are the process's now, with the job) and wait for the
+    first `first` of them in the order the job measures them (None: all; a process that finds
+    them in the shared cache)."""
     wave = tuner._prefetched.pop(job.ident, {})
-    pending = [entry[2] for entry in wave.values() if entry[1] is not None]
+    _await_first(wave, timeout_s, first)
+    return wave
+
+
+def _await_first(wave: dict, timeout_s: float = 120.0, first: int | None = None) -> None:
+    """Wait (up to `timeout_s`) for the first `first` compiles of a wave (None: all of them);
+    candidates that could not even be emitted have nothing to wait for."""
+    pending = [entry[2] for entry in wave.values() if entry[1] is not None][:first]
     if pending:
         futures.wait(pending, timeout=timeout_s)
-    return wave
+
+
+def _prepare(tuner: Tuner, job: Job, priority: float, wave: dict) -> Prepared:
+    """`job` ready for a measuring process (`gpu_procs.prepare`) once the first candidate it
+    measures is compiled: the process asks for the rest of the wave as its search reaches them,
+    so the wave's slowest compile does not hold the job."""
+    _await_first(wave, first=1)
+    return prepare(tuner, job, priority, wave)
+
+
+@dataclass
+class _Timeline:
+    """One GPU's tuning, in seconds from its start (`tune_s`'s): when its measuring process was up
+    (0 when it was up before), when its first job began, when its last ended, and how much of that
+    span was spent between its jobs, outside their own seconds (`search["seconds"]`: handing a job
+    over, recording its winner)."""
+    up: float | None = None
+    first: float | None = None
+    last: float | None = None
+    busy: float = 0.0               # its jobs' own seconds
+
+    def start(self, at: float) -> None:
+        if self.first is None:
+            self.first = at
+
+    def end(self, at: float, w: Winner) -> None:
+        self.last = at
+        self.busy += float(w.search.get("seconds", 0.0)) if isinstance(w.search, dict) else 0.0
+
+    def to_json(self) -> dict:
+        gaps = None if self.first is None or self.last is None else max(0.0, self.last - self.first - self.busy)
+        return {k: None if v is None else round(v, 3) for k, v in (
+            ("up_s", self.up), ("first_job_s", self.first), ("last_job_s", self.last), ("gaps_s", gaps))}
+
+
+def _gpu_of(runner: Any, n: int) -> str:
+    """The GPU a runner (a tuner or a measuring process) measures on, as a measured job's
+    `search["gpu"]` names it; its place among the runners when it names none (a test's fakes)."""
+    index = getattr(runner, "device_index", getattr(getattr(runner, "measurer", None), "device_index", None))
+    if isinstance(index, int):
+        from ..settings import visible_device
+        return visible_device(index)
+    return str(n)
 
 
 def gpu_processes(measurers: list | None, cache: Any, profile: GpuProfile, policy: Policy, budget_s: float | None,
@@ -391,8 +521,9 @@ def build_kernels(graph: Graph, profile: GpuProfile, *, policy: Policy = Policy.
     compiler = compiler or new_compiler(profile, cache, workers)
     try:
         bar = TuneProgress.of(len(jobs), progress)
+        timeline: dict[str, dict] = {}
         winners = tune_jobs(jobs, profile, policy=policy, cache=cache, measurers=measurers, compiler=compiler,
-                            progress=bar, budget_s=budget_s, gpu_procs=gpu_procs)
+                            progress=bar, budget_s=budget_s, gpu_procs=gpu_procs, timeline=timeline)
         entries, files = compile_winners(jobs, winners, compiler)
     finally:
         if own:
@@ -414,10 +545,12 @@ def build_kernels(graph: Graph, profile: GpuProfile, *, policy: Policy = Policy.
         for s in searched:
             if isinstance(s.get("gpu"), str):
                 by_gpu.setdefault(s["gpu"], []).append(s)
-        if len(by_gpu) > 1:         # how the jobs spread over the host's GPUs: jobs and seconds each
+        if by_gpu:                  # how the jobs spread over the host's GPUs: jobs and seconds each
             stats["by_gpu"] = {g: {"jobs": len(v), **{k: round(sum(float(s.get(k, 0)) for s in v), 3)
                                                      for k in ("seconds", "measuring_s", "waiting_s")}}
                                for g, v in sorted(by_gpu.items())}
     if gpu_procs:
         stats["gpu_start_s"] = [p.ready_s for p in gpu_procs]
+    for g, line in sorted(timeline.items()):    # and when each was up, at work, and idle between jobs
+        stats.setdefault("by_gpu", {}).setdefault(g, {}).update(line)
     return assemble(jobs, launches, entries, files, stats)

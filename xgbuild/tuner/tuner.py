@@ -22,7 +22,8 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from functools import partial
+from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
@@ -433,6 +434,25 @@ class _Float32Error:
         return self.cache[id(data)]
 
 
+class _Fetched(futures.Future):
+    """A handed-over wave compile still running in the tuner that handed it (`Tuner.preset`): its
+    outcome is fetched when `measure` first needs it, on that thread; when the giver has none
+    (`fetch` gives None), the kernel is compiled here (`compile_here()`, a future)."""
+
+    def __init__(self, fetch: Callable[[], Any], compile_here: Callable[[], futures.Future]) -> None:
+        super().__init__()
+        self._fetch, self._compile_here = fetch, compile_here
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.done():
+            try:
+                got = self._fetch()
+                self.set_result((got, "") if got is not None else self._compile_here().result())
+            except Exception as exc:  # noqa: BLE001 (a compile failure is a result: the candidate scores inf)
+                self.set_exception(exc)
+        return super().result(timeout)
+
+
 class Tuner:
     def __init__(self, profile: GpuProfile, *, policy: Policy | str = Policy.CACHE, cache: Any = None,
                  measurer: Measurer | None = None, budget_s: float | None = None,
@@ -635,25 +655,34 @@ class Tuner:
         return self._once("wave seed", job, lambda: (self.seed(job, self.ranked(job)),))[0]
 
     def preset(self, job: Job, candidates: list[dict], ranked: list[Candidate], seed: str | None,
-               wave: dict[str, tuple]) -> None:
+               wave: dict[str, tuple], fetch: Callable[[str], Any] | None = None) -> None:
         """Take what another tuner (the build's, for a measuring process) worked out for `job`: its
         candidates, their ranking, the seed and the first wave compiled for it, `wave[config key]`
-        = (variant, emitted, binary) or (variant, None or emitted, why it failed). Pruning,
-        ranking, emitting and looking the wave up in the cache cost tens of milliseconds a job."""
+        = (variant, emitted, binary) or (variant, None or emitted, why it failed) or (variant,
+        emitted, None): still compiling there when the job was handed over; `measure` then asks
+        `fetch(config key)` for it when it reaches it (binary, or raises why it failed, or None:
+        compile it here); without `fetch` such entries are compiled here. Pruning, ranking,
+        emitting and looking the wave up in the cache cost tens of milliseconds a job."""
         self._memo[("candidates", job.ident)] = candidates
         self._memo[("ranked", job.ident)] = ranked
         self._memo[("seed", job.ident)] = (seed,)
+        configs = {c.key: c.config for c in ranked}
         started = {}
         for k, (variant, em, got) in wave.items():
-            if em is not None:
+            if em is None:
+                got = RuntimeError(got)
+            elif got is None:
+                if fetch is None or k not in configs:
+                    continue
+                got = _Fetched(partial(fetch, k), partial(self.compiler.submit, em, configs[k]["num_warps"],
+                                                          configs[k]["num_stages"]))
+            else:
                 done: futures.Future = futures.Future()
                 if isinstance(got, str):
                     done.set_exception(RuntimeError(got))
                 else:
                     done.set_result((got, ""))
                 got = done
-            else:
-                got = RuntimeError(got)
             started[k] = (variant, em, got)
         self._prefetched[job.ident] = started
 

@@ -5,6 +5,11 @@ that calls `xg.compile(...)` at top level (as PyTorch users write `torch.compile
 its workers. These workers import only XG: each reads a length-prefixed pickle `(function, args)`
 from stdin and writes back `("ok", result)` or `("err", exception)`. A worker that dies fails the
 job it held with its exit code and the tail of its stderr, and is replaced for the next job.
+
+While it runs a call, a worker may `ask` its caller a question (`("ask", question)` on the reply
+stream); `Worker.call(answer=...)` answers each on stdin before it reads on. Each side then waits
+on the other only while the other owes it a message (the worker's question, the caller's answer,
+the worker's reply), so neither can block writing to a pipe the other is not reading.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ _STOP = object()
 
 class WorkerDied(RuntimeError):
     """A compile worker process exited while it held a job."""
+
+
+# In a worker process: its streams to the caller, for `ask` (set by `_main`, once).
+_CALLER: dict[str, Any] = {}
 
 
 def _send(stream: BinaryIO, obj: Any) -> None:
@@ -66,11 +75,21 @@ class Worker:
         for line in iter(self.proc.stderr.readline, b""):
             self.stderr.append(line.decode(errors="replace").rstrip())
 
-    def call(self, fn: Callable, args: tuple) -> Any:
+    def call(self, fn: Callable, args: tuple, answer: Callable[[Any], Any] | None = None) -> Any:
+        """`fn(*args)` run in the worker; `answer(question)`: what its `ask`s get meanwhile (an
+        exception it raises is raised by that `ask`)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
             _send(self.proc.stdin, (fn, args))
-            status, value = _receive(self.proc.stdout)
+            while (message := _receive(self.proc.stdout))[0] == "ask":
+                try:
+                    if answer is None:
+                        raise RuntimeError("this call answers no questions")
+                    reply = ("ok", answer(message[1]))
+                except Exception as exc:  # noqa: BLE001 (the asking side's error)
+                    reply = ("err", exc)
+                _send(self.proc.stdin, reply)
+            status, value = message
         except (EOFError, BrokenPipeError, OSError):
             code = self.proc.wait()
             tail = "; ".join(list(self.stderr)[-3:])
@@ -197,6 +216,19 @@ class SubprocessPool(futures.Executor):
                 t.join()
 
 
+def ask(question: Any) -> Any:
+    """In a worker, from the thread running its call: the caller's answer to `question` (see
+    `Worker.call`); raises what the answer raised."""
+    if not _CALLER:
+        raise RuntimeError("`ask` is for a call running in a worker process")
+    with _CALLER["lock"]:
+        _send(_CALLER["out"], ("ask", question))
+        status, value = _receive(_CALLER["in"])
+    if status == "err":
+        raise value
+    return value
+
+
 def _main() -> int:
     # The replies get a descriptor of their own; descriptor 1 (what the job, its C code and its
     # child processes print to) goes to stderr, so nothing can corrupt the reply stream.
@@ -210,6 +242,7 @@ def _main() -> int:
     stdout = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    _CALLER.update({"in": stdin, "out": stdout, "lock": threading.Lock()})
     while True:
         try:
             fn, args = _receive(stdin)
@@ -226,4 +259,7 @@ def _main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main())
+    # Run as `xgbuild.tuner.workers`, not `__main__`: the calls import that module, whose `ask`
+    # must find the streams `_main` sets.
+    from xgbuild.tuner.workers import _main as main
+    sys.exit(main())
