@@ -105,7 +105,8 @@ def _problem(spec: KernelSpec, launch: Launch, graph: Graph, outputs: list[int])
     written = sum(math.prod(graph.node(n).shape) * TORCH_DTYPES[graph.node(n).dtype].itemsize for n in outputs)
     work = sum(1 for n in spec.nodes if n.op != "matmul")
     dtype = spec.operands[0][0] if spec.operands else spec.nodes[spec.outputs[0]].dtype
-    return template(spec.kind).problem(spec, launch.ints, dtype, work, float(read + written), widest)
+    strides = tuple(tuple(launch.tensors[f"p{j}"].stride()) for j in range(len(spec.operands)))
+    return template(spec.kind).problem(spec, launch.ints, dtype, work, float(read + written), widest, strides)
 
 
 def plan(graph: Graph, env: dict[str, int], world: int = 1) -> tuple[list[Job], list[tuple[str, Binding]]]:

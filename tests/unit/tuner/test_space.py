@@ -23,10 +23,10 @@ def profile(name: str) -> hw.GpuProfile:
 
 
 def matmul(m: int, n: int, k: int, dtype: str = "bfloat16", elem_bytes: int = 2,
-           batch: int = 1) -> Problem:
+           batch: int = 1, b_transposed: bool = False) -> Problem:
     return Problem("matmul", dtype, flops=2.0 * batch * m * n * k,
                    bytes=float(batch * (m * k + k * n + m * n) * elem_bytes),
-                   batch=batch, m=m, n=n, k=k, elem_bytes=elem_bytes)
+                   batch=batch, m=m, n=n, k=k, elem_bytes=elem_bytes, b_transposed=b_transposed)
 
 
 def rowwise(rows: int, cols: int, passes: int = 1, dtype: str = "bfloat16",
@@ -85,25 +85,30 @@ def test_candidates_fit_the_profile(gpu, problem):
 def test_matmul_candidates_are_a_fraction_of_the_space(gpu):
     problem = matmul(4096, 4096, 4096)
     assert len(space.full_space(problem)) == 480
-    assert len(space.full_space(problem, profile(gpu))) == 960     # each with its persistent twin
+    assert len(space.full_space(problem, profile(gpu))) == 480     # B stored [K, N]: no twins
     configs = candidates(problem, profile(gpu))
-    assert len(configs) == 96
-    assert len({config_key(c) for c in configs}) == 96
+    assert len(configs) == 48
+    assert len({config_key(c) for c in configs}) == 48
+    linear = matmul(4096, 4096, 4096, b_transposed=True)
+    assert len(space.full_space(linear, profile(gpu))) == 960       # each with its persistent twin
+    assert len({config_key(c) for c in candidates(linear, profile(gpu))}) == 96
 
 
 @pytest.mark.parametrize("gpu", CHECKED)
 def test_persistent_twins_never_displace_the_plain_candidates(gpu):
     """The plain configs kept are those kept without twins, and each twin runs one program per SM
-    with tensor descriptors; float32 products get no twins."""
+    with tensor descriptors; float32 products and B stored [K, N] get no twins."""
     target = profile(gpu)
-    problem = matmul(4096, 3072, 768)
+    problem = matmul(4096, 3072, 768, b_transposed=True)
     configs = candidates(problem, target)
     plain = [c for c in configs if "PROGRAMS" not in c]
     alone, _ = space.prune(problem, space.full_space(problem), target, limit=48)
     assert [config_key(c) for c in plain] == [config_key(c) for c in alone]
     twins = [c for c in configs if "PROGRAMS" in c]
     assert twins and all(c["PROGRAMS"] == target.sm_count and c["TMA"] == 1 for c in twins)
-    assert not any("PROGRAMS" in c for c in candidates(matmul(4096, 3072, 768, "float32", 4), target))
+    assert not any("PROGRAMS" in c for c in candidates(matmul(4096, 3072, 768, "float32", 4, b_transposed=True),
+                                                       target))
+    assert not any("PROGRAMS" in c for c in candidates(matmul(4096, 3072, 768), target))
 
 
 def test_a_config_carries_an_optional_knob_only_when_it_is_not_0():
@@ -249,3 +254,19 @@ def test_wrong_keys_and_bad_problems_raise():
 def test_next_pow2():
     assert [next_pow2(x) for x in (0, 1, 2, 3, 4, 5, 1000, 1024)] == \
         [1, 1, 2, 4, 4, 8, 1024, 1024]
+
+
+@pytest.mark.parametrize("source, transposed", [
+    ("extern Tensor[bfloat16, M, K] A\nextern Tensor[bfloat16, N, K] W\ndef main() {\n    return A @ transpose(W, 0, 1)\n}\n",
+     True),
+    ("extern Tensor[bfloat16, M, K] A\nextern Tensor[bfloat16, K, N] B\ndef main() {\n    return A @ B\n}\n", False),
+])
+def test_a_job_knows_whether_b_is_stored_transposed(source, transposed):
+    """An `nn.Linear` weight read as B (stored [N, K]) marks the job's problem, whose space then
+    has persistent twins; B stored [K, N] has none."""
+    from xgbuild.compiler.driver import compile_source
+    from xgbuild.tuner.jobs import plan
+    jobs, _ = plan(compile_source(source, "b.xg").optimized.main, {"M": 256, "N": 512, "K": 128})
+    job = next(j for j in jobs if j.spec.kind == "matmul")
+    assert job.problem.b_transposed is transposed
+    assert any("PROGRAMS" in c for c in candidates(job.problem, profile("H100"))) is transposed

@@ -223,7 +223,7 @@ class AttentionTemplate(KernelTemplate):
         return not (variant.single and launch.ints["K"] > config["BLOCK_D"])   # q's rows are loaded once, whole
 
     def problem(self, spec: KernelSpec, ints: dict[str, int], dtype: str, work: int, moved: float,
-                widest: int) -> Problem:
+                widest: int, strides: tuple = ()) -> Problem:
         jq, jv = spec.matmul[0], spec.matmul[2]
         b, t, s, d, dv = ints["batch"], ints["M"], ints["N"], ints["K"], ints["DV"]
         skip = causal(spec)

@@ -53,6 +53,7 @@ class Problem:
     dv: int = 0          # attention: v's head dim (the output's last)
     causal: bool = False  # attention: key blocks above the diagonal are skipped
     elem_bytes: int = 4  # bytes per element of the operands (matmul A/B) or of the widest input
+    b_transposed: bool = False  # matmul: B stored [N, K] (an `nn.Linear` weight): unit stride along K
 
     def __post_init__(self) -> None:
         # The kind is checked where it is looked up (`templates.template`, `for_problem`): this
@@ -63,6 +64,8 @@ class Problem:
             raise ValueError("problem dtype must not be empty")
         if self.elem_bytes not in (1, 2, 4, 8):
             raise ValueError(f"elem_bytes must be 1, 2, 4 or 8, got {self.elem_bytes}")
+        if not isinstance(self.b_transposed, bool):
+            raise ValueError(f"b_transposed must be a bool, got {self.b_transposed!r}")
         if self.flops < 0 or self.bytes < 0:
             raise ValueError(f"flops and bytes must be >= 0, got {self.flops} and {self.bytes}")
 
@@ -156,10 +159,11 @@ class KernelTemplate(ABC):
     # --- tuning ----------------------------------------------------------------------------
     @abstractmethod
     def problem(self, spec: KernelSpec, ints: dict[str, int], dtype: str, work: int, moved: float,
-                widest: int) -> Problem:
+                widest: int, strides: tuple = ()) -> Problem:
         """The work of a launch with size arguments `ints`: `dtype` the first operand's (or the
         first output's), `work` the spec's non-product nodes, `moved` the fewest bytes read and
-        written, `widest` the widest operand's bytes per element."""
+        written, `widest` the widest operand's bytes per element, `strides` each operand's strides
+        at that shape (where a kind's space depends on how an operand is stored)."""
         raise NotImplementedError
 
     @abstractmethod

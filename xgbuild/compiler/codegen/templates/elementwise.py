@@ -108,7 +108,7 @@ class ElementwiseTemplate(KernelTemplate):
         return True
 
     def problem(self, spec: KernelSpec, ints: dict[str, int], dtype: str, work: int, moved: float,
-                widest: int) -> Problem:
+                widest: int, strides: tuple = ()) -> Problem:
         return Problem("elementwise", dtype, float(work * ints["numel"]), moved, numel=ints["numel"],
                        elem_bytes=widest)
 

@@ -220,12 +220,12 @@ class MatmulTemplate(KernelTemplate):
         return Launch(tensors, {**launch.ints, "M": r1 - r0}, layouts)
 
     def problem(self, spec: KernelSpec, ints: dict[str, int], dtype: str, work: int, moved: float,
-                widest: int) -> Problem:
+                widest: int, strides: tuple = ()) -> Problem:
         a = spec.operands[spec.matmul[0]][0]
         batch = ints["batch"]
         flops = 2.0 * batch * ints["M"] * ints["N"] * ints["K"] + work * batch * ints["M"] * ints["N"]
         return Problem("matmul", a, flops, moved, batch=batch, m=ints["M"], n=ints["N"], k=ints["K"],
-                       elem_bytes=ITEMSIZE[a])
+                       elem_bytes=ITEMSIZE[a], b_transposed=_b_transposed(spec, ints, strides))
 
     def shape_text(self, p: Problem) -> str:
         return f"{p.batch}x{p.m}x{p.n}x{p.k}"
@@ -236,14 +236,17 @@ class MatmulTemplate(KernelTemplate):
     def full_space(self, p: Problem, hw: GpuProfile | None = None) -> list[Config]:
         # float32 products: exact FMA (TF32X3=0) or three TF32 tensor-core products (see the
         # `_tf32x3` rule, `triton_matmul.py` and the tuner's gate, which admits them only as
-        # accurate as float32's own). 16-bit products: each config and its persistent TMA twin,
-        # one program per SM of `hw` (neither form wins everywhere: `preselect`).
+        # accurate as float32's own). 16-bit products with B stored [N, K]: each config and its
+        # persistent TMA twin, one program per SM of `hw` (`preselect` keeps both forms). There the
+        # pointer kernel's transposed B tiles cost it 10-12% on an H200 (docs/codegen.md); with B
+        # stored [K, N] it won, and the twins' compiles (slower: the flattened loop) tripled a cold
+        # MLP build's time, so they are left out.
         x3s = (0, 1) if p.dtype == "float32" else (0,)
         plain = [make_config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, TF32X3=x3,
                              num_warps=w, num_stages=s)
                  for x3 in x3s for bm in BLOCK_M for bn in BLOCK_N for bk in BLOCK_K
                  for w in WARPS for s in STAGES]
-        if hw is None or p.dtype not in PERSISTENT_DTYPES:
+        if hw is None or p.dtype not in PERSISTENT_DTYPES or not p.b_transposed:
             return plain
         return plain + [make_config(**c, PROGRAMS=hw.sm_count, TMA=1) for c in plain]
 
@@ -334,6 +337,15 @@ class MatmulTemplate(KernelTemplate):
 
 
 TEMPLATE = MatmulTemplate()
+
+
+def _b_transposed(spec: KernelSpec, ints: dict[str, int], strides: tuple) -> bool:
+    """Is B stored [N, K], K contiguous (its strides along K and N, the last two of its level)?"""
+    jb = spec.matmul[1]
+    if jb >= len(strides) or ints["N"] < 2 or ints["K"] < 2 or len(strides[jb]) < 2:
+        return False
+    sk, sn = strides[jb][-2:]
+    return sk == 1 and sn != 1
 
 
 def _pointwise_of(n, shape: tuple) -> bool:

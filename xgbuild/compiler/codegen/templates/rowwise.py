@@ -131,7 +131,7 @@ class RowwiseTemplate(KernelTemplate):
         return not (variant.single and launch.ints["C"] > config["BLOCK_N"])
 
     def problem(self, spec: KernelSpec, ints: dict[str, int], dtype: str, work: int, moved: float,
-                widest: int) -> Problem:
+                widest: int, strides: tuple = ()) -> Problem:
         passes = sum(2 if n.op in ("softmax", "log_softmax") else 1 for n in spec.nodes
                      if n.op in ("sum", "mean", "max", "min", "softmax", "log_softmax"))
         flops = float(work * ints["R"] * max(1, ints["C"]))
