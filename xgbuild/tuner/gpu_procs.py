@@ -200,11 +200,11 @@ def start_pool(tuner: Tuner) -> None:
 
 
 class GpuProcess:
-    """One GPU's measuring process, as `tune_jobs` drives it: `tune(job, priority, given=Prepared)`
+    """One GPU's measuring process, as `dispatch.Dispatch` drives it: `tune(job, priority, given=Prepared)`
     -> Winner, which the caller records. `find`: a picklable `(profile) -> measurers` the process
     measures with (default: its GPU; tests pass fakes)."""
 
-    takes_handoff = True        # `tune_jobs` hands it each job `prepare`d, with its first wave
+    takes_handoff = True        # `Dispatch.feed` hands it each job `prepare`d, with its first wave
 
     def __init__(self, device_index: int, settings: Any, profile: Any, policy: str, budget_s: float | None,
                  workers: int, find: Callable[[Any], list] | None = None) -> None:

@@ -1,4 +1,11 @@
-"""Linking: an engine's kernel table from its graph and the tuner's winners.
+"""Tuning and linking: an engine's kernel table from its graph and the tuner's winners.
+
+`tune_jobs` orchestrates a build's tuning: it looks each job up in the cache, compiles ahead in a
+thread of its own (each missed job's first wave, then the generic variants), starts the GPUs'
+measuring processes when there are several (`gpu_processes`), hands the jobs left to
+`dispatch.Dispatch`, which spreads them over the GPUs, and has the measured winners written to the
+cache (`writer.WinnerWriter`) before the build links. `build_kernels` plans, tunes, compiles the
+winners (`compile_winners`) and assembles the table.
 
 Per job two variants are compiled for the target's arch: the tuned one (the winner's config, with
 the assumptions of the tuning shape) and the generic one (a default config assuming nothing), so
@@ -8,10 +15,8 @@ cubin/PTX files are a pure function of the graph, the target and the winners.
 
 from __future__ import annotations
 
-import concurrent.futures as futures
 import hashlib
 import os
-import sys
 import threading
 import time
 from queue import SimpleQueue
@@ -22,17 +27,16 @@ from ..compiler.codegen.schedule import ScheduleError
 from ..compiler.codegen.spec import Binding
 from ..compiler.codegen.launch_abi import Variant
 from ..compiler.codegen.templates import emit
-from ..compiler.codegen.templates.base import config_key
 from ..compiler.frontend.codes import KERNEL_COMPILE, NO_GPU_CODE, NO_TUNED_KERNEL
 from ..compiler.frontend.diagnostics import plain_error
 from ..compiler.ir.graph import Graph
 from ..hw import GpuProfile
-from .gpu_procs import GpuUnavailable, Prepared, prepare
+from .dispatch import Dispatch
 from .jobs import Job, plan, tuning_env
 from .policy import Policy
 from .progress import TuneProgress
 from .space import default_config
-from .tuner import Compiler, Measurer, StrictMiss, Tuner, TuneError, Winner
+from .tuner import Compiler, Measurer, Tuner, TuneError, Winner
 from .writer import WinnerWriter
 
 
@@ -63,20 +67,17 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
     `progress`: draw a bar (True), write JSON events on stderr ("json") or report to a `TuneProgress`.
     `gpu_procs`: the measuring processes of the GPUs when the caller started them (and closes
     them: `context.tuning`); otherwise they are started, and closed, here. A process for every
-    measurer: they measure and this process hands out jobs and records the winners; each job goes
-    once the first candidate of its wave is compiled (the process asks for the rest as it reaches
-    them), made ready while the process measures the one before (`feed`); for some only (a
-    test's), measurers[0] measures here too. When every process gave up with jobs left, the
-    build fails (TuneError). `timeline`: filled, when measuring, with each GPU's `_Timeline` (by
-    the GPU's name, as `search["gpu"]` gives it)."""
+    measurer: they measure and this process hands out jobs and records the winners (`Dispatch`:
+    each job goes once the first candidate of its wave is compiled, made ready while the process
+    measures the one before); for some only (a test's), measurers[0] measures here too. When every
+    process gave up with jobs left, the build fails (TuneError). `timeline`: filled, when
+    measuring, with each GPU's timeline (`Dispatch.timelines`: by the GPU's name, as
+    `search["gpu"]` gives it)."""
     tuners = [Tuner(profile, policy=policy, cache=cache, measurer=m, budget_s=budget_s, compiler=compiler)
               for m in (measurers or [None])]
     for t in tuners[1:]:                        # one build: the seeds and compiles ahead are shared
         t.seeds, t._prefetched, t._neighbours_lock = tuners[0].seeds, tuners[0]._prefetched, tuners[0]._neighbours_lock
     winners: dict[str, Winner] = {}
-    missing: list[str] = []
-    lock = threading.Lock()
-    errors: list[BaseException] = []
     bar = TuneProgress.of(len(jobs), progress)
     measuring = policy == Policy.MEASURE and measurers and compiler is not None
     with bar:
@@ -135,165 +136,15 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
         procs: list = []
         if measuring and queue:
             procs = gpu_processes(measurers, cache, profile, policy, budget_s, compiler) if own else list(gpu_procs)
-        runners: list[Any] = tuners if not procs else [tuners[0], *procs] if len(procs) < len(tuners) else procs
-        unavailable: list[str] = []         # why each GPU that gave up did
-
-        # A GPU whose queue ran dry waits while another holds a job: a process that dies gives
-        # its jobs back, for whichever GPU is left.
-        changed = threading.Condition(lock)
-        held = [0]                          # jobs the GPUs hold now (a process's prepared next job too)
-        lines = {id(runner): _Timeline() for runner in runners}
-
-        def take(wait: bool, spare: int = 0) -> tuple[int, Job] | None:
-            """The next job, now held; None when none is left (`wait`: none is left and no other
-            GPU holds one it could give back) or the build failed, or when no more than `spare`
-            are queued (left for the GPUs that will be free sooner)."""
-            with changed:
-                while wait and not queue and held[0] and not errors:
-                    changed.wait()
-                if len(queue) <= spare or errors:
-                    return None
-                held[0] += 1
-                return queue.pop(0)
-
-        def give_back(exc: GpuUnavailable, jobs_held: list[tuple[int, Job, dict]]) -> None:
-            """A GPU gave up: the jobs it held (and their first waves) go back to the front of the
-            queue, in order; the other GPUs carry on."""
-            sys.stderr.write(f"warning: {exc}; tuning on the other GPUs\n")
-            with changed:
-                unavailable.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-                for i, job, wave in reversed(jobs_held):
-                    if wave:
-                        tuners[0]._prefetched[job.ident] = wave
-                    queue.insert(0, (i, job))
-                    held[0] -= 1
-                changed.notify_all()
-
-        def settle(job: Job, w: Winner | None, exc: BaseException | None = None) -> bool:
-            """A held job's end: its winner, or the error it ended with; whether its GPU goes on."""
-            with changed:
-                held[0] -= 1
-                changed.notify_all()
-                if isinstance(exc, StrictMiss):
-                    missing.append("\n    ".join([job.ident, *exc.report]))
-                    return True
-                if exc is not None:
-                    errors.append(exc)
-                    return isinstance(exc, TuneError)
-                assert w is not None
-                winners[job.ident] = w
-                try:
-                    bar.advance(job.ident, w.source, w.ms, w.search)
-                except BaseException as exc:  # noqa: BLE001 (a thread's error is the build's, not a traceback)
-                    errors.append(exc)
-                    return False
-                return True
-
-        def record(job: Job, w: Winner) -> None:
-            if w.source == "measured":     # a process measures; this one records
-                tuners[0].record_winner(tuners[0].key(job), w)
-                with tuners[0]._neighbours_lock:
-                    tuners[0].seeds.setdefault(job.spec.name, config_key(w.config))
-
-        def worker(runner: Any) -> None:
-            if not _started(runner, lambda: (not queue and not held[0]) or bool(errors), unavailable):
-                return
-            line = lines[id(runner)]
-            line.up = time.monotonic() - t_line
-            if getattr(runner, "takes_handoff", False):
-                feed(runner, line)
-                return
-            while (taken := take(wait=True)) is not None:
-                i, job = taken
-                wave: dict = {}
-                try:
-                    bar.start_job(job.ident, len(tuners[0].candidates(job)) if measuring else 0)
-                    line.start(time.monotonic() - t_line)
-                    if runner in tuners:
-                        w = runner.tune(job, priority=i, looked_up=bool(measuring))
-                    else:                       # a process that finds the wave in the shared cache
-                        wave = _await_first_wave(tuners[0], job)
-                        w = runner.tune(job, priority=i, looked_up=bool(measuring))
-                        record(job, w)
-                    line.end(time.monotonic() - t_line, w)
-                except GpuUnavailable as exc:
-                    give_back(exc, [(i, job, wave)])
-                    return
-                except BaseException as exc:  # noqa: BLE001 (re-raised below, on the main thread)
-                    if not settle(job, None, exc):
-                        return
-                    continue
-                if not settle(job, w):
-                    return
-
-        def feed(proc: Any, line: _Timeline) -> None:
-            """A measuring process's jobs, each `prepare`d while the process measures the one before
-            (its first candidate compiled, its Handoff pickled): it is sent as soon as the process
-            answers. A process that gives up gives back its job and the one prepared for it."""
-            ahead = futures.ThreadPoolExecutor(1, thread_name_prefix=f"xg-prepare-{getattr(proc, 'device_index', '')}")
-
-            def ready(taken: tuple[int, Job] | None) -> tuple | None:
-                if taken is None:
-                    return None
-                i, job = taken
-                wave = tuners[0]._prefetched.pop(job.ident, {})
-                return i, job, wave, ahead.submit(_prepare, tuners[0], job, i, wave)
-
-            try:
-                nxt = ready(take(wait=True))
-                while nxt is not None:
-                    i, job, wave, preparing = nxt
-                    t_free = time.monotonic()
-                    try:
-                        given = preparing.result()
-                    except BaseException as exc:  # noqa: BLE001 (re-raised below, on the main thread)
-                        if not settle(job, None, exc):
-                            return
-                        nxt = ready(take(wait=True))
-                        continue
-                    waited = time.monotonic() - t_free
-                    # The next job is taken now only while each other GPU would still find one.
-                    nxt = ready(take(wait=False, spare=len(runners) - 1))
-                    try:
-                        bar.start_job(job.ident, len(tuners[0].candidates(job)))
-                        line.start(t_free - t_line)         # (its wait for its first compile is its own)
-                        w = proc.tune(job, priority=i, given=given, waited_s=waited)
-                        line.end(time.monotonic() - t_line, w)
-                        given.release(tuners[0])
-                        record(job, w)
-                    except GpuUnavailable as exc:
-                        give_back(exc, [(i, job, wave)] + ([nxt[:3]] if nxt else []))
-                        return
-                    except BaseException as exc:  # noqa: BLE001 (re-raised below, on the main thread)
-                        if not settle(job, None, exc):
-                            break
-                    else:
-                        if not settle(job, w):
-                            break
-                    if nxt is None:
-                        nxt = ready(take(wait=True))
-                if nxt is not None:             # the build failed: the job prepared goes back
-                    with changed:
-                        queue.insert(0, nxt[:2])
-                        held[0] -= 1
-                        changed.notify_all()
-            finally:
-                ahead.shutdown(wait=False, cancel_futures=True)
+        dispatch = Dispatch(tuners, procs, queue, winners, bar, bool(measuring))
 
         # Measured winners reach the cache from a thread of their own: no GPU waits on SQLite.
         writer = WinnerWriter(cache) if measuring and cache is not None else None
         for t in tuners:
             t.writer = writer
-        t_tune, t_line = time.perf_counter(), time.monotonic()
+        t_tune = time.perf_counter()
         try:
-            if len(runners) == 1:
-                worker(runners[0])
-            else:
-                threads = [threading.Thread(target=worker, args=(t,)) for t in runners]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
+            dispatch.run()
         finally:
             stop.set()
             if fetcher is not None:
@@ -303,116 +154,21 @@ def tune_jobs(jobs: list[Job], profile: GpuProfile, *, policy: Policy = Policy.C
                 p.close()
             bar.tune_s = time.perf_counter() - t_tune
             if timeline is not None and measuring:
-                timeline.update({_gpu_of(r, n): lines[id(r)].to_json() for n, r in enumerate(runners)})
+                timeline.update(dispatch.timelines())
             for t in tuners:
                 t.writer = None
             if writer is not None:
                 try:
                     writer.close()          # every winner written before the build links
                 except BaseException as exc:  # noqa: BLE001 (the build's error, after any earlier one)
-                    errors.append(exc)
-        if errors:
-            raise errors[0]
-        if queue:       # every GPU gave up with jobs left (each warned as it did)
-            raise TuneError(f"tuning failed: no GPU is left to measure {len(queue)} of {len(jobs)} jobs "
-                            f"({'; '.join(unavailable) or 'no GPU took a job'}); XG_TUNE_IN_PROCESS=1 measures "
-                            "from the build's own process instead")
-    if missing:
-        raise TuneError(f"--tune=strict: {len(missing)} of {len(jobs)} jobs have no cached winner for "
-                        f"{profile.name}:\n  " + "\n  ".join(missing)
+                    dispatch.errors.append(exc)
+        dispatch.raise_failure(len(jobs))
+    if dispatch.missing:
+        raise TuneError(f"--tune=strict: {len(dispatch.missing)} of {len(jobs)} jobs have no cached winner for "
+                        f"{profile.name}:\n  " + "\n  ".join(dispatch.missing)
                         + f"\n  = help: measure them with --tune=measure on {profile.name} hosts (the winners "
                         "then reach every build through the XG cache), or build with --tune=cache")
     return winners
-
-
-START_TIMEOUT_S = 600.0     # a measuring process not up after this long is given up on
-
-
-def _started(runner: Any, done: Any, unavailable: list | None = None, poll_s: float = 0.05,
-             timeout_s: float = START_TIMEOUT_S) -> bool:
-    """Whether a measuring process (`GpuProcess.started`) is up to take jobs; False when `done()`
-    says the jobs ran out first (the other GPUs took them: nothing to wait for) or its start failed
-    or took over `timeout_s` (warned, and why noted in `unavailable`: the other GPUs carry on). A
-    job is taken only once the process is up, so that the jobs it would have held while starting
-    go to the GPUs already measuring."""
-    started = getattr(runner, "started", None)
-    if started is None:
-        return True
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not started(poll_s):
-            if done():
-                return False
-            if time.monotonic() > deadline:
-                raise GpuUnavailable(f"GPU {getattr(runner, 'device_index', '?')}'s measuring process did not "
-                                     f"start in {timeout_s:.0f} s")
-    except GpuUnavailable as exc:
-        sys.stderr.write(f"warning: {exc}; tuning on the other GPUs\n")
-        if unavailable is not None:
-            unavailable.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        return False
-    return True
-
-
-def _await_first_wave(tuner: Tuner, job: Job, timeout_s: float = 120.0, first: int | None = None) -> dict:
-    """Before a measuring process gets `job`: take the compiles of its first wave that this process
-    started ahead (`Tuner.prefetch`; they are the process's now, with the job) and wait for the
-    first `first` of them in the order the job measures them (None: all; a process that finds
-    them in the shared cache)."""
-    wave = tuner._prefetched.pop(job.ident, {})
-    _await_first(wave, timeout_s, first)
-    return wave
-
-
-def _await_first(wave: dict, timeout_s: float = 120.0, first: int | None = None) -> None:
-    """Wait (up to `timeout_s`) for the first `first` compiles of a wave (None: all of them);
-    candidates that could not even be emitted have nothing to wait for."""
-    pending = [entry[2] for entry in wave.values() if entry[1] is not None][:first]
-    if pending:
-        futures.wait(pending, timeout=timeout_s)
-
-
-def _prepare(tuner: Tuner, job: Job, priority: float, wave: dict) -> Prepared:
-    """`job` ready for a measuring process (`gpu_procs.prepare`) once the first candidate it
-    measures is compiled: the process asks for the rest of the wave as its search reaches them,
-    so the wave's slowest compile does not hold the job."""
-    _await_first(wave, first=1)
-    return prepare(tuner, job, priority, wave)
-
-
-@dataclass
-class _Timeline:
-    """One GPU's tuning, in seconds from its start (`tune_s`'s): when its measuring process was up
-    (0 when it was up before), when its first job began, when its last ended, and how much of that
-    span was spent between its jobs, outside their own seconds (`search["seconds"]`: handing a job
-    over, recording its winner)."""
-    up: float | None = None
-    first: float | None = None
-    last: float | None = None
-    busy: float = 0.0               # its jobs' own seconds
-
-    def start(self, at: float) -> None:
-        if self.first is None:
-            self.first = at
-
-    def end(self, at: float, w: Winner) -> None:
-        self.last = at
-        self.busy += float(w.search.get("seconds", 0.0)) if isinstance(w.search, dict) else 0.0
-
-    def to_json(self) -> dict:
-        gaps = None if self.first is None or self.last is None else max(0.0, self.last - self.first - self.busy)
-        return {k: None if v is None else round(v, 3) for k, v in (
-            ("up_s", self.up), ("first_job_s", self.first), ("last_job_s", self.last), ("gaps_s", gaps))}
-
-
-def _gpu_of(runner: Any, n: int) -> str:
-    """The GPU a runner (a tuner or a measuring process) measures on, as a measured job's
-    `search["gpu"]` names it; its place among the runners when it names none (a test's fakes)."""
-    index = getattr(runner, "device_index", getattr(getattr(runner, "measurer", None), "device_index", None))
-    if isinstance(index, int):
-        from ..settings import visible_device
-        return visible_device(index)
-    return str(n)
 
 
 def gpu_processes(measurers: list | None, cache: Any, profile: GpuProfile, policy: Policy, budget_s: float | None,

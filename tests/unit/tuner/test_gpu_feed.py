@@ -1,4 +1,4 @@
-"""Feeding measuring processes (`gpu_procs`, `link.tune_jobs`), simulated on a CPU with real
+"""Feeding measuring processes (`gpu_procs`, `dispatch.Dispatch`), simulated on a CPU with real
 subprocesses and fake measurers: a job goes to its process once its first candidate is compiled,
 and the process asks the build for the rest of the wave as it reaches them (a compile that failed
 there is that candidate's failure, not waited on nor compiled again); a process's next job is
@@ -17,7 +17,7 @@ from xgbuild.compiler.codegen.templates.base import config_key
 from xgbuild.compiler.driver import compile_source
 from xgbuild.hw import load_profile
 from xgbuild.settings import Settings, visible_device
-from xgbuild.tuner import gpu_procs, link
+from xgbuild.tuner import dispatch, gpu_procs, link
 from xgbuild.tuner.gpu_procs import GpuProcess
 from xgbuild.tuner.jobs import plan, tuning_env
 from xgbuild.tuner.search import first_wave
@@ -155,8 +155,8 @@ def test_a_job_prepared_for_a_process_that_dies_goes_back_with_its_job(tmp_path,
     to the queue, in order, and the GPU that comes up afterwards tunes every job."""
     jobs = _jobs()
     prepared: list[str] = []
-    real_prepare = link._prepare
-    monkeypatch.setattr(link, "_prepare", lambda tuner, job, *a: prepared.append(job.ident)
+    real_prepare = dispatch._prepare
+    monkeypatch.setattr(dispatch, "_prepare", lambda tuner, job, *a: prepared.append(job.ident)
                         or real_prepare(tuner, job, *a))
     died = threading.Event()
 

@@ -19,7 +19,7 @@ from xgbuild.cache.errors import CacheError
 from xgbuild.compiler.codegen.templates.base import config_key
 from xgbuild.hw import load_profile
 from xgbuild.settings import Settings
-from xgbuild.tuner import gpu_procs, link
+from xgbuild.tuner import dispatch, gpu_procs, link
 from xgbuild.tuner.cuda_measure import CudaMeasurer
 from xgbuild.tuner.gpu_procs import GpuProcess, handoff
 from xgbuild.tuner.tuner import Compiler, Tuner, TuneError
@@ -176,7 +176,7 @@ def test_a_handoff_gives_the_process_the_first_wave_and_nothing_is_compiled_agai
 
     here._submit = submit
     here.prefetch(job, 0)
-    wave = link._await_first_wave(here, job)
+    wave = dispatch._await_first_wave(here, job)
     given = pickle.loads(pickle.dumps(handoff(here, job, wave)))
     assert set(given.wave) == set(keys)
 

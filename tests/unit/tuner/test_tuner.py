@@ -558,7 +558,7 @@ def test_a_measuring_process_gets_a_job_once_its_first_wave_is_compiled() -> Non
     import time
     from concurrent import futures as cf
     from types import SimpleNamespace
-    from xgbuild.tuner.link import _await_first_wave
+    from xgbuild.tuner.dispatch import _await_first_wave
     slow, failed = cf.Future(), cf.Future()
     tuner = SimpleNamespace(_prefetched={"job-a": {"c0": (None, "em", slow), "c1": (None, None, failed)}})
     threading.Timer(0.2, slow.set_result, args=(("cubin", "ptx"),)).start()
