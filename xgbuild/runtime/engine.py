@@ -168,7 +168,8 @@ class Engine(EngineView):
     def run(self, external_values: Mapping[str, Any] | None = None, *, device: str = "cpu", check: bool = True,
             float64: bool = False, wait: bool = True, profiler: Any = None) -> RunResult:
         """Runs the engine. On cuda, `wait=False` returns as soon as the work is queued on torch's
-        current stream (as a PyTorch op does); the reported timings are then queueing times.
+        current stream (as a PyTorch op does); the reported timings are then queueing times, and a
+        scalar output stays a 0-d tensor in `value` (a Python number would be read, a sync).
         `profiler` (`runtime.profile.Profiler`): this run is one profiled iteration, each kernel
         (on the CPU, each node) timed on its own; on cuda it runs kernel by kernel and waits."""
         if device not in ("cpu", "cuda"):
@@ -202,7 +203,7 @@ class Engine(EngineView):
             profiler.end()
             if device == "cpu":
                 _profile_ops(profiler, graph, out.timings, iteration)
-        value = _build(graph.output, out.values)
+        value = _build(graph.output, out.values, scalars=wait or device == "cpu")
         metadata = {
             "target": self.manifest["target"],
             "num_gpu": self.manifest["num_gpu"],
@@ -296,8 +297,8 @@ def _as_tensor(name: str, value: Any) -> torch.Tensor:
     raise InputError(f"input `{name}` is a {type(value).__name__}; pass a torch tensor or a numpy array")
 
 
-def _scalar(t: torch.Tensor) -> Any:
-    return t.item() if t.dim() == 0 else t
+def _scalar(t: torch.Tensor, scalars: bool = True) -> Any:
+    return t.item() if scalars and t.dim() == 0 else t
 
 
 def _flat(tree: dict, values: Mapping[int, torch.Tensor], prefix: str = "out", *,
@@ -320,14 +321,16 @@ def _flat(tree: dict, values: Mapping[int, torch.Tensor], prefix: str = "out", *
     return out
 
 
-def _build(tree: dict, values: dict[int, torch.Tensor]) -> Any:
+def _build(tree: dict, values: dict[int, torch.Tensor], scalars: bool = True) -> Any:
+    """What main returns, from its output values; 0-d values as Python numbers (`scalars`) or
+    left tensors (a run that does not wait for the GPU)."""
     if "t" in tree:
-        return _scalar(values[tree["t"]])
+        return _scalar(values[tree["t"]], scalars)
     if "tuple" in tree:
-        return tuple(_build(t, values) for t in tree["tuple"])
+        return tuple(_build(t, values, scalars) for t in tree["tuple"])
     tag = int(values[tree["result"]["tag"]])
     if tag == 0:
-        return ResultValue(True, _build(tree["result"]["value"], values), None)
+        return ResultValue(True, _build(tree["result"]["value"], values, scalars), None)
     names = {v: k for k, v in ERROR_CODES.items()}
     return ResultValue(False, None, names.get(tag, f"error {tag}"))
 
