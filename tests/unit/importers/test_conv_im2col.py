@@ -1,6 +1,6 @@
-"""A convolution imports as one matmul over its taps' windows side by side (im2col, K = kh*kw*C):
-one float32-accumulated product rounded once, not a rounded partial sum per tap. Grouped and
-depthwise convolutions keep a product per tap."""
+"""A convolution imports as one matmul per image, W [O, K] @ cols [K, ho*wo] over its taps' windows
+stacked along the channels (im2col, K = kh*kw*C): one float32-accumulated product rounded once,
+not a rounded partial sum per tap. Grouped and depthwise convolutions keep a product per tap."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 
+from xgbuild.compiler.codegen.schedule import schedule
 from xgbuild.compiler.ir.graph import Op
 from xgbuild.compiler.importers.torch_export import import_torch
 from xgbuild.runtime.cpu import CpuExecutor
@@ -42,6 +43,16 @@ def test_a_convolution_is_one_product_over_its_taps(conv, x_shape):
 
 def test_grouped_and_depthwise_convolutions_keep_a_product_per_tap():
     x = torch.randn(2, 8, 9, 9)
-    for conv in (torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.Conv2d(8, 16, 3, padding=1, groups=2)):
+    products = {}
+    for name, conv in (("depthwise", torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)),
+                       ("grouped", torch.nn.Conv2d(8, 16, 3, padding=1, groups=2))):
         graph = _imported(conv, x).optimized.main
-        assert not any(n.op is Op.MATMUL and n.shape[-1] == 72 for n in graph.nodes)
+        products[name] = sum(n.op is Op.MATMUL for n in graph.nodes)
+    assert products == {"depthwise": 0, "grouped": 9}
+
+
+def test_a_1x1_convolution_reads_the_image_in_place():
+    """W [O, C] @ x[n] viewed [C, H*W]: no copy of the image, the result already NCHW."""
+    x = torch.randn(2, 8, 6, 5)
+    graph = _imported(torch.nn.Conv2d(8, 16, 1), x).optimized.main
+    assert [k.kind for k in schedule(graph).kernels] == ["matmul"]

@@ -104,3 +104,44 @@ def test_the_fused_epilogue_computes_the_same_values_under_the_interpreter() -> 
     report = interpreted_report("interpret_epilogue.py")
     assert report["kinds"] == ["matmul"], report       # one kernel: the product, GELU and residual
     assert report["shape"] == [2, 8, 24] and report["rel_err"] < 1e-5, report
+
+
+def test_a_batchnorm_after_a_convolution_joins_its_product() -> None:
+    """A BatchNorm's per-channel [1, C, 1, 1] operands broadcast against the product [N, C, H*W]
+    reshaped to [N, C, H, W] become [1, C, 1]: the normalisation and the ReLU are the convolution
+    matmul's epilogue, and the values are those of torch, in float64 under Triton's interpreter."""
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16),
+                                torch.nn.ReLU())
+    block[1].running_mean.normal_()
+    block[1].running_var.uniform_(0.5, 2.0)
+    block = block.eval()
+    x = torch.randn(2, 8, 7, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = xg.compile(block, (x,), target="H100", tune="predict")
+    kernels = _kernels_of(compiled.engine)
+    product = [ops for kind, ops in kernels if kind == "matmul"]
+    assert len(product) == 1 and {Op.MUL, Op.RELU} <= set(product[0]), kernels
+    assert not any(kind == "elementwise" and Op.RELU in ops for kind, ops in kernels)
+    want = block.double()(x.double())
+    got = compiled(x)
+    assert float((got.double() - want).norm() / want.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("s, shape, target, want", [
+    ((1, 16, 1, 1), (2, 16, 7, 6), (2, 16, 42), (1, 16, 1)),
+    ((16, 1, 1), (2, 16, 7, 6), (2, 16, 42), (1, 16, 1)),
+    ((1, 1, 7, 1), (2, 16, 7, 6), (2, 16, 42), None),          # varies inside a merged group
+    ((6,), (2, 16, 7, 6), (32, 42), None),
+    ((1, 16, 1), (2, 16, 42), (2, 16, 7, 6), (1, 16, 1, 1)),   # a split
+    ((3, 1), (3, 4), (3, 2, 2), (3, 1, 1)),
+])
+def test_a_broadcast_operand_follows_the_reshape_only_where_it_is_1_across_the_groups(s, shape, target, want):
+    from xgbuild.compiler.passes.sink_reshapes import _broadcast_in
+    assert _broadcast_in(s, shape, target) == want
+
+
+def test_a_broadcast_operand_against_symbolic_sizes_stays_where_it_is():
+    from xgbuild.compiler.passes.sink_reshapes import _broadcast_in
+    assert _broadcast_in((1, 16, 1), ("B", 16, "T"), ("B", 16, "T", 1)) is None

@@ -515,17 +515,20 @@ def conv2d(b: IRBuilder, x: Ref, w: Ref, bias: Ref | None, stride: Sequence[int]
         patches = b.permute(b.reshape(xs, (n, c, ho, kh_n, wo, kw_n)), (0, 2, 4, 1, 3, 5))
         cols = b.reshape(patches, (n, ho, wo, c * kh_n * kw_n))
         acc = b.op(Op.MATMUL, [cols, b.transpose(b.reshape(w, (o, c * kh_n * kw_n)), 0, 1)])
-    elif groups == 1 and kh_n * kw_n > 1 and isinstance(o, int):
-        # The taps' windows side by side (im2col, K ordered (kh, kw, c)), then one matmul with
-        # K = kh*kw*C: one product accumulated in float32 and rounded once, as cuDNN's, where a
-        # matmul per tap rounded each tap's partial sum to the dtype before adding (ResNet-50's
-        # bf16 error was above eager's), and one kernel writing the [N, ho, wo, O] result, where
-        # each tap's matmul wrote a partial result and read the one before.
-        taps = [b.permute(_tap(b, x, kh, kw, ho, wo, stride, dilation), (0, 2, 3, 1))
-                for kh in range(kh_n) for kw in range(kw_n)]                    # each [N, ho, wo, C]
-        cols = cat(b, taps, 3)
-        wk = b.reshape(b.permute(w, (0, 2, 3, 1)), (o, kh_n * kw_n * c))       # [O, (kh, kw, c)]
-        acc = b.op(Op.MATMUL, [cols, b.transpose(wk, 0, 1)])
+    elif groups == 1 and isinstance(o, int):
+        # One matmul per image, W [O, K] @ cols [K, ho*wo], K = kh*kw*C ordered (kh, kw, c):
+        # cols are the taps' strided windows stacked along the channels (im2col, channels first:
+        # read and written along the image rows), a view of x itself for a 1x1 convolution of
+        # stride 1. One float32-accumulated product rounded once, as cuDNN's (a matmul per tap
+        # rounded each tap's partial sum), the result in NCHW order with no permute, and the
+        # image's pixels as the product's long N dim.
+        taps = [_tap(b, x, kh, kw, ho, wo, stride, dilation) for kh in range(kh_n) for kw in range(kw_n)]
+        cols = b.reshape(cat(b, taps, 1), (n, kh_n * kw_n * c, ho * wo))       # [N, K, ho*wo]
+        wk = b.reshape(b.permute(w, (0, 2, 3, 1)), (o, kh_n * kw_n * c))       # [O, K]
+        y = b.op(Op.MATMUL, [wk, cols])                                         # [N, O, ho*wo]
+        if bias is not None:
+            y = b.binary(Op.ADD, y, b.reshape(bias, (o, 1)))
+        return b.reshape(y, (n, o, ho, wo))
     for kh in range(kh_n if acc is None else 0):
         for kw in range(kw_n):
             tap = b.permute(_tap(b, x, kh, kw, ho, wo, stride, dilation), (0, 2, 3, 1))   # [N, ho, wo, C]

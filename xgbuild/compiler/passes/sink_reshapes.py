@@ -11,7 +11,10 @@ Rewrite, in program order: an element-wise node `n` of shape S whose tensor inpu
   - a reshape of a value of shape T (or a node already rewritten to shape T: one T for all), or
   - a scalar, or
   - a value of shape S that is dense (made by a kernel, an input, a constant, or reshapes of one:
-    its reshape to T is a view, never a copy),
+    its reshape to T is a view, never a copy), or
+  - a value that broadcasts against S and is 1 across every group of dims the reshape merges or
+    splits (a BatchNorm's [1, C, 1, 1] against a convolution's product [N, C, H*W] reshaped to
+    [N, C, H, W]): it is reshaped to broadcast against T the same way ([1, C, 1]),
 with at least one of the first kind, becomes `n' = op(...)` of shape T followed by
 `n = reshape(n', S)`; reshapes of the dense values to T are added. A reshape of a reshape reads the
 first reshape's input (the same row-major order), and one back to that input's shape is that input.
@@ -67,7 +70,8 @@ def sink_reshapes(program: Program) -> Program:
             reshaped[n.id] = (n.inputs[0], tuple(node(n.inputs[0]).shape))
             continue
         target = _target(n, reshaped, node)
-        if target is None or not all(_keeps(i, target, reshaped, node) or dense(i) for i in n.inputs):
+        if target is None or not all(_keeps(i, target, reshaped, node) or dense(i) for i in n.inputs
+                                     if tuple(node(i).shape) == tuple(n.shape)):
             add(n)
             continue
         inputs = []
@@ -76,8 +80,10 @@ def sink_reshapes(program: Program) -> Program:
                 inputs.append(reshaped[i][0])
             elif tuple(node(i).shape) == ():
                 inputs.append(i)
-            else:                                       # a dense value of n's shape: its view in `target`
-                view = Node(next_id, Op.RESHAPE, (i,), node(i).dtype, target, (), n.src)
+            else:                                       # a dense value of n's shape, or a broadcast
+                shape = target if tuple(node(i).shape) == tuple(n.shape) else \
+                    _broadcast_in(tuple(node(i).shape), tuple(n.shape), target)
+                view = Node(next_id, Op.RESHAPE, (i,), node(i).dtype, shape, (), n.src)
                 next_id += 1
                 add(view)
                 inputs.append(view.id)
@@ -110,6 +116,7 @@ def _target(n: Node, reshaped: dict, node) -> tuple | None:
         return None
     shape = tuple(n.shape)
     target = None
+    broadcast = []
     for i in n.inputs:
         s = tuple(node(i).shape)
         if i in reshaped and s == shape and reshaped[i][1] != shape:
@@ -118,5 +125,63 @@ def _target(n: Node, reshaped: dict, node) -> tuple | None:
             elif reshaped[i][1] != target:
                 return None
         elif s not in ((), shape):
-            return None                                 # a broadcast operand: left as it is
+            broadcast.append(s)
+    if target is not None and any(_broadcast_in(s, shape, target) is None for s in broadcast):
+        return None                                     # a broadcast operand with no shape there
     return target
+
+
+def _groups(shape: tuple, target: tuple) -> list[tuple[list[int], list[int]]] | None:
+    """The dims of `shape` and of `target` (one number of elements) that a row-major reshape maps
+    onto each other, group by group (size-1 dims in groups of their own where they can be)."""
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(shape) or j < len(target):
+        if i < len(shape) and shape[i] == 1 and (j >= len(target) or target[j] != 1):
+            groups.append(([i], []))
+            i += 1
+            continue
+        if j < len(target) and target[j] == 1 and (i >= len(shape) or shape[i] != 1):
+            groups.append(([], [j]))
+            j += 1
+            continue
+        if i >= len(shape) or j >= len(target):
+            return None
+        a, b = [i], [j]
+        pa, pb = shape[i], target[j]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb and i < len(shape):
+                pa *= shape[i]
+                a.append(i)
+                i += 1
+            elif pb < pa and j < len(target):
+                pb *= target[j]
+                b.append(j)
+                j += 1
+            else:
+                return None
+        groups.append((a, b))
+    return groups
+
+
+def _broadcast_in(s: tuple, shape: tuple, target: tuple) -> tuple | None:
+    """The shape in which an operand of shape `s`, broadcast against `shape`, broadcasts the same
+    way against `target` (`shape` reshaped), or None: it must be 1 across each group of dims the
+    reshape merges or splits, or match a group kept whole (a BatchNorm's [1, C, 1, 1] against a
+    product [N, C, H*W] reshaped to [N, C, H, W] is [1, C, 1])."""
+    if not all(isinstance(d, int) for d in (*s, *shape, *target)):
+        return None                                     # symbolic sizes: no groups to match
+    groups = _groups(shape, target)
+    if groups is None or len(s) > len(shape):
+        return None
+    s = (1,) * (len(shape) - len(s)) + s
+    out = [1] * len(target)
+    for a, b in groups:
+        if all(s[d] == 1 for d in a):
+            continue
+        if len(a) == 1 and len(b) == 1:
+            out[b[0]] = s[a[0]]
+            continue
+        return None
+    return tuple(out)
