@@ -17,6 +17,8 @@ def gradient_source(model: str, tmp_path: Path, dtype: str, params: list[str]) -
     src = src[:src.index("def main()")] + (
         f"def main() {{\n    return value_and_grad(loss_fn, wrt=({wrt}))(TOKENS, TARGETS, {', '.join(params)})\n}}\n")
     src = src.replace("import std.nn\n", "import nn64\n").replace("import std.optim\n", "")
+    # No state: this main returns gradients, not the next step's parameters.
+    src = src.replace("extern state ", "extern ").replace("extern counter ", "extern ")
     src = "\n".join(line for line in src.splitlines()
                     if not line.startswith((f"extern {dtype} STEP", f"extern {dtype} LR"))
                     and not line.split(" ")[-1].startswith(("M_", "V_"))) + "\n"

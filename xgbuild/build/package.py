@@ -31,17 +31,19 @@ def engine_of(compiled: Any, kernels: Any = None, profile: GpuProfile | None = N
     return engine_of_graph(compiled.optimized.main, name=compiled.name, source=compiled.source,
                            profile=profile or target_profile(compiled.target), num_gpu=compiled.num_gpu,
                            passes=compiled.passes, shards=shards, kernels=kernels, extra_sources=extra,
-                           consts=dict(compiled.typed.consts))
+                           consts=dict(compiled.typed.consts), state=compiled.typed.state)
 
 
 def engine_of_graph(graph: Graph, *, name: str, source: str, profile: GpuProfile, num_gpu: int, passes: Any,
                     shards: list[dict] | None = None, kernels: Any = None,
                     weights: Mapping[str, torch.Tensor] | None = None,
                     ranges: Mapping[str, tuple[int, int]] | None = None,
-                    extra_sources: Mapping[str, bytes] | None = None, consts: Mapping[str, Any] | None = None) -> Engine:
+                    extra_sources: Mapping[str, bytes] | None = None, consts: Mapping[str, Any] | None = None,
+                    state: Any = None) -> Engine:
     """An engine of an optimised graph. `weights` bind some of its INPUTs inside the engine (an
     imported model's parameters); `ranges` bound integer inputs used as indices; `consts`: the
-    `--const` overrides the source was compiled with."""
+    `--const` overrides the source was compiled with; `state`: the training state's pairs and
+    counters (frontend/state.py)."""
     sources = {name: source.encode(), **dict(extra_sources or {})}
     blob = dumps(graph)
     plan = None
@@ -56,5 +58,6 @@ def engine_of_graph(graph: Graph, *, name: str, source: str, profile: GpuProfile
                               sources=sources, passes=list(passes), shards=list(shards or []), plan=plan,
                               kernels=kernels.kernels if kernels else None,
                               launches=kernels.launches if kernels else None, weights=weights_entry,
-                              ranges={k: list(v) for k, v in (ranges or {}).items()}, consts=consts)
+                              ranges={k: list(v) for k, v in (ranges or {}).items()}, consts=consts,
+                              state=state)
     return Engine(make_engine_file(manifest, graph, blob, sources, files or None))

@@ -58,8 +58,8 @@ def inspect(
                                                 help="check signatures against these .pub keys "
                                                      "(default: XG_TRUSTED_KEYS)"),
 ) -> None:
-    """Print an engine's manifest: target, signature, kernels, toolchain, sources; its signatures
-    and provenance."""
+    """Print an engine's manifest: target, signature, training state, kernels, whether it is
+    deterministic, toolchain, sources; its signatures and provenance."""
     from ..errors import XGError
     from ..runtime.engine import Engine
     from ..runtime.summary import output_leaves
@@ -69,10 +69,12 @@ def inspect(
         eng = Engine.load(engine, allow_fallback=True)     # shown, never run (its calls are still checked)
     except XGError as exc:
         fail(str(exc))
+    from ..runtime.determinism import determinism
     m = eng.manifest
     signatures = sign_cmd.signature_report(eng, engine, trusted_keys)
+    verdict = determinism(m, eng.graph, eng.file.entries)
     if json_out:
-        extra = {}
+        extra = {"determinism": verdict.to_json()}
         if eng.file.envelope is not None:
             extra = {"signatures": signatures, "provenance": eng.file.envelope.statement()}
         emit_json({"digest": eng.digest, **m, **extra})
@@ -92,8 +94,16 @@ def inspect(
         out.write(f"  {name:<12} {dtype:<9} {shape}\n")
     if len(leaves) > SHOWN_OUTPUTS:
         out.write(f"  … {len(leaves) - SHOWN_OUTPUTS} more (--json lists them all)\n")
+    state = m["entry"].get("state", [])
+    if state:
+        counters = m["entry"].get("counters", [])
+        out.write(f"state       {len(state)} outputs feed inputs at the next step (xgrun --steps): "
+                  + ", ".join(f"{p['output']} -> {p['input']}" for p in state[:4])
+                  + (f", … {len(state) - 4} more" if len(state) > 4 else "")
+                  + (f"; counters {', '.join(counters)}" if counters else "") + "\n")
     out.write(f"program     {len(eng.graph.nodes)} nodes after {', '.join(m['program']['passes'])}\n")
     out.write(f"kernels     {len(m['kernels'])} ({len(m.get('launches', []))} launches)\n")
+    out.write(f"determinism {verdict.line()}\n")
     for k in m["kernels"]:
         t = k["tuning"]
         archs = ",".join(sorted({f"sm_{v['arch']}" for v in k["variants"]}))

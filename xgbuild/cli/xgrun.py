@@ -4,7 +4,7 @@
                  [--seed N] [--dim NAME=SIZE ...] [--json]
                  [--warmup N] [--iterations N] [--profile] [--trace FILE.json]
                  [--nproc N] [--timeout S] [--output-per-rank] [--allow-fallback]
-                 [--trusted-keys DIR] [--expect-digest HEX]
+                 [--trusted-keys DIR] [--expect-digest HEX] [--steps N]
 
 `--runtime native` runs the engine on the deploy runtime, which imports neither torch nor Triton
 (cuda-python and numpy; inputs and outputs .npz or .safetensors; random inputs from numpy's
@@ -23,6 +23,11 @@ NCCL with `--device cuda`); under torchrun or SLURM (RANK / WORLD_SIZE / MASTER_
 set) each process is one rank of a run that may span hosts. Outputs are gathered to rank 0, which
 prints and writes them. Exit codes: 0 ok, 1 a bad engine, bad inputs, a failed check or a failed
 rank, 2 usage.
+
+`--steps N` runs a training engine (one whose program declares `extern state` inputs) N times,
+each step's state outputs fed back as the next step's inputs on the device and its counters
+advanced by 1; the other inputs are the same every step. A row per step (the loss); `--output`
+writes the next step's inputs (xgrun_steps.py).
 
                  [--nproc N] [--timeout S] [--output-per-rank]
                  [--trusted-keys DIR] [--expect-digest HEX]
@@ -88,6 +93,9 @@ def main_cmd(
                                 "cuda only)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="load and verify the engine and check the inputs; "
                                  "run nothing"),
+    steps: Optional[int] = typer.Option(None, "--steps", metavar="N", help="run a training engine N steps, each "
+                                        "step's state outputs fed back as the next step's inputs on the device; a row "
+                                        "per step (the loss)", show_default=False),
     version: bool = version_option("xgrun"),
 ) -> None:
     """Run ENGINE and print each output's shape, dtype and checksum."""
@@ -97,6 +105,8 @@ def main_cmd(
         fail(f"--runtime takes auto, torch or native, got {runtime!r}", EXIT_USAGE)
     if runtime == "auto":
         runtime = "torch" if _torch_installed() else "native"
+    if steps is not None:
+        _steps_usage(steps, runtime, nproc, output_per_rank, warmup, iterations, profile, trace)
     if output is not None and not output_per_rank:
         # Refused before anything runs: a run must not end in an output it cannot write.
         from ..runtime.host_io import check_output, suffix_of
@@ -172,6 +182,8 @@ def main_cmd(
             fail(result.message)
         return
     if denv is not None and denv.world_size > 1:
+        if steps is not None:
+            fail("--steps runs one process's engine; under torchrun or SLURM run it on one rank", EXIT_USAGE)
         _run_rank(engine, denv, inputs, output, device, check, seed, dim, json_out, timeout, output_per_rank,
                   run_settings, expect_digest, allow_fallback)
         return
@@ -180,7 +192,14 @@ def main_cmd(
         eng = Engine.load(engine, run_settings, expect_digest=expect_digest, allow_fallback=allow_fallback)
         load_ms = (time.perf_counter() - t_load) * 1e3
         values = _inputs_for(eng, inputs, seed, dim)
+        if steps is not None and not dry_run:
+            from .xgrun_steps import run_steps_cmd
+            run_steps_cmd(engine, eng, values, steps, device, check, output, json_out, load_ms)
+            return
         if dry_run:
+            if steps is not None:
+                from ..runtime.steps import feedback_of
+                feedback_of(eng.manifest, f"engine {engine}")
             eng.prepare_inputs(values, "cpu")
             eng.specialised(eng.prepare_inputs(values, "cpu"))
             _report_dry(engine, eng.digest, eng.manifest, load_ms, values, describe, json_out)
@@ -221,6 +240,20 @@ def main_cmd(
         sys.stdout.write(render(extra["profile"]) + "\n")
     if trace is not None and not json_out:
         sys.stdout.write(f"trace: {trace}\n")
+
+
+def _steps_usage(steps: int, runtime: str, nproc: int, output_per_rank: bool, warmup: int, iterations: int,
+                 profile: bool, trace) -> None:
+    """Refuse, as usage errors, a --steps value or the options --steps does not run with."""
+    if steps < 1:
+        fail(f"--steps takes a positive number of steps, got {steps}", EXIT_USAGE)
+    if runtime == "native":
+        fail("--steps runs on the torch-backed runtime (--runtime torch)", EXIT_USAGE)
+    if nproc > 1 or output_per_rank:
+        fail("--steps runs one process's engine, not several ranks (--nproc, --output-per-rank)", EXIT_USAGE)
+    if warmup or iterations > 1 or profile or trace is not None:
+        fail("--steps reports each step's outputs; it does not time runs (--warmup, --iterations, --profile, "
+             "--trace): time one step without --steps", EXIT_USAGE)
 
 
 def run_stats(walls: list[float]) -> dict:

@@ -47,13 +47,16 @@ def _output_sig(graph: Graph, tree: dict) -> dict:
 def build_manifest(*, graph: Graph, program_blob: bytes, profile: GpuProfile, num_gpu: int, sources: dict[str, bytes],
                    passes: list[str], shards: list[dict], kernels: list[dict] | None = None,
                    launches: list[dict] | None = None, plan: dict | None = None, weights: dict | None = None,
-                   ranges: dict[str, list[int]] | None = None, consts: dict | None = None) -> dict:
+                   ranges: dict[str, list[int]] | None = None, consts: dict | None = None,
+                   state: Any = None) -> dict:
     """`plan`: the SPMD plan of a many-GPU engine; `weights` (imported models): {"path", "sha256",
     "tensors": [{name, dtype, shape}]}, the INPUTs the engine binds itself, left out of the entry
     signature; `ranges`: [lo, hi) of integer inputs used as indices (checked before a run);
     `profile`: the target's, recorded whole so a deploy host needs no hw/ directory; `consts`: the
     file constants overridden (`xgc --const`), recorded only when there are any, so that the
-    sources rebuild the engine."""
+    sources rebuild the engine; `state` (frontend/state.py `StatePlan`): a training step's outputs
+    that feed its inputs at the next step, and its step counters, recorded only when there are any
+    (`entry.state`, `entry.counters`), so engines without state keep their bytes."""
     bound = {t["name"] for t in weights["tensors"]} if weights else set()
     ranges = ranges or {}
     inputs = [{"name": name, **_tensor_sig(graph, nid), **({"range": list(ranges[name])} if name in ranges else {})}
@@ -75,6 +78,10 @@ def build_manifest(*, graph: Graph, program_blob: bytes, profile: GpuProfile, nu
         "program": {"path": "program.json", "sha256": sha256(program_blob), "passes": passes},
         "sources": [{"path": f"sources/{name}", "sha256": sha256(data)} for name, data in sorted(sources.items())],
     }
+    if state is not None and state.pairs:
+        manifest["entry"]["state"] = [{"input": i, "output": o} for i, o in state.pairs]
+    if state is not None and state.counters:
+        manifest["entry"]["counters"] = list(state.counters)
     if weights:
         manifest["weights"] = weights
     if consts:
@@ -134,14 +141,55 @@ def check_manifest(manifest: dict, graph: Graph, entries: set[str], where: str) 
         if node is None or (spec.get("dtype"), spec.get("shape")) != (node.dtype, list(node.shape)):
             raise bad(f"weights declare {str(name)[:40]!r} as {spec.get('dtype')}{spec.get('shape')}, "
                       "which is not an input of the program")
+    problem = state_problem(entry, graph)
+    if problem:
+        raise bad(problem)
     consts = manifest.get("consts", {})
-    if not isinstance(consts, dict) or not all(isinstance(k, str) and type(v) in (int, float, bool)
-                                               for k, v in consts.items()):
-        raise bad("consts is not an object of constant names to numbers or booleans")
+    # A value is a number or a boolean, or a dtype name (`COMPUTE=float32`, frontend/precision.py).
+    if not isinstance(consts, dict) or not all(isinstance(k, str) and (type(v) in (int, float, bool) or (
+            isinstance(v, str) and v.isidentifier() and len(v) <= 32)) for k, v in consts.items()):
+        raise bad("consts is not an object of constant names to numbers, booleans or dtype names")
     check_sizes(graph, manifest, where)
     for path in _paths(manifest):
         if not isinstance(path, str) or path not in entries:
             raise bad(f"it names {str(path)[:80]!r}, which is not an entry of the bundle")
+
+
+def state_problem(entry: dict, graph: Graph) -> str | None:
+    """What is wrong with the entry's state pairs and counters (None: nothing; an engine from
+    before them has neither): each pair an input and an output leaf of one dtype and shape, each
+    input and counter once, every counter a scalar input."""
+    pairs, counters = entry.get("state", []), entry.get("counters", [])
+    if not isinstance(pairs, list) or not isinstance(counters, list):
+        return "entry.state or entry.counters is not a list"
+    inputs = {name: _tensor_sig(graph, nid) for name, nid in graph.inputs}
+    outputs = {name: _tensor_sig(graph, nid) for name, nid in _leaves(graph.output)} if pairs else {}
+    seen: set = set()
+    for pair in pairs:
+        if not isinstance(pair, dict) or not all(isinstance(pair.get(k), str) for k in ("input", "output")):
+            return f"entry.state holds {str(pair)[:80]}, not an input and an output"
+        name, out = pair["input"], pair["output"]
+        if name in seen or name not in inputs or out not in outputs:
+            return f"entry.state pairs {name[:40]!r} with {out[:40]!r}: not a distinct input and an output"
+        if inputs[name] != outputs[out]:
+            return (f"entry.state pairs input {name!r} ({inputs[name]}) with output {out!r} "
+                    f"({outputs[out]}) of another dtype or shape")
+        seen.add(name)
+    for name in counters:
+        if not isinstance(name, str) or name in seen or name not in inputs or inputs[name]["shape"]:
+            return f"entry.counters names {str(name)[:40]!r}, not a scalar input of its own"
+        seen.add(name)
+    return None
+
+
+def _leaves(tree: dict, prefix: str = "out") -> list[tuple[str, int]]:
+    """The program's output leaves as (name, node id), named as the runtime names them (`out`,
+    `out_0`, `out_1_0`, ...); none inside a Result (state never passes through one)."""
+    if "t" in tree:
+        return [(prefix, tree["t"])]
+    if "tuple" in tree:
+        return [leaf for i, t in enumerate(tree["tuple"]) for leaf in _leaves(t, f"{prefix}_{i}")]
+    return []
 
 
 def check_sizes(graph: Graph, manifest: dict, where: str) -> None:

@@ -232,9 +232,12 @@ class ConstDecl(Node):         # TARGET_GPU = H100, NUM_GPU = 8, D_MODEL = 64
 
 
 @dataclass(slots=True, eq=False)
-class Extern(Node):            # extern Tensor[float32, 64, 32] P
+class Extern(Node):            # extern Tensor[float32, 64, 32] P  /  extern state Tensor[...] W
     type: TypeExpr
     name: str
+    # `state` (main returns its next value: state.py pairs them) or `counter` (a scalar that
+    # advances by 1 a step); None for other inputs.
+    role: str | None = None
 
 
 @dataclass(slots=True, eq=False)

@@ -24,6 +24,8 @@ from .diagnostics import Diagnostics
 from .exprs import UNIT, ExprChecker
 from .loops import LoopChecker, fresh_copy, max_nid
 from .scope import FuncSig, Scope, Var
+from .precision import compute_policy
+from .state import StatePlan, plan_state
 from .source import SourceFile, Span
 from .types import (DTYPES, ERROR, DimVar, DTypeVar, ErrorType, ExternVar, FloatLiteral, GradFn, IntLiteral,
                     ResultType, Subst, TensorType, TupleType, Type)
@@ -63,6 +65,8 @@ class TypedProgram:
     # Each `for` loop's iterations (loops.py): statement id -> [(value of the variable, the block's copy)].
     unrolled: dict = field(default_factory=dict)
     consts: tuple = ()                               # the `--const` overrides applied (CheckOptions.consts)
+    state: StatePlan = field(default_factory=StatePlan)  # training state fed back a step (state.py)
+    compute: str | None = None                       # the products' dtype, `COMPUTE = ...` (precision.py)
 
 
 @dataclass(frozen=True)
@@ -513,6 +517,7 @@ class ProgramChecker:
         self.module = module
         target_decl: A.ConstDecl | None = None
         num_decl: A.ConstDecl | None = None
+        compute_decl: A.ConstDecl | None = None
         defined: dict[str, Span] = {}
         for decl in module.decls:
             name = decl.name
@@ -534,6 +539,8 @@ class ProgramChecker:
                     target_decl = decl
                 elif name == "NUM_GPU":
                     num_decl = decl
+                elif name == "COMPUTE":
+                    compute_decl = decl
                 else:
                     self.constant(decl)
             elif isinstance(decl, A.Extern):
@@ -546,6 +553,7 @@ class ProgramChecker:
                     continue
                 self.funcs[name] = self.signature(decl)
         self.hardware(target_decl, num_decl)
+        compute = compute_policy(compute_decl, self.constants_eval, self.diags)
         self.constants_eval.unused(self.constants)
         entry = self.options.entry
         main = self.funcs.get(entry)
@@ -573,12 +581,13 @@ class ProgramChecker:
             else:
                 FunctionChecker(self, sig.node, sig).run()
         self.recursion()
+        state = plan_state(module, self.externs, self.main_ret, self.diags, entry)
         externals = {n: v.type for n, v in self.externs.items() if isinstance(v.type, TensorType)}
         return TypedProgram(self.diags.source, module, self.funcs, self.types, self.instantiations, externals,
                             {k: v for k, (v, _) in self.constants.items()}, self.target, self.num_gpu,
                             self.shards, self.main_ret,
                             {m: {k: v for k, (v, _) in table.items()} for m, table in self.module_constants.items()},
-                            self.profile, self.unrolled, self.options.consts)
+                            self.profile, self.unrolled, self.options.consts, state, compute)
 
     # --- file-level declarations ----------------------------------------------------------------
     def constant(self, decl: A.ConstDecl) -> None:

@@ -144,6 +144,41 @@ constant's kind: an integer for an integer constant, a number for a float consta
 `false` for a boolean. Constants computed from it (`F = 4 * D`) follow. `TARGET_GPU` and
 `NUM_GPU` have their own options: `--target` and `--num-gpu`.
 """)
+BAD_STATE = _code("XG0020", "invalid state declaration", "{detail}", """
+`extern state T W` makes `W` part of a training step's state: `main`'s outputs end with the next
+value of every state input, in the order they are declared, each of the input's type. `xgrun
+--steps N` feeds those outputs back as the inputs of the next step, on the device. For example:
+
+    extern state Tensor[float32, 16, 32] W
+    extern state Tensor[float32, 16, 32] M_W
+    extern counter float32 STEP
+    def main() {
+        ...
+        return (loss, w2, m_w2)      # w2 is W's next value, m_w2 is M_W's
+    }
+
+`extern counter float32 STEP` (or `int64`) declares a step counter: a scalar that `xgrun --steps`
+advances by 1 after every step; it is not an output. The error says which declaration does not
+match: more state inputs than `main` returns values, a next value of another type or shape, a
+`main` returning a `Result`, or a counter that is not a scalar.
+""")
+BAD_COMPUTE = _code("XG0021", "invalid precision policy", "{detail}", """
+`COMPUTE = bfloat16` (a file-level declaration of the compiled file) states the program's
+mixed-precision policy: every `float32` product (`@`, and so attention's `q @ k` and `p @ v`)
+takes its operands rounded to `COMPUTE` and gives its result in `COMPUTE`, accumulating in float32
+inside the kernel; its consumers read it back as `float32`. Everything else (reductions, softmax,
+normalisation, the loss, the optimizer) and every input, parameter and optimizer state stays
+`float32`, and gradients flow through the conversions, so the backward products run in `COMPUTE`
+too: what `torch.autocast(dtype=torch.bfloat16)` does around a training step. For example:
+
+    COMPUTE = bfloat16        # or float16; float32 turns the policy off
+
+`COMPUTE` takes one of XG's floating dtypes: `float16`, `bfloat16`, `float32`, `float64`. A
+product written in another dtype (`float64`, or already 16-bit) is left as written.
+`--const COMPUTE=float32` (Bazel's `consts = {"COMPUTE": "float32"}`) overrides it, for example to
+compare the program in float32 with a reference, and `--const COMPUTE=bfloat16` states it for a
+file that does not. See docs/precision.md.
+""")
 
 # --- types (XG01xx) -------------------------------------------------------------------------
 DTYPE_MISMATCH = _code("XG0100", "mismatched dtypes", "mismatched dtypes: `{left}` {op} `{right}`", """

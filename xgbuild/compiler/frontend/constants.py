@@ -8,7 +8,8 @@ exact `int64` for integers (`/` truncates toward zero), finite `float64` for flo
 file, and the constants computed from it follow: `--const D=64` makes `F` 256. Bazel's
 `consts = {...}` and `xg.compile_file(consts=...)` pass the same option. An override is a value
 of the constant's kind (integer, number, boolean); `parse_override` reads the command line's
-text form.
+text form. `COMPUTE` (the mixed-precision policy, frontend/precision.py) is not evaluated here: its
+value is a dtype name, and its override (`--const COMPUTE=float32`) is read as that name.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from .types import FloatLiteral, IntLiteral, TensorType
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 HARDWARE = ("TARGET_GPU", "NUM_GPU")
+POLICY = ("COMPUTE",)           # constants whose value is a dtype name (frontend/precision.py)
 _INT_RE = re.compile(r"[+-]?[0-9][0-9_]*", re.ASCII)
 _FLOAT_RE = re.compile(r"[+-]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*|[0-9][0-9_]*(?=[eE]))(?:[eE][+-]?[0-9]+)?",
                        re.ASCII)
 
-Value = int | float | bool
+Value = int | float | bool | str       # str: a dtype name, for a POLICY constant only
 
 
 class OverrideError(ValueError):
@@ -53,6 +55,11 @@ def check_name(name: object) -> str:
 
 
 def parse_value(name: str, raw: str) -> Value:
+    if name in POLICY:
+        # A dtype name; which dtypes the policy takes is the checker's to say (a diagnostic).
+        if raw.isidentifier() and raw.isascii():
+            return raw
+        raise OverrideError(f"--const {name}={raw!r}: the value must be a dtype name, e.g. {name}=float32")
     if raw in ("true", "false"):
         return raw == "true"
     if _INT_RE.fullmatch(raw):
@@ -79,6 +86,8 @@ def normalize(consts: object) -> tuple[tuple[str, Value], ...]:
         name = check_name(name)
         if isinstance(value, str):
             value = parse_value(name, value.strip())
+        elif name in POLICY:
+            raise OverrideError(f"consts[{name!r}] = {value!r}: the value must be a dtype name, e.g. 'float32'")
         elif not isinstance(value, (bool, int, float)) or isinstance(value, float) and not math.isfinite(value):
             raise OverrideError(f"consts[{name!r}] = {value!r}: the value must be an integer, a finite number or "
                                 "a bool")
@@ -87,6 +96,8 @@ def normalize(consts: object) -> tuple[tuple[str, Value], ...]:
 
 
 def shown(value: Value) -> str:
+    if isinstance(value, str):
+        return value
     return ("true" if value else "false") if isinstance(value, bool) else repr(value)
 
 
@@ -209,6 +220,8 @@ def _truncating_div(a: int, b: int) -> int:
 
 
 def _kind(value: Value) -> str:
+    if isinstance(value, str):          # a dtype name: only a POLICY constant takes one
+        return "a dtype name"
     return "a boolean" if isinstance(value, bool) else "an integer" if isinstance(value, int) else "a float"
 
 

@@ -135,7 +135,7 @@ class ModuleLoader:
                     continue
                 decl.origin = origin
                 decls.append(decl)
-            elif isinstance(decl, A.ConstDecl) and decl.name not in ("TARGET_GPU", "NUM_GPU"):
+            elif isinstance(decl, A.ConstDecl) and decl.name not in ("TARGET_GPU", "NUM_GPU", "COMPUTE"):
                 decl.origin = origin
                 decls.append(decl)
             elif isinstance(decl, A.Import):

@@ -25,6 +25,7 @@ from .lexer import T, Token
 from .source import Span
 
 MAX_DEPTH = 100
+EXTERN_ROLES = ("state", "counter")     # `extern state ...`, `extern counter ...` (frontend/state.py)
 MAX_TREE_DEPTH = 2500    # levels of the syntax tree: module, function, blocks, then every operator
 INT64_MAX = (1 << 63) - 1
 
@@ -199,10 +200,14 @@ class Parser:
             return A.Import(self.nid(), tok.span.to(end.span), parts)
         if tok.is_kw("extern"):
             self.advance()
+            role = None
+            # `state` and `counter` are words only here, before a type: `extern state Tensor[...] W`.
+            if self.tok.kind is T.NAME and self.tok.text in EXTERN_ROLES and self.peek().kind is T.NAME:
+                role = self.advance().text
             ty = self.parse_type()
             name = self.expect_name("a name for the external")
             self.end_statement()
-            return A.Extern(self.nid(), tok.span.to(name.span), ty, name.text)
+            return A.Extern(self.nid(), tok.span.to(name.span), ty, name.text, role)
         if tok.kind is T.NAME and self.peek().is_op("="):
             self.advance()
             self.advance()

@@ -101,6 +101,9 @@ class Program:
     functions: dict[str, Graph] = field(default_factory=dict)
     num_gpu: int = 1                    # ranks the sharding pass plans for
     target: str | None = None           # the GPU profile's name (for the per-GPU memory check)
+    # The mixed-precision policy's dtype (`COMPUTE = bfloat16`), applied by passes/precision.py;
+    # None: products compute in the dtype they are written in.
+    compute: str | None = None
     # The loaded profile of `target`, set by whoever builds the Program with one in hand (the
     # driver, the importers), so a custom hw directory reaches the passes. Not part of the
     # program's identity: never compared, printed or serialised.

@@ -84,7 +84,7 @@ def lower(tp: TypedProgram, plan: ShardingPlan | None = None, entry: str = "main
         else:
             main = _entry_graph(tp, entry, functions[entry])
     _check_inlined_size(functions, main)
-    return Program(main, functions, num_gpu=tp.num_gpu, target=tp.target, profile=tp.profile)
+    return Program(main, functions, num_gpu=tp.num_gpu, target=tp.target, profile=tp.profile, compute=tp.compute)
 
 
 def _entry_graph(tp: TypedProgram, entry: str, fn: Graph) -> Graph:

@@ -17,6 +17,7 @@ from .autodiff import autodiff
 from .cse import cse
 from .dce import dce
 from .inline import inline
+from .precision import precision
 from .shard import shard
 from .simplify import simplify
 from .sink_reshapes import sink_reshapes
@@ -25,6 +26,7 @@ from .stage import stage
 Pass = Callable[[Program], Program]
 
 PIPELINE: list[tuple[str, Pass]] = [
+    ("precision", precision),
     ("autodiff", autodiff),
     ("inline", inline),
     ("const-fold", const_fold),

@@ -1,0 +1,95 @@
+"""tools/bench/bench_train.py (issue 23's training-step benchmark) on the CPU at a tiny
+configuration: every row in its JSON, XG's losses on PyTorch eager's, its peer the same model as
+tests/models/test_gpt2.py's reference, and `--plot`'s one-line refusal without matplotlib."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "tools" / "bench" / "bench_train.py"
+TINY = ["L=2", "D=64", "H=2", "T=32", "V=128", "B=2", "COMPUTE=float32"]
+
+
+def bench(tmp_path: Path, *extra: str) -> dict:
+    out = tmp_path / "bench_train.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--const", *TINY, "--steps", "3",
+                           "--time-steps", "1", "--repeats", "1", "--json", str(out), *extra],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "| xg |" in proc.stdout and "| eager |" in proc.stdout, proc.stdout
+    return json.loads(out.read_text())
+
+
+def check_rows(report: dict, timed: tuple[str, ...]) -> None:
+    rows = {r["impl"]: r for r in report["rows"]}
+    assert set(rows) == {"xg", "eager", "compile"}
+    assert report["config"]["compute"] is None and report["tokens_per_step"] == 64
+    for name in timed:
+        row = rows[name]
+        assert "error" not in row, row
+        assert row["step_ms"] > 0 and row["tokens_per_s"] > 0 and row["peak_bytes"] is None   # no CUDA here
+        assert len(row["loss"]) == 3
+        worst = max(abs(a - b) / abs(b) for a, b in zip(row["loss"], rows["eager"]["loss"]))
+        assert worst < 1e-4, f"{name}: losses {row['loss']} against eager's {rows['eager']['loss']}"
+
+
+def test_tiny_run_on_the_cpu(tmp_path: Path) -> None:
+    report = bench(tmp_path, "--no-compile")
+    check_rows(report, ("xg", "eager"))
+    assert {r["impl"]: r for r in report["rows"]}["compile"] == {"impl": "compile", "skipped": "--no-compile"}
+
+
+@pytest.mark.slow
+def test_tiny_run_with_torch_compile(tmp_path: Path) -> None:
+    # torch.compile's first call takes about 45 s on a CPU with Inductor's cache cold.
+    check_rows(bench(tmp_path), ("xg", "eager", "compile"))
+
+
+def _module(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module          # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_peer_is_the_reference_model() -> None:
+    """The bench's nn.Module (SDPA, nn.Linear) gives test_gpt2's reference loss, in float64, from
+    the same stacked parameters: one model, two ways of writing it."""
+    sys.path.insert(0, str(REPO / "tests" / "models"))
+    try:
+        ref = _module("test_gpt2_ref", REPO / "tests" / "models" / "test_gpt2.py")
+    finally:
+        sys.path.remove(str(REPO / "tests" / "models"))
+    mod = _module("bench_train", BENCH)
+    c = {"L": 2, "D": 32, "H": 2, "T": 16, "V": 64, "B": 2}
+    cfg = mod.Config(**c, clip=1.0, wd=0.1, beta1=0.9, beta2=0.95, eps=1e-8, dtype="float64", compute=None)
+    gen = torch.Generator().manual_seed(3)
+    params = ref.init_params(c, gen, torch.float64)
+    tokens, targets = ref.batch(c, gen)
+    got = mod.GPT(cfg).double().load_stacked(params)(tokens, targets).item()
+    want = ref.torch_loss(params, tokens, targets, c).item()
+    assert abs(got - want) < 1e-12 * abs(want)
+
+
+def test_plot_needs_matplotlib(tmp_path: Path) -> None:
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps({"config": {"L": 2, "D": 64, "B": 2, "T": 32}, "device": "cpu",
+                                  "rows": [{"impl": "xg", "loss": [3.0, 2.0]}, {"impl": "eager", "loss": [3.0, 2.1]}]}))
+    png = tmp_path / "loss.png"
+    proc = subprocess.run([sys.executable, str(BENCH), "--replot", str(report), "--plot", str(png)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)
+    if importlib.util.find_spec("matplotlib") is None:
+        assert proc.returncode == 2
+        assert proc.stderr.strip().splitlines() == [
+            "error: --plot needs the package `matplotlib`, which is not installed (pip install matplotlib)"]
+        assert not png.exists()
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,450 @@
+"""One training step of GPT-2 small (models/train.xg) through XG, beside the same model as a plain
+PyTorch `nn.Module`, eager and under `torch.compile`, in one run: issue 23's benchmark.
+
+XG builds `models/train.xg` with `xg.compile_file` at the sizes its constants give (`--const NAME=VALUE`
+overrides them as `xgc --const` does: GPT-2 small, batch 8 x 1024 tokens, unless told) and runs it
+as `xgrun --steps` does, through `xgbuild.runtime.steps.run_steps`: the engine called with its
+inputs, its parameters and AdamW moments fed back on the device, STEP advanced. The peer is the
+same model in PyTorch (`F.scaled_dot_product_attention`, a tied LM head, `clip_grad_norm_` and
+`torch.optim.AdamW`, fused on CUDA), its hyperparameters read from the file's constants, its
+weights those XG starts from. Every implementation runs the file's precision policy: `COMPUTE =
+bfloat16` (products in bfloat16, float32 master weights and moments) is what `torch.autocast`
+does, so the peers run under it; `--const COMPUTE=float32` (or a file without the policy) runs
+everything in float32, TF32 off for the peers as XG's float32 matmuls are IEEE.
+
+For each implementation: the first step (build or compile) timed apart, then `--repeats` runs of
+`--time-steps` steps on one batch, the median per step (CUDA events on a GPU), tokens per second,
+and the peak of `torch.cuda.max_memory_allocated` (reset before each implementation sets up;
+XG's executor allocates through torch's allocator too). Then `--steps` steps of each from the same
+initial weights and the same batches (seeded: each sequence counts from a random start by a random
+stride modulo V, so there is something to learn) at a constant learning rate, their loss curves
+in the JSON. Prints a table and writes JSON; `--plot` draws the curves (matplotlib), `--replot`
+draws them from an earlier JSON without running anything (the GPU hosts have no matplotlib).
+
+    python tools/bench/bench_train.py [--const L=12 D=768 COMPUTE=float32 ...] [--device cuda|cpu]
+        [--tune measure|cache|predict|strict] [--steps 200] [--time-steps 20] [--repeats 5]
+        [--lr 6e-4] [--seed 0] [--no-compile] [--json out/bench_train.json]
+        [--plot loss.png] [--replot out/bench_train.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+import xg  # noqa: E402
+from xgbuild.compiler.frontend import CheckOptions, check_file  # noqa: E402
+from xgbuild.compiler.frontend.constants import OverrideError, normalize, parse_override  # noqa: E402
+from xgbuild.errors import XGError  # noqa: E402
+from xgbuild.runtime.steps import feedback_of, run_steps  # noqa: E402
+
+SOURCE = REPO / "models" / "train.xg"
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                "float64": torch.float64}
+MATRICES = ("WTE", "WPE", "WQKV", "WO", "W1", "W2")       # normal(0, 0.02); gains 1, biases 0
+
+
+# --- the configuration, read from the file --------------------------------------------------------
+
+@dataclass(frozen=True)
+class Config:
+    """train.xg's sizes and training constants after the overrides, its parameters' dtype and its
+    products' (`COMPUTE`; None: no mixed-precision policy, products in the parameters' dtype)."""
+    L: int
+    D: int
+    H: int
+    T: int
+    V: int
+    B: int
+    clip: float
+    wd: float
+    beta1: float
+    beta2: float
+    eps: float
+    dtype: str
+    compute: str | None
+
+    @property
+    def tokens(self) -> int:
+        return self.B * self.T
+
+    @property
+    def policy(self) -> str:
+        if self.compute is None:
+            return f"no mixed-precision policy: {self.dtype} throughout"
+        return (f"COMPUTE = {self.compute}: products in {self.compute}, {self.dtype} master weights and moments "
+                "(torch.autocast for the peers)")
+
+
+def read_config(consts: dict) -> Config:
+    """The constants the checker resolves for `consts` (so the peer trains with the file's own
+    sizes and hyperparameters, not copies of them); a CompileError as xgc renders it."""
+    result = check_file(SOURCE, CheckOptions(consts=normalize(consts)))
+    if not result.ok:
+        raise xg.CompileError(result.render(), result.diagnostics)
+    c = result.program.constants
+    wte = result.program.externals["WTE"]
+    return Config(L=c["L"], D=c["D"], H=c["H"], T=c["T"], V=c["V"], B=c["B"], clip=float(c["CLIP"]),
+                  wd=float(c["WD"]), beta1=float(c["BETA1"]), beta2=float(c["BETA2"]), eps=float(c["EPS"]),
+                  dtype=str(wte.dtype), compute=getattr(result.program, "compute", None))
+
+
+def initial_params(engine: Any, cfg: Config, seed: int) -> dict[str, torch.Tensor]:
+    """GPT-2's initialisation for every parameter the engine feeds back (moments excluded): matrices
+    and embeddings normal with std 0.02, LayerNorm gains 1, biases 0. Seeded, on the CPU."""
+    gen = torch.Generator().manual_seed(seed)
+    names = [name for name, _ in feedback_of(engine.manifest).pairs if not name.startswith(("M_", "V_"))]
+    shapes = {s["name"]: tuple(s["shape"]) for s in engine.signature}
+    out = {}
+    for name in names:
+        if name.endswith("_G"):
+            out[name] = torch.ones(shapes[name])
+        elif name in MATRICES:
+            out[name] = 0.02 * torch.randn(shapes[name], generator=gen)
+        else:
+            out[name] = torch.zeros(shapes[name])
+    return {k: v.to(TORCH_DTYPES[cfg.dtype]) for k, v in out.items()}
+
+
+def make_batches(cfg: Config, seed: int, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`n` (tokens, targets) batches: each sequence counts up from a random start by a random
+    stride of 1 to 3, modulo V. The same for every implementation."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    out = []
+    for _ in range(n):
+        start = torch.randint(0, cfg.V, (cfg.B, 1), generator=gen)
+        stride = torch.randint(1, 4, (cfg.B, 1), generator=gen)
+        seq = (start + stride * torch.arange(cfg.T + 1)) % cfg.V
+        out.append((seq[:, :-1].contiguous(), seq[:, 1:].contiguous()))
+    return out
+
+
+# --- the PyTorch peer ---------------------------------------------------------------------------
+
+class Block(nn.Module):
+    """nanoGPT's pre-norm block: x + attn(ln_1(x)), then + mlp(ln_2(.))."""
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        self.heads = cfg.H
+        self.ln_1, self.ln_2 = nn.LayerNorm(cfg.D), nn.LayerNorm(cfg.D)
+        self.c_attn, self.c_proj = nn.Linear(cfg.D, 3 * cfg.D), nn.Linear(cfg.D, cfg.D)
+        self.c_fc, self.mlp_proj = nn.Linear(cfg.D, 4 * cfg.D), nn.Linear(4 * cfg.D, cfg.D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for z in self.c_attn(self.ln_1(x)).split(d, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        x = x + self.c_proj(y)
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    """train.xg's model: token and learned position embeddings, L blocks, a final LayerNorm, the
+    LM head tied to the token embedding; `forward` returns the mean cross-entropy."""
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(cfg.V, cfg.D), nn.Embedding(cfg.T, cfg.D)
+        self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.L))
+        self.ln_f = nn.LayerNorm(cfg.D)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.wte(tokens) + self.wpe.weight
+        for block in self.h:
+            x = block(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+    @torch.no_grad()
+    def load_stacked(self, p: dict[str, torch.Tensor]) -> "GPT":
+        """Take train.xg's parameters (per-layer tensors stacked on a leading L dim, matrices as
+        `x @ W` reads them) into this module's (nn.Linear's weight is W transposed)."""
+        self.wte.weight.copy_(p["WTE"])
+        self.wpe.weight.copy_(p["WPE"])
+        self.ln_f.weight.copy_(p["LNF_G"])
+        self.ln_f.bias.copy_(p["LNF_B"])
+        for l, blk in enumerate(self.h):
+            for mod, w, b in ((blk.ln_1, "LN1_G", "LN1_B"), (blk.ln_2, "LN2_G", "LN2_B")):
+                mod.weight.copy_(p[w][l])
+                mod.bias.copy_(p[b][l])
+            for mod, w, b in ((blk.c_attn, "WQKV", "BQKV"), (blk.c_proj, "WO", "BO"), (blk.c_fc, "W1", "B1"),
+                              (blk.mlp_proj, "W2", "B2")):
+                mod.weight.copy_(p[w][l].T)
+                mod.bias.copy_(p[b][l])
+        return self
+
+
+class TorchTrainer:
+    """The peer as a training loop writes it: forward (compiled or not) under the file's precision
+    policy, backward, global-norm clipping, AdamW (weight decay on tensors of rank 2 or more, as
+    train.xg; fused on CUDA)."""
+
+    def __init__(self, cfg: Config, params: dict, device: str, lr: float, compiled: bool) -> None:
+        self.cfg, self.params, self.device, self.lr = cfg, params, device, lr
+        self.model = GPT(cfg).to(device=device, dtype=TORCH_DTYPES[cfg.dtype])
+        if compiled:
+            torch._dynamo.reset()
+        self.forward = torch.compile(self.model) if compiled else self.model
+        self.restart()
+
+    def restart(self) -> None:
+        """The initial weights again and a fresh optimizer (the compiled code is kept)."""
+        cfg = self.cfg
+        self.model.load_stacked({k: v.to(self.device) for k, v in self.params.items()})
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        rest = [p for p in self.model.parameters() if p.dim() < 2]
+        self.opt = None                     # the old moments freed before the new ones exist
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.wd},
+                                      {"params": rest, "weight_decay": 0.0}],
+                                     lr=self.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                     **({"fused": True} if self.device == "cuda" else {}))
+
+    def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        compute = self.cfg.compute
+        with torch.autocast(self.device, dtype=TORCH_DTYPES[compute or self.cfg.dtype], enabled=compute is not None):
+            loss = self.forward(tokens, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def steps(self, tokens: torch.Tensor, targets: torch.Tensor, n: int) -> list[float]:
+        """`n` steps on one batch; the losses (read once, after the last)."""
+        losses = [self.step(tokens, targets) for _ in range(n)]
+        return torch.stack(losses).float().tolist()
+
+
+# --- timing -------------------------------------------------------------------------------------
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def elapsed_ms(fn: Callable[[], Any], device: str) -> float:
+    """Wall time of `fn` from an idle device to its work done (CUDA events on a GPU)."""
+    sync(device)
+    if device != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+class XGTrainer:
+    """The engine as `xgrun --steps` runs it: `run_steps`, state fed back on the device."""
+
+    def __init__(self, engine: Any, params: dict, lr: float, device: str) -> None:
+        self.engine, self.device = engine, device
+        self.feedback = feedback_of(engine.manifest, "models/train.xg")
+        self.params, self.lr = params, lr
+        self.restart()
+
+    def restart(self) -> None:
+        """The initial weights again, the moments zero, STEP 1."""
+        shapes = {s["name"]: (tuple(s["shape"]), s["dtype"]) for s in self.engine.signature}
+        moments = {n: torch.zeros(shapes[n][0], dtype=TORCH_DTYPES[shapes[n][1]])
+                   for n, _ in self.feedback.pairs if n.startswith(("M_", "V_"))}
+        fixed = {"STEP": torch.tensor(1.0), "LR": torch.tensor(self.lr, dtype=torch.float32)}
+        self.values = {}                    # the old state freed before the new one exists
+        self.values = {k: v.to(self.device) for k, v in {**self.params, **moments, **fixed}.items()}
+
+    def steps(self, tokens: torch.Tensor, targets: torch.Tensor, n: int) -> list[float]:
+        """`n` steps on one batch; the losses (read once, after the last)."""
+        done = run_steps(self.engine, {**self.values, "TOKENS": tokens, "TARGETS": targets}, n,
+                         device=self.device, check=True, feedback=self.feedback)
+        self.values = done.next_inputs
+        return [row["out_0"] for row in done.scalars]
+
+
+def measure(name: str, make: Callable[[], XGTrainer | TorchTrainer], batches: list, args: argparse.Namespace,
+            cfg: Config) -> dict:
+    """One implementation's row: first step, per-step time, tokens/s, peak memory; then its loss
+    curve from the initial weights again. `make()` builds the implementation (its peak counts)."""
+    device = args.device
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    row: dict[str, Any] = {"impl": name}
+    t0 = time.perf_counter()
+    trainer = make()
+    row["setup_s"] = time.perf_counter() - t0
+    tokens, targets = (t.to(device) for t in batches[0])
+    row["first_step_s"] = elapsed_ms(lambda: trainer.steps(tokens, targets, 1), device) / 1e3
+    trainer.steps(tokens, targets, 2)                                    # warm-up
+    runs = [elapsed_ms(lambda: trainer.steps(tokens, targets, args.time_steps), device) / args.time_steps
+            for _ in range(args.repeats)]
+    row["step_ms"] = statistics.median(runs)
+    row["step_ms_runs"] = runs
+    row["tokens_per_s"] = cfg.tokens / (row["step_ms"] / 1e3)
+    row["peak_bytes"] = torch.cuda.max_memory_allocated() if device == "cuda" else None
+    trainer.restart()
+    losses = []
+    for tok, tgt in batches:
+        losses += trainer.steps(tok.to(device), tgt.to(device), 1)
+    row["loss"] = losses
+    return row
+
+
+def run(args: argparse.Namespace, consts: dict) -> dict:
+    device = args.device
+    cfg = read_config(consts)
+    print(f"# models/train.xg at {asdict(cfg)}; {cfg.policy}", file=sys.stderr)
+    t0 = time.perf_counter()
+    if device == "cuda":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_torch_models import local_target
+        engine = xg.compile_file(SOURCE, target=local_target(), tune=args.tune, consts=consts)
+    else:
+        engine = xg.compile_file(SOURCE, kernels=False, consts=consts)
+    build_s = time.perf_counter() - t0
+    params = initial_params(engine, cfg, args.seed)
+    batches = make_batches(cfg, args.seed, args.steps)
+
+    impls: list[tuple[str, Callable]] = [
+        ("xg", lambda: XGTrainer(engine, params, args.lr, device)),
+        ("eager", lambda: TorchTrainer(cfg, params, device, args.lr, compiled=False))]
+    if not args.no_compile:
+        impls.append(("compile", lambda: TorchTrainer(cfg, params, device, args.lr, compiled=True)))
+    rows = []
+    for name, make in impls:
+        print(f"# {name}: {args.repeats} x {args.time_steps} timed steps, then {args.steps} steps", file=sys.stderr)
+        try:
+            row = measure(name, make, batches, args, cfg)
+        except (XGError, RuntimeError) as exc:    # one implementation's failure is a row, not the end
+            row = {"impl": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+        if name == "xg" and "error" not in row:
+            row.update(build_s=build_s, kernels=len(engine.manifest.get("kernels", [])),
+                       launches=len(engine.manifest.get("launches", [])))
+        rows.append(row)
+    if args.no_compile:
+        rows.append({"impl": "compile", "skipped": "--no-compile"})
+    eager = next((r for r in rows if r["impl"] == "eager" and "loss" in r), None)
+    for r in rows:
+        if eager is not None and "loss" in r:
+            head = list(zip(r["loss"], eager["loss"]))[:10]
+            r["loss_rel_diff_vs_eager_10"] = max(abs(a - b) / abs(b) for a, b in head)
+    return {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "torch": torch.__version__,
+            "config": asdict(cfg), "consts": consts, "params": sum(v.numel() for v in params.values()),
+            "tokens_per_step": cfg.tokens, "lr": args.lr, "seed": args.seed,
+            "dtype_policy": cfg.policy,
+            "peak_memory": "torch.cuda.max_memory_allocated, reset before each implementation sets up",
+            "args": vars(args), "rows": rows}
+
+
+# --- reporting ----------------------------------------------------------------------------------
+
+def print_table(report: dict) -> None:
+    cfg = report["config"]
+    print(f"\nmodels/train.xg: L{cfg['L']} D{cfg['D']} H{cfg['H']} V{cfg['V']}, batch {cfg['B']} x {cfg['T']} tokens, "
+          f"{report['params'] / 1e6:.2f}M parameters, {report['dtype_policy']}; lr {report['lr']}, "
+          f"{report['args']['steps']} steps; {report['device']}, torch {report['torch']}")
+    print("| impl | step ms | tokens/s | peak MiB | build + first step s | loss first -> last "
+          "| rel Δ vs eager (10 steps) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in report["rows"]:
+        if "step_ms" not in r:
+            print(f"| {r['impl']} | {r.get('error') or 'skipped: ' + r.get('skipped', '')} | | | | | |")
+            continue
+        peak = "-" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f}"
+        first = r["first_step_s"] + r.get("build_s", 0.0)
+        print(f"| {r['impl']} | {r['step_ms']:.3f} | {r['tokens_per_s']:.0f} | {peak} | {first:.2f} | "
+              f"{r['loss'][0]:.4f} -> {r['loss'][-1]:.4f} | {r['loss_rel_diff_vs_eager_10']:.1e} |")
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in report["rows"]:
+        if "loss" in r:
+            ax.plot(range(1, len(r["loss"]) + 1), r["loss"], label=r["impl"], linewidth=1)
+    cfg = report["config"]
+    ax.set(xlabel="step", ylabel="loss", title=f"train.xg L{cfg['L']} D{cfg['D']}, batch {cfg['B']}x{cfg['T']}, "
+           f"{report['device']}")
+    ax.legend()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    print(f"wrote {path}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--const", nargs="+", action="extend", default=[], metavar="NAME=VALUE",
+                    help="override a constant of models/train.xg, as xgc --const (L D H T V B ...)")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--tune", default="measure", choices=["measure", "cache", "predict", "strict"],
+                    help="XG's tuning policy on a GPU")
+    ap.add_argument("--steps", type=int, default=200, help="steps of each implementation for the loss curves")
+    ap.add_argument("--time-steps", type=int, default=20, help="steps in one timed run")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs (the median is reported)")
+    ap.add_argument("--lr", type=float, default=6e-4, help="the constant learning rate of every run")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the initial weights and the batches")
+    ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out (slow to start on a CPU)")
+    ap.add_argument("--json", default=str(REPO / "out" / "bench_train.json"))
+    ap.add_argument("--plot", default=None, help="draw the loss curves into this image (needs matplotlib)")
+    ap.add_argument("--replot", default=None, metavar="JSON", help="draw --plot from this report; run nothing")
+    args = ap.parse_args()
+    # Before anything runs: a GPU session should not learn at the end of its run that it cannot plot.
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        print("error: --plot needs the package `matplotlib`, which is not installed (pip install matplotlib)",
+              file=sys.stderr)
+        return 2
+    if args.replot:
+        if not args.plot:
+            print("error: --replot needs --plot PATH", file=sys.stderr)
+            return 2
+        plot(json.loads(Path(args.replot).read_text()), Path(args.plot))
+        return 0
+    try:
+        consts = dict(parse_override(text) for text in args.const)
+    except OverrideError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: no GPU here; run a small configuration on the CPU: --device cpu "
+              "--const L=2 D=64 H=2 T=32 V=128 B=2", file=sys.stderr)
+        return 1
+    torch.backends.cuda.matmul.allow_tf32 = False       # XG's fp32 matmuls are IEEE; so are the peers'
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        report = run(args, consts)
+    except (XGError, OverrideError) as exc:
+        print(exc if isinstance(exc, xg.CompileError) else f"error: {exc}", file=sys.stderr)
+        return 1
+    print_table(report)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {out}")
+    if args.plot:
+        plot(report, Path(args.plot))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
