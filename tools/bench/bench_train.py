@@ -257,8 +257,8 @@ def elapsed_ms(fn: Callable[[], Any], device: str) -> float:
 class XGTrainer:
     """The engine as `xgrun --steps` runs it: `run_steps`, state fed back on the device."""
 
-    def __init__(self, engine: Any, params: dict, lr: float, device: str) -> None:
-        self.engine, self.device = engine, device
+    def __init__(self, engine: Any, params: dict, lr: float, device: str, check: bool = True) -> None:
+        self.engine, self.device, self.check = engine, device, check
         self.feedback = feedback_of(engine.manifest, "models/train.xg")
         self.params, self.lr = params, lr
         self.restart()
@@ -275,7 +275,7 @@ class XGTrainer:
     def steps(self, tokens: torch.Tensor, targets: torch.Tensor, n: int) -> list[float]:
         """`n` steps on one batch; the losses (read once, after the last)."""
         done = run_steps(self.engine, {**self.values, "TOKENS": tokens, "TARGETS": targets}, n,
-                         device=self.device, check=True, feedback=self.feedback)
+                         device=self.device, check=self.check, feedback=self.feedback)
         self.values = done.next_inputs
         return [row["out_0"] for row in done.scalars]
 
@@ -326,7 +326,7 @@ def run(args: argparse.Namespace, consts: dict) -> dict:
     batches = make_batches(cfg, args.seed, args.steps)
 
     impls: list[tuple[str, Callable]] = [
-        ("xg", lambda: XGTrainer(engine, params, args.lr, device)),
+        ("xg", lambda: XGTrainer(engine, params, args.lr, device, check=not args.no_check)),
         ("eager", lambda: TorchTrainer(cfg, params, device, args.lr, compiled=False))]
     if not args.no_compile:
         impls.append(("compile", lambda: TorchTrainer(cfg, params, device, args.lr, compiled=True)))
@@ -405,6 +405,9 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=6e-4, help="the constant learning rate of every run")
     ap.add_argument("--seed", type=int, default=0, help="seeds the initial weights and the batches")
     ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out (slow to start on a CPU)")
+    ap.add_argument("--no-check", action="store_true",
+                    help="run XG's steps without check mode (its default, and the row's, is checks on: a NaN "
+                         "flag read each step; the PyTorch rows check nothing)")
     ap.add_argument("--json", default=str(REPO / "out" / "bench_train.json"))
     ap.add_argument("--plot", default=None, help="draw the loss curves into this image (needs matplotlib)")
     ap.add_argument("--replot", default=None, metavar="JSON", help="draw --plot from this report; run nothing")

@@ -76,7 +76,7 @@ def inspect(
     if json_out:
         extra = {"determinism": verdict.to_json()}
         if eng.file.envelope is not None:
-            extra = {"signatures": signatures, "provenance": eng.file.envelope.statement()}
+            extra |= {"signatures": signatures, "provenance": eng.file.envelope.statement()}
         emit_json({"digest": eng.digest, **m, **extra})
         return
     out = sys.stdout

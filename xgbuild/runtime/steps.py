@@ -59,14 +59,16 @@ class StepsResult:
 def run_steps(engine: Any, values: Mapping[str, torch.Tensor], steps: int, *, device: str, check: bool,
               feedback: Feedback, on_step: Callable[[int], None] | None = None) -> StepsResult:
     """Run `engine` `steps` times from `values` (on `device` already), feeding back as `feedback`
-    says. `on_step(k)` is called after step k is queued (a progress bar)."""
+    says. `on_step(k)` is called after step k is queued (a progress bar). The losses are read once,
+    after the last step; check mode (`check`) still reads its NaN/Inf flag word after each step
+    (one sync a step), as every checked run does."""
     if steps < 1:
         raise InputError(f"steps must be at least 1, got {steps}")
     current = dict(values)
     queued: list[dict[str, torch.Tensor]] = []
     result = None
     for k in range(1, steps + 1):
-        result = engine.run(current, device=device, check=check, wait=False)   # queued: no sync a step
+        result = engine.run(current, device=device, check=check, wait=False)   # queued (unchecked: no sync)
         out = result.tensors
         queued.append({name: t for name, t in out.items()
                        if name not in feedback.state_outputs and t.dim() == 0 and t.dtype.is_floating_point})

@@ -200,6 +200,7 @@ class Dispatch:
                     self.give_back(exc, [(i, job, wave)] + ([nxt[:3]] if nxt else []))
                     return
                 except BaseException as exc:  # noqa: BLE001 (re-raised by raise_failure, on the main thread)
+                    given.release(tuner)        # its wave's compiles nobody asked for leave the pool
                     if not self.settle(job, None, exc):
                         break
                 else:

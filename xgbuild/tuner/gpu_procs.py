@@ -115,8 +115,9 @@ class Prepared:
             return _why(exc)
 
     def release(self, tuner: Tuner) -> None:
-        """Once the process has the winner: cancel the wave's compiles it never asked for that are
-        still queued (its search stopped before them), as `Tuner.measure` does with its own."""
+        """Once the process is done with the job (a winner or an error): cancel the wave's compiles
+        it never asked for that are still queued (its search stopped before them), as
+        `Tuner.measure` does with its own."""
         configs = {c.key: c.config for c in tuner.ranked(self.job)}
         for k, (_variant, em, got) in self.wave.items():
             if em is not None and k not in self.asked and k in configs and not got.done():

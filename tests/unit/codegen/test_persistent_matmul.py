@@ -1,7 +1,7 @@
 """Persistent matmuls (one program per SM walking the tiles, operands through tensor descriptors)
 under Triton's interpreter: every layout the descriptors take (A or B stored transposed), batched,
-partial tiles, an epilogue; in check mode the flattened tile loop still raises the NaN flag and the
-unchecked copy of the loop raises none."""
+partial tiles, an epilogue; in check mode the flattened tile loop still raises the NaN flag (from
+the per-row sums it carries) and without check mode it raises none."""
 
 from __future__ import annotations
 

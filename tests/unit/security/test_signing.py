@@ -283,6 +283,10 @@ def test_inspect_and_verify_show_signatures(world):
     assert "untrusted" in res.stdout
     res = cli("xgbuild", "inspect", str(world / "plain.xge"))
     assert "unsigned" in res.stdout
+    import json
+    info = json.loads(cli("xgbuild", "inspect", str(world / "signed.xge"), "--json",
+                          "--trusted-keys", str(world / "trusted")).stdout)
+    assert {"determinism", "signatures", "provenance"} <= set(info)     # a signed engine keeps every part
     res = cli("xgbuild", "verify", str(world / "signed.xge"), "--trusted-keys", str(world / "trusted"))
     assert res.returncode == 0 and "signed by trusted key" in res.stdout, res.stderr
     refused(cli("xgbuild", "verify", str(world / "plain.xge"), "--trusted-keys", str(world / "trusted")),
