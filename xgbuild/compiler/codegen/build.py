@@ -1,11 +1,17 @@
 """Compiles emitted Triton source for a target arch, on any host: no GPU needed.
 
 The source goes to a file named by its own digest (Triton reads kernels back with `inspect`), and
-line info is turned off, so the cubin holds no path and two builds give the same bytes.
+line info is turned off, so the cubin holds no path and two builds give the same bytes. ptxas runs
+without address-space randomisation (`_reproducible_ptxas`): Blackwell's ptxas (CUDA 12.9, as
+Triton 3.6 bundles it) ordered some of its work by heap addresses, and the same PTX of a bf16
+matmul gave one of two cubins run to run (sm_90's ptxas did not), so two clean GB200 builds of one
+engine could differ.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import hashlib
 import importlib.util
 import os
@@ -42,8 +48,29 @@ def load_function(emitted: Emitted) -> Any:
     return getattr(mod, emitted.name)
 
 
+ADDR_NO_RANDOMIZE = 0x0040000     # linux/personality.h
+
+
+@functools.lru_cache(maxsize=1)
+def _reproducible_ptxas() -> bool:
+    """Programs this process starts from now on (Triton's ptxas) run without address-space
+    randomisation: the personality flag is inherited across exec, so ptxas's heap addresses, and
+    with them its output, are the same run to run. Whether it took: not on other systems, or where
+    a seccomp policy refuses the call (the build is still right, not always bit-identical)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        personality = ctypes.CDLL(None, use_errno=True).personality
+        personality.restype = ctypes.c_int
+        current = personality(ctypes.c_ulong(0xFFFFFFFF))       # (0xffffffff: query only)
+        return current != -1 and personality(ctypes.c_ulong(current | ADDR_NO_RANDOMIZE)) != -1
+    except (OSError, AttributeError):
+        return False
+
+
 def compile_emitted(emitted: Emitted, arch: int, num_warps: int, num_stages: int):
     """`triton.compile` for sm_`arch`; returns Triton's CompiledKernel."""
+    _reproducible_ptxas()
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
