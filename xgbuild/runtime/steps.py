@@ -29,24 +29,15 @@ class Feedback:
 
 
 def feedback_of(manifest: dict, where: str = "engine") -> Feedback:
-    """The engine's feedback, checked against its signature; an EngineError when it has none (an
-    inference engine, one built before `extern state`) or a pair's dtypes or shapes differ."""
+    """The engine's feedback; an EngineError when it has none (an inference engine, one built
+    before `extern state`). The pairs were checked when the engine was loaded (`check_manifest`'s
+    `state_problem`: each an input and an output leaf of one dtype and shape)."""
     entry = manifest["entry"]
     pairs = tuple((p["input"], p["output"]) for p in entry.get("state", []))
-    counters = tuple(entry.get("counters", []))
     if not pairs:
         raise EngineError(f"{where} has no training state to feed back (no `extern state` inputs paired with "
                           "outputs): --steps runs training engines; run an inference engine without it")
-    from .summary import output_leaves
-    inputs = {s["name"]: (s["dtype"], list(s["shape"])) for s in entry["inputs"]}
-    outputs = {name: (dtype, list(shape)) for name, dtype, shape in output_leaves(entry["output"])}
-    for name, out in pairs:
-        if name not in inputs or out not in outputs:
-            raise EngineError(f"{where}: state pairs input `{name}` with output `{out}`, which it does not have")
-        if inputs[name] != outputs[out]:
-            raise EngineError(f"{where}: state input `{name}` is {_sig(inputs[name])}, but output `{out}`, its "
-                              f"next value, is {_sig(outputs[out])}")
-    return Feedback(pairs, counters)
+    return Feedback(pairs, tuple(entry.get("counters", [])))
 
 
 @dataclass
@@ -84,6 +75,3 @@ def run_steps(engine: Any, values: Mapping[str, torch.Tensor], steps: int, *, de
     scalars = [dict(zip(names, flat[i * len(names):(i + 1) * len(names)])) for i in range(steps)]
     return StepsResult(scalars, result, current)
 
-
-def _sig(sig: tuple[str, list]) -> str:
-    return f"{sig[0]}{sig[1]}"
