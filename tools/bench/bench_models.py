@@ -113,6 +113,11 @@ def _cast(kw: dict, dtype: torch.dtype) -> dict:
     return {k: v.to(dtype) if v.is_floating_point() else v for k, v in kw.items()}
 
 
+def _phase(name: str, dtype: str, what: str) -> None:
+    """Where the run is, on stderr as it happens: a long build shows which model it is in."""
+    print(f"[{time.strftime('%H:%M:%S')}] {name} {dtype}: {what}", file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace, name: str, dtype_name: str) -> dict:
     from triton.testing import do_bench
     dtype = DTYPES[dtype_name]
@@ -121,11 +126,13 @@ def run(args: argparse.Namespace, name: str, dtype_name: str) -> dict:
     model = model.to(dtype).cuda()
     kw = _cast(make_inputs(args), dtype)
     params = sum(p.numel() for p in model.parameters())
+    _phase(name, dtype_name, f"building ({params / 1e6:.1f}M parameters, tune={args.policy})")
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         engine = xg.compile(model, example_kwargs=kw, target=local_target(), tune=args.policy)
     build_s = time.perf_counter() - t0
+    _phase(name, dtype_name, f"built in {build_s:.1f} s")
     row: dict[str, Any] = {"model": name, "dtype": dtype_name, "params": params, "build_s": build_s}
     with torch.no_grad():
         ref = output(copy.deepcopy(model).double()(**_cast(kw, torch.float64)))
@@ -138,6 +145,7 @@ def run(args: argparse.Namespace, name: str, dtype_name: str) -> dict:
         engine.check = True
         row["eager_ms"] = do_bench(lambda: model(**kw), return_mode="median")
         modes = ["default"] + ([] if args.no_max_autotune else ["max-autotune-no-cudagraphs"])
+        _phase(name, dtype_name, f"XG {row['xg_ms']:.3f} ms, eager {row['eager_ms']:.3f} ms; torch.compile next")
         for mode in modes:
             torch._dynamo.reset()
             compiled = torch.compile(model, mode=None if mode == "default" else mode)
@@ -169,6 +177,12 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = False       # XG's fp32 matmuls are IEEE; so are the peers'
     torch.backends.cudnn.allow_tf32 = False
     rows = []
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def write() -> None:           # after every row: a run cut short keeps the rows it finished
+        out.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                                   "args": vars(args), "rows": rows}, indent=2))
     for name in args.models:
         for dt in args.dtype:
             try:
@@ -177,6 +191,7 @@ def main() -> int:
                 row = {"model": name, "dtype": dt, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
             rows.append(row)
             print(json.dumps(row), flush=True)
+            write()
             gc.collect()
             torch.cuda.empty_cache()
     print(f"\nbatch {args.batch} x {args.seq} tokens, {args.images} images; layers {args.layers or 'full'}; "
@@ -193,10 +208,6 @@ def main() -> int:
         print(f"| {r['model']} | {r['dtype']} | {r['xg_ms']:.3f} | {r['xg_nocheck_ms']:.3f} | {r['eager_ms']:.3f} | "
               f"{r['compile_default_ms']:.3f} | {'-' if mat is None else f'{mat:.3f}'} | "
               f"{r['xg_over_compile']:.2f}x{slow} | {r['rel_err']:.1e} ({r['eager_rel_err']:.1e}) |")
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                               "args": vars(args), "rows": rows}, indent=2))
     print(f"wrote {out}")
     return 0
 

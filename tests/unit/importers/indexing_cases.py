@@ -20,6 +20,8 @@ W1 = torch.randn(6, 4, 3)
 W1G = torch.randn(6, 2, 3)
 W3 = torch.randn(5, 2, 2, 3, 3)
 B6 = torch.randn(6)
+W7 = torch.randn(4, 3, 7, 7)
+W33 = torch.randn(5, 4, 3, 3)
 GW, GB = torch.rand(6) + 0.5, torch.randn(6)
 WN_V, WN_G = torch.randn(6, 4, 3), torch.rand(1, 1, 3) + 0.5
 
@@ -52,6 +54,10 @@ CASES = {
     # convolutions of rank 1 and 3
     "conv1d_pad_stride": (lambda x: F.conv1d(x, W1, B6, stride=2, padding=1), (r(2, 4, 11),)),
     "conv1d_groups_dilation": (lambda x: F.conv1d(x, W1G, None, padding="same", dilation=2, groups=2), (r(1, 4, 9),)),
+    # 2-D: the im2col GATHER (a 7x7 stride-2 stem, a 3x3 with dilation and uneven padding)
+    "conv2d_7x7_stride2": (lambda x: F.conv2d(x, W7, None, stride=2, padding=3), (r(2, 3, 13, 12),)),
+    "conv2d_3x3_dilated": (lambda x: F.conv2d(x, W33, None, padding=(2, 1), dilation=(2, 1)), (r(2, 4, 9, 7),)),
+    "conv2d_3x3_unpadded": (lambda x: F.conv2d(x, W33, None, stride=2), (r(3, 4, 9, 8),)),
     "conv3d": (lambda x: F.conv3d(x, W3, None, stride=(2, 1, 1), padding=(1, 0, 1)), (r(2, 2, 5, 4, 6),)),
     # norms and pooling of speech and vision models (Wav2Vec2, Swin)
     "group_norm": (lambda x: F.group_norm(x, 3, GW, GB, 1e-5), (r(2, 6, 5),)),

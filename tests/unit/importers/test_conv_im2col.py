@@ -25,6 +25,7 @@ def _imported(conv: torch.nn.Module, x: torch.Tensor):
     (torch.nn.Conv2d(8, 16, 3, padding=1), (2, 8, 10, 9)),
     (torch.nn.Conv2d(8, 16, (3, 5), stride=2, padding=(1, 2), dilation=(2, 1)), (2, 8, 13, 12)),
     (torch.nn.Conv1d(6, 10, 3, padding=1), (2, 6, 17)),
+    (torch.nn.Conv2d(3, 8, 7, stride=2, padding=3, bias=False), (2, 3, 15, 16)),
 ])
 def test_a_convolution_is_one_product_over_its_taps(conv, x_shape):
     torch.manual_seed(0)

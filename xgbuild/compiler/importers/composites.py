@@ -487,6 +487,40 @@ def _tap(b: IRBuilder, x: Ref, kh: int, kw: int, ho: int, wo: int, stride: Seque
     return b.index(x, items)
 
 
+def _im2col(b: IRBuilder, x: Ref, kh_n: int, kw_n: int, ho: int, wo: int, stride: Sequence[int],
+            dilation: Sequence[int]) -> Ref:
+    """The windows of x [N, C, H, W] (padded already) that a convolution's output pixels read:
+    [N, ho*wo, kh*kw*C], K ordered (kh, kw, c): one GATHER of the image's pixels as rows of C
+    channels (x copied channels-last once) at row indices [N, ho, wo, kh, kw] (a C-th of the
+    result), computed by one element-wise kernel from the linear position. O(1) work an element:
+    a cat of the kh*kw taps placed along K costs kh*kw masked loads for each (ResNet-50's 7x7
+    stem: 49 an element, 58 ms on an H200, and a kernel ptxas took 40 s over)."""
+    n, c, h, wd = b.shape(x)
+    rows = _mul(n, h * wd)
+    table = b.reshape(b.permute(x, (0, 2, 3, 1)), (rows, c))                    # [N*H*W, C]
+    dt = "int32" if isinstance(rows, int) and rows < 2 ** 31 else "int64"
+    lin = b.iota(_mul(n, ho * wo * kh_n * kw_n), "int64")
+    idx, inner = None, 1
+    # (size, row step) of each index dim, innermost first: the row is sum(coordinate * step), each
+    # coordinate (lin % (inner * size)) // inner, the quotient exact in float64 (< 2**53).
+    dims = ((kw_n, dilation[1]), (kh_n, dilation[0] * wd), (wo, stride[1]), (ho, stride[0] * wd), (n, h * wd))
+    for d, (size, step) in enumerate(dims):
+        if size == 1:
+            continue
+        outer = d == len(dims) - 1
+        at = lin if outer else b.binary(Op.MOD, lin, inner * size)
+        if inner != 1:
+            at = b.cast(b.binary(Op.DIV, b.cast(at, "float64"), float(inner)), "int64")
+        term = b.binary(Op.MUL, at, step) if step != 1 else at
+        idx = term if idx is None else b.binary(Op.ADD, idx, term)
+        if not outer:
+            inner *= size
+    idx = b.binary(Op.MUL, lin, 0) if idx is None else idx
+    idx = b.reshape(b.cast(idx, dt), (n, ho, wo, kh_n, kw_n))
+    cols = b.op(Op.GATHER, [table, idx])                                        # [N, ho, wo, kh, kw, C]
+    return b.reshape(cols, (n, ho * wo, kh_n * kw_n * c))
+
+
 def conv2d(b: IRBuilder, x: Ref, w: Ref, bias: Ref | None, stride: Sequence[int], pads: Sequence[int],
            dilation: Sequence[int], groups: int) -> Ref:
     """NCHW convolution; `pads` is (top, bottom, left, right)."""
@@ -517,13 +551,14 @@ def conv2d(b: IRBuilder, x: Ref, w: Ref, bias: Ref | None, stride: Sequence[int]
         acc = b.op(Op.MATMUL, [cols, b.transpose(b.reshape(w, (o, c * kh_n * kw_n)), 0, 1)])
     elif groups == 1 and isinstance(o, int):
         # One matmul per image, W [O, K] @ cols [K, ho*wo], K = kh*kw*C ordered (kh, kw, c):
-        # cols are the taps' strided windows stacked along the channels (im2col, channels first:
-        # read and written along the image rows), a view of x itself for a 1x1 convolution of
-        # stride 1. One float32-accumulated product rounded once, as cuDNN's (a matmul per tap
-        # rounded each tap's partial sum), the result in NCHW order with no permute, and the
-        # image's pixels as the product's long N dim.
-        taps = [_tap(b, x, kh, kw, ho, wo, stride, dilation) for kh in range(kh_n) for kw in range(kw_n)]
-        cols = b.reshape(cat(b, taps, 1), (n, kh_n * kw_n * c, ho * wo))       # [N, K, ho*wo]
+        # cols gathered [ho*wo, K] (`_im2col`; read as B stored [N, K]), the strided window of x
+        # for a single tap (x itself for a 1x1 convolution of stride 1). One float32-accumulated
+        # product rounded once, as cuDNN's (a matmul per tap rounded each tap's partial sum), the
+        # result in NCHW order with no permute, and the image's pixels as the product's long N dim.
+        if kh_n * kw_n == 1:
+            cols = b.reshape(_tap(b, x, 0, 0, ho, wo, stride, dilation), (n, c, ho * wo))   # [N, K, ho*wo]
+        else:
+            cols = b.transpose(_im2col(b, x, kh_n, kw_n, ho, wo, stride, dilation), 1, 2)
         wk = b.reshape(b.permute(w, (0, 2, 3, 1)), (o, kh_n * kw_n * c))       # [O, K]
         y = b.op(Op.MATMUL, [wk, cols])                                         # [N, O, ho*wo]
         if bias is not None:
