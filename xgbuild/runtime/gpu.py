@@ -26,7 +26,8 @@ from ..compiler.ir.serialize import where as src_text
 from ..dtypes import TORCH_DTYPES
 from ..errors import ExecutionError, XGError
 from .cpu import CpuExecutor, RunOutput
-from .native import check_bits, guarded_outputs, made_by, where_of as _where
+from .lifetimes import frees
+from .native import check_bits, computed_gathers, guarded_outputs, made_by, shape_only, where_of as _where
 from .replay import Replay, record, remember, replay_args
 from .values import Collective, Values
 
@@ -44,22 +45,18 @@ def _outputs(graph: Graph, value: Values, shared: dict) -> dict[int, torch.Tenso
     return out
 
 
-def gather_index_bounds(graph: Graph, value: Values) -> tuple[list[tuple[Node, int]], torch.Tensor | None]:
-    """The GATHERs whose indices the program computes (an engine input was checked before the run),
-    each with its table's rows, and one device tensor of their indices' [min, max]: queued, never
-    synchronised, so a run captured as a CUDA graph computes them on every replay."""
+def gather_index_bounds(graph: Graph, value: Values, verified: frozenset[int] = frozenset()
+                        ) -> tuple[list[tuple[Node, int]], torch.Tensor | None]:
+    """The GATHERs whose indices the program computes (an engine input was checked before the run;
+    `verified`: shape-only ones a run of this graph found in range), each with its table's rows,
+    and one device tensor of their indices' [min, max]: queued, never synchronised, so a run
+    captured as a CUDA graph computes them on every replay."""
     checks, bounds = [], []
-    for n in graph.nodes:
-        if n.op is not Op.GATHER:
-            continue
-        src = graph.node(n.inputs[1])
-        while src.op in (Op.RESHAPE, Op.TRANSPOSE) or (src.op is Op.INDEX and len(src.inputs) == 1):
-            src = graph.node(src.inputs[0])
-        if src.op is not Op.INPUT:
-            idx = value(n.inputs[1])
-            if idx.numel():
-                checks.append((n, graph.node(n.inputs[0]).shape[0]))
-                bounds.append(torch.stack(torch.aminmax(idx)))
+    for n in computed_gathers(graph, verified):
+        idx = value(n.inputs[1])
+        if idx.numel():
+            checks.append((n, graph.node(n.inputs[0]).shape[0]))
+            bounds.append(torch.stack(torch.aminmax(idx)))
     return checks, (torch.stack(bounds) if bounds else None)
 
 
@@ -74,10 +71,10 @@ def raise_out_of_bounds(checks: list[tuple[Node, int]], bounds: torch.Tensor | N
                                  "(computed by the program; on the GPU the lookup read zeros)")
 
 
-def check_gather_indices(graph: Graph, value: Values) -> None:
-    """Range-check the indices of each GATHER that the program computes: on the GPU an out-of-range
-    one reads zeros, on the CPU it is an error."""
-    raise_out_of_bounds(*gather_index_bounds(graph, value))
+def check_gather_indices(graph: Graph, value: Values, verified: frozenset[int] = frozenset()) -> None:
+    """Range-check the indices of each GATHER that the program computes (less `verified`): on the
+    GPU an out-of-range one reads zeros, on the CPU it is an error."""
+    raise_out_of_bounds(*gather_index_bounds(graph, value, verified))
 
 
 class KernelExecutor:
@@ -121,6 +118,11 @@ class KernelExecutor:
         self._dynamic: dict[int, tuple[Graph, bool]] = {}
         self._key_parts: dict[str, tuple[torch.Tensor, tuple]] = {}    # stable input -> (tensor, its key part)
         self._consts: dict[tuple, torch.Tensor] = {}
+        self._frees: dict[int, tuple[Graph, list[tuple[int, ...]]]] = {}
+        # Each value a kernel made is dropped after its last reader (`lifetimes`): the run's peak
+        # memory is what is live at once. Off on one rank of an SPMD run (collectives in flight).
+        self.drop = True
+        self._verified: dict[int, tuple[Graph, frozenset[int]]] = {}   # see `_verified_in`
         # `runtime.profile.Profiler` while a run is profiled: each launch bracketed by CUDA events,
         # nothing replayed (a replay's launches are not told apart).
         self.profiler = None
@@ -153,7 +155,10 @@ class KernelExecutor:
         steps: list | None = [] if key is not None and len(sources) == len(inputs) else None
         flags, guarded = self._flags(graph)
         sources[flags.data_ptr()] = ("flags",) if flags.data_ptr() not in sources else ("?",)
+        dropped = self._dropped(graph)
         for index, plan in enumerate(self.plans):
+            if index and dropped:
+                self._drop(value, dropped[index - 1], sources)
             if isinstance(plan, ExternStep):
                 from .extern import call
                 n = graph.node(plan.node)
@@ -192,10 +197,41 @@ class KernelExecutor:
         for nid in list(value.pending):
             value(nid)                  # every rank finishes every collective it issued
         if self.deferred is not None:
-            self.deferred = gather_index_bounds(graph, value)
+            self.deferred = gather_index_bounds(graph, value, self._verified_in(graph))
         elif self.check_indices:
-            check_gather_indices(graph, value)
+            self._check_indices(graph, value)
         return outputs
+
+    def _verified_in(self, graph: Graph) -> frozenset[int]:
+        """The GATHERs of `graph` whose indices follow from its shapes alone (`native.shape_only`)
+        and that a checked run found in range: the same every run, never checked again (ResNet-50's
+        17 im2col gathers: a reduction over each one's indices and a sync every call)."""
+        known = self._verified.get(id(graph))
+        return known[1] if known is not None and known[0] is graph else frozenset()
+
+    def _check_indices(self, graph: Graph, value: Values) -> None:
+        check_gather_indices(graph, value, self._verified_in(graph))
+        self._verified[id(graph)] = (graph, frozenset(n.id for n in graph.nodes
+                                                      if n.op is Op.GATHER and shape_only(graph, n.inputs[1])))
+
+    def _dropped(self, graph: Graph) -> list[tuple[int, ...]] | None:
+        """Per plan step, the values to drop once it is launched (`lifetimes.frees`), once per
+        graph; None when nothing is dropped."""
+        if not self.drop or self.collective is not None:
+            return None
+        known = self._frees.get(id(graph))
+        if known is None or known[0] is not graph:
+            known = self._frees[id(graph)] = (graph, frees(graph, self.plans, self._made))
+        return known[1]
+
+    def _drop(self, value: Values, nids: tuple[int, ...], sources: dict | None = None) -> None:
+        """Let go of these node values; their memory is free for the next outputs (a recorded
+        launch then names a reused address by its new maker)."""
+        for nid in nids:
+            t = value.vals.pop(nid, None)
+            if sources is not None and t is not None and nid in self._made and \
+                    sources.get(t.data_ptr(), ("",))[0] == "out":
+                del sources[t.data_ptr()]
 
     def _blocked(self, graph: Graph) -> dict[int, "Blocks"]:
         """The collectives issued by the kernel that makes their input, block by block of its rows:
@@ -358,7 +394,14 @@ class KernelExecutor:
         produced: list[list[torch.Tensor]] = []
         value = Values(graph, self._base(inputs))
         flags, _guarded = self._flags(graph)
-        for plan, (chosen, grid, rec, shapes) in zip(self.plans, known.steps):
+        dropped = self._dropped(graph)
+        for index, (plan, (chosen, grid, rec, shapes)) in enumerate(zip(self.plans, known.steps)):
+            if index and dropped:
+                self._drop(value, dropped[index - 1])
+                for nid in dropped[index - 1]:
+                    at = self._made.get(nid)
+                    if at is not None and at[0] < len(produced):
+                        produced[at[0]][at[1]] = None
             outs = [torch.empty(shape, dtype=dt, device=self.device) for shape, dt in shapes]
             produced.append(outs)
             args = replay_args(rec, inputs, produced, value, flags)
@@ -367,7 +410,7 @@ class KernelExecutor:
             for nid, t in zip(plan.binding.outputs, outs):
                 value[nid] = t
         if self.check_indices:
-            check_gather_indices(graph, value)
+            self._check_indices(graph, value)
         return _outputs(graph, value, self._consts)
 
 

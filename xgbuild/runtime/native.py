@@ -140,6 +140,8 @@ class NativeExecutor:
         self.launcher = launcher or KernelLauncher(device.index, memory=device)
         self._made = made_by(plans)
         self._guards: dict[int, tuple[Graph, frozenset, frozenset]] = {}
+        self._frees: dict[int, tuple[Graph, list[tuple[int, ...]]]] = {}
+        self._verified: dict[int, tuple[Graph, frozenset[int]]] = {}    # see `_verify`
         self._consts: dict[tuple, DeviceArray] = {}
         self._replays: dict[tuple, Replay] = {}
         self._dynamic: dict[int, tuple[Graph, bool]] = {}
@@ -162,6 +164,22 @@ class NativeExecutor:
         if known is None or known[0] is not graph:
             known = self._guards[id(graph)] = (graph, *guarded_outputs(graph, self.plans, self._made))
         return known[1], known[2]
+
+    def dropped(self, graph: Graph) -> list[tuple[int, ...]]:
+        """Per plan step, the values dropped once it is launched (`lifetimes.frees`): their memory
+        goes back to the stream-ordered pool for the next outputs."""
+        known = self._frees.get(id(graph))
+        if known is None or known[0] is not graph:
+            from .lifetimes import frees
+            known = self._frees[id(graph)] = (graph, frees(graph, self.plans, self._made))
+        return known[1]
+
+    def _drop(self, vals: dict, nids: tuple[int, ...], sources: dict | None = None) -> None:
+        for nid in nids:
+            a = vals.pop(nid, None)
+            if sources is not None and a is not None and nid in self._made and \
+                    sources.get(a.data_ptr(), ("",))[0] == "out":
+                del sources[a.data_ptr()]      # a reused address is named by its new maker
 
     def run(self, graph: Graph, inputs: Mapping[str, DeviceArray], check: bool = True) -> dict[int, DeviceArray]:
         """Launch the plans. The first run at an input signature records its launches (variant,
@@ -206,7 +224,10 @@ class NativeExecutor:
             sources[a.data_ptr()] = ("in", name) if a.data_ptr() not in sources else ("?",)
         sources[flags.data_ptr()] = ("flags",) if flags.data_ptr() not in sources else ("?",)
         steps: list | None = [] if key is not None else None
+        dropped = self.dropped(graph)
         for index, plan in enumerate(self.plans):
+            if index:
+                self._drop(vals, dropped[index - 1], sources)
             shapes = [(tuple(graph.node(nid).shape), graph.node(nid).dtype) for nid in plan.binding.outputs]
             outs = [dev.empty(shape, dtype) for shape, dtype in shapes]
             launch = bind(plan, graph, value, outs, flags, check_bits(plan, stored))
@@ -232,7 +253,14 @@ class NativeExecutor:
                 value) -> None:
         produced: list[list[DeviceArray]] = []
         dev = self.device
-        for plan, (chosen, grid, rec, shapes) in zip(self.plans, known.steps):
+        dropped = self.dropped(known.graph)
+        for index, (plan, (chosen, grid, rec, shapes)) in enumerate(zip(self.plans, known.steps)):
+            if index:
+                self._drop(vals, dropped[index - 1])
+                for nid in dropped[index - 1]:
+                    at = self._made.get(nid)
+                    if at is not None:
+                        produced[at[0]][at[1]] = None
             outs = [dev.empty(shape, dtype) for shape, dtype in shapes]
             produced.append(outs)
             args = replay_args(rec, inputs, produced, value, flags)
@@ -371,20 +399,52 @@ class NativeExecutor:
         (an engine input was checked before the run; on the GPU an out-of-range one reads zeros)."""
         for n in self._computed_gathers(graph):
             _gather_in_bounds(n, value(n.inputs[1]), graph)
+        self._verify(graph)
 
-    @staticmethod
-    def _computed_gathers(graph: Graph) -> list[Node]:
-        """The GATHERs whose indices the program computes (not an engine input's, checked before)."""
-        found = []
-        for n in graph.nodes:
-            if n.op is not Op.GATHER:
-                continue
-            src = graph.node(n.inputs[1])
-            while src.op in (Op.RESHAPE, Op.TRANSPOSE) or (src.op is Op.INDEX and len(src.inputs) == 1):
-                src = graph.node(src.inputs[0])
-            if src.op is not Op.INPUT:
-                found.append(n)
-        return found
+    def _computed_gathers(self, graph: Graph) -> list[Node]:
+        """The GATHERs whose indices the program computes (not an engine input's, checked before),
+        less those from the shapes alone that a run of this graph already found in range."""
+        known = self._verified.get(id(graph))
+        return computed_gathers(graph, known[1] if known is not None and known[0] is graph else frozenset())
+
+    def _verify(self, graph: Graph) -> None:
+        """This graph's shape-only gather indices were in range: never checked again (`shape_only`)."""
+        self._verified[id(graph)] = (graph, frozenset(n.id for n in graph.nodes
+                                                      if n.op is Op.GATHER and shape_only(graph, n.inputs[1])))
+
+
+def shape_only(graph: Graph, nid: int) -> bool:
+    """Whether node `nid`'s value follows from the graph's shapes alone (IOTAs and constants through
+    element-wise ops and views: no input, weight or random number): the same in every run of this
+    graph, so its range needs checking once (a convolution's im2col indices)."""
+    seen: set[int] = set()
+    todo = [nid]
+    while todo:
+        n = graph.node(todo.pop())
+        if n.id in seen:
+            continue
+        seen.add(n.id)
+        if n.op in (Op.IOTA, Op.CONST, Op.FULL):
+            continue
+        if not n.inputs or n.op in (Op.EXTERN, Op.RAND, Op.RANDN) or n.op in COLLECTIVE:
+            return False
+        todo.extend(n.inputs)
+    return True
+
+
+def computed_gathers(graph: Graph, verified: frozenset[int] = frozenset()) -> list[Node]:
+    """The GATHERs whose indices the program computes (an engine input's are checked before the
+    run), less those in `verified`."""
+    found = []
+    for n in graph.nodes:
+        if n.op is not Op.GATHER or n.id in verified:
+            continue
+        src = graph.node(n.inputs[1])
+        while src.op in (Op.RESHAPE, Op.TRANSPOSE) or (src.op is Op.INDEX and len(src.inputs) == 1):
+            src = graph.node(src.inputs[0])
+        if src.op is not Op.INPUT:
+            found.append(n)
+    return found
 
 
 def _gather_in_bounds(n: Node, idx: DeviceArray, graph: Graph) -> None:
