@@ -93,3 +93,18 @@ def test_plot_needs_matplotlib(tmp_path: Path) -> None:
     else:
         assert proc.returncode == 0, proc.stderr
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_profile_lists_where_a_step_goes(tmp_path) -> None:
+    """`--profile N`: N of XG's steps op by op (on the CPU; kernel by kernel on a GPU), the slowest
+    kept in XG's row and the table printed."""
+    out = tmp_path / "bench_train.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--const", *TINY, "--steps", "2",
+                           "--time-steps", "1", "--repeats", "1", "--no-compile", "--profile", "2",
+                           "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "profile: 2 iterations on cpu" in proc.stderr, proc.stderr
+    xg_row = next(r for r in json.loads(out.read_text())["rows"] if r["impl"] == "xg")
+    prof = xg_row["profile"]
+    assert prof["launches"] > 0 and 0 < len(prof["rows"]) <= 15
+    assert all(r["p50_ms"] >= 0 for r in prof["rows"])

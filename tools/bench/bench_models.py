@@ -14,7 +14,7 @@ Prints a table and writes JSON; rows where XG is slower than torch.compile's bes
 
     python tools/bench/bench_models.py [--models gpt2 llama1b bert vit resnet50 whisper]
         [--dtype bfloat16 float32] [--batch 8] [--seq 512] [--images 32] [--layers N]
-        [--policy measure|cache|predict] [--no-max-autotune] [--json out/bench_models.json]
+        [--policy measure|cache|predict] [--no-max-autotune] [--profile N] [--json out/bench_models.json]
 """
 
 from __future__ import annotations
@@ -118,6 +118,20 @@ def _phase(name: str, dtype: str, what: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {name} {dtype}: {what}", file=sys.stderr, flush=True)
 
 
+def _profile(engine: Any, kw: dict, iterations: int, top: int = 12) -> dict:
+    """XG's engine run `iterations` times kernel by kernel under the profiler (what `xgrun
+    --profile` prints): where its time goes, printed to stderr; the slowest `top` kernels kept."""
+    from xgbuild.runtime.profile import Profiler, render
+    inputs = engine.bind((), kw)
+    profiler = Profiler("cuda")
+    for _ in range(iterations):
+        engine.engine.run(inputs, device="cuda", check=engine.check, profiler=profiler)
+    summary = profiler.summary()
+    print(render(summary, limit=top), file=sys.stderr, flush=True)
+    return {"kernels_ms": summary["kernels_ms"], "run_p50_ms": summary["run_ms"]["p50"],
+            "launches": summary["launches"], "rows": summary["rows"][:top]}
+
+
 def run(args: argparse.Namespace, name: str, dtype_name: str) -> dict:
     from triton.testing import do_bench
     dtype = DTYPES[dtype_name]
@@ -143,6 +157,8 @@ def run(args: argparse.Namespace, name: str, dtype_name: str) -> dict:
         engine.check = False
         row["xg_nocheck_ms"] = do_bench(lambda: engine(**kw), return_mode="median")
         engine.check = True
+        if args.profile:
+            row["profile"] = _profile(engine, kw, args.profile)
         row["eager_ms"] = do_bench(lambda: model(**kw), return_mode="median")
         modes = ["default"] + ([] if args.no_max_autotune else ["max-autotune-no-cudagraphs"])
         _phase(name, dtype_name, f"XG {row['xg_ms']:.3f} ms, eager {row['eager_ms']:.3f} ms; torch.compile next")
@@ -169,6 +185,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=None, help="cut every model to this depth (quick runs)")
     ap.add_argument("--policy", default="measure", choices=["measure", "cache", "predict"])
     ap.add_argument("--no-max-autotune", action="store_true", help="leave torch.compile's max-autotune out")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also run XG's engine N times kernel by kernel (xgrun --profile's table, on stderr)")
     ap.add_argument("--json", default=str(REPO / "out" / "bench_models.json"))
     args = ap.parse_args()
     if not torch.cuda.is_available():

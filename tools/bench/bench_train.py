@@ -279,6 +279,20 @@ class XGTrainer:
         self.values = done.next_inputs
         return [row["out_0"] for row in done.scalars]
 
+    def profile(self, tokens: torch.Tensor, targets: torch.Tensor, iterations: int, top: int = 15) -> dict:
+        """`iterations` steps (each from the same state: nothing fed back) kernel by kernel under the
+        profiler, as `xgrun --profile` runs them: where a step's time goes, printed to stderr; the
+        slowest `top` kernels kept."""
+        from xgbuild.runtime.profile import Profiler, render
+        profiler = Profiler(self.device)
+        inputs = {**self.values, "TOKENS": tokens, "TARGETS": targets}
+        for _ in range(iterations):
+            self.engine.run(inputs, device=self.device, check=self.check, profiler=profiler)
+        summary = profiler.summary()
+        print(render(summary, limit=top), file=sys.stderr, flush=True)
+        return {"kernels_ms": summary["kernels_ms"], "run_p50_ms": summary["run_ms"]["p50"],
+                "launches": summary["launches"], "rows": summary["rows"][:top]}
+
 
 def measure(name: str, make: Callable[[], XGTrainer | TorchTrainer], batches: list, args: argparse.Namespace,
             cfg: Config) -> dict:
@@ -302,6 +316,8 @@ def measure(name: str, make: Callable[[], XGTrainer | TorchTrainer], batches: li
     row["step_ms_runs"] = runs
     row["tokens_per_s"] = cfg.tokens / (row["step_ms"] / 1e3)
     row["peak_bytes"] = torch.cuda.max_memory_allocated() if device == "cuda" else None
+    if args.profile and isinstance(trainer, XGTrainer):
+        row["profile"] = trainer.profile(tokens, targets, args.profile)
     trainer.restart()
     losses = []
     for tok, tgt in batches:
@@ -408,6 +424,8 @@ def main() -> int:
     ap.add_argument("--no-check", action="store_true",
                     help="run XG's steps without check mode (its default, and the row's, is checks on: a NaN "
                          "flag read each step; the PyTorch rows check nothing)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also run N of XG's steps kernel by kernel (xgrun --profile's table, on stderr)")
     ap.add_argument("--json", default=str(REPO / "out" / "bench_train.json"))
     ap.add_argument("--plot", default=None, help="draw the loss curves into this image (needs matplotlib)")
     ap.add_argument("--replot", default=None, metavar="JSON", help="draw --plot from this report; run nothing")
