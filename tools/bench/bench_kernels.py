@@ -1,10 +1,14 @@
 """The benchmark workloads (docs/codegen.md, "Benchmark") written in XG, beside PyTorch eager and
-torch.compile, on one GPU.
+torch.compile, on one GPU; causal attention also beside `F.scaled_dot_product_attention` on each of
+its backends (flash, memory-efficient, cuDNN, math), the best of which is its best peer.
 
 Each workload is compiled by xgc's library path for the local GPU's profile with the tuner
 measuring on this GPU (`--tune measure`, winners cached), run through the engine's cubins, checked
 against a float64 reference (computed by torch on the GPU from the same inputs, outputs poisoned
-before the XG run), then timed with `triton.testing.do_bench` (CUDA events, median) like the peers.
+before the XG run), then timed with `triton.testing.do_bench` (CUDA events, median) like the peers,
+as a user calls it: `xg.run_engine(engine, inputs, device="cuda")` at its defaults (checks on;
+the ratio to the best peer is this one's), and for reference with checks off and as the executor's
+own launch loop (no API, no checks: the kernels alone).
 Prints a table (ms, ratio to the best peer, % of floor) and writes JSON.
 
     python tools/bench/bench_kernels.py [--only NAME ...] [--json out.json] [--budget 20]
@@ -25,6 +29,7 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+import xg  # noqa: E402
 from xgbuild.build.package import engine_of  # noqa: E402
 from xgbuild.cache import Cache  # noqa: E402
 from xgbuild.compiler.driver import compile_source  # noqa: E402
@@ -117,6 +122,26 @@ def workloads():
     ]
 
 
+def _sdpa_ms(qkv: list, do_bench) -> dict[str, float | None]:
+    """Causal attention of the workload's Q, K, V (same scale) through `F.scaled_dot_product_attention`
+    pinned to each backend: its median ms, or None where the backend refuses these inputs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q, k, v = qkv
+    out: dict[str, float | None] = {}
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+                          ("cudnn", SDPBackend.CUDNN_ATTENTION), ("math", SDPBackend.MATH)):
+        def call(backend=backend):
+            with sdpa_kernel([backend]):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                        scale=0.08838834764831845)
+        try:
+            call()
+            out[name] = do_bench(call, return_mode="median")
+        except RuntimeError:
+            out[name] = None
+    return out
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     if torch.isnan(out).any():
         return math.inf
@@ -162,22 +187,31 @@ def main() -> int:
         out = engine.run(inputs, device="cuda", check=False).tensors["out"]
         err = rel_err(out, ref)
         eager_err = rel_err(fn(*ordered), ref)
-        xg_ms = do_bench(lambda: ex.kernels.run(sg, inputs), return_mode="median")
+        kernels_ms = do_bench(lambda: ex.kernels.run(sg, inputs), return_mode="median")
         # The timed runs replay the first one's launches: check a replayed result too.
         replay_err = rel_err(next(iter(ex.kernels.run(sg, inputs).values())), ref)
+        xg_ms = do_bench(lambda: xg.run_engine(engine, inputs, device="cuda"), return_mode="median")
+        api_err = rel_err(xg.run_engine(engine, inputs, device="cuda").value, ref)
+        nocheck_ms = do_bench(lambda: xg.run_engine(engine, inputs, device="cuda", check=False),
+                              return_mode="median")
         eager_ms = do_bench(lambda: fn(*ordered), return_mode="median")
         compiled_fn = torch.compile(fn)
         compiled_fn(*ordered)
         compile_ms = do_bench(lambda: compiled_fn(*ordered), return_mode="median")
+        sdpa = _sdpa_ms(ordered, do_bench) if wname.startswith("naive causal attention") else {}
         floor_ms = max(flops / (peak if dtype != torch.float32 else profile.peak_flops_for("float32")),
                        nbytes / copy_bw) * 1e3
-        best_peer = min(eager_ms, compile_ms)
-        return {"workload": wname, "xg_ms": xg_ms, "eager_ms": eager_ms, "compile_ms": compile_ms,
-                     "floor_ms": floor_ms, "ratio_to_best_peer": xg_ms / best_peer,
-                     "pct_of_floor": 100 * floor_ms / xg_ms, "rel_err": err, "eager_rel_err": eager_err,
-                     "replay_rel_err": replay_err,
-                     "build_s": build_s, "kernels": table.stats,
-                     "tuning": [k["tuning"] for k in table.kernels]}
+        peers = {"eager": eager_ms, "torch.compile": compile_ms,
+                 **{f"SDPA {b}": ms for b, ms in sdpa.items() if ms is not None}}
+        best = min(peers, key=peers.__getitem__)
+        return {"workload": wname, "xg_ms": xg_ms, "xg_nocheck_ms": nocheck_ms, "xg_kernels_ms": kernels_ms,
+                "api_overhead": xg_ms / kernels_ms - 1, "eager_ms": eager_ms, "compile_ms": compile_ms,
+                "sdpa_ms": sdpa, "best_peer": best, "best_peer_ms": peers[best],
+                "floor_ms": floor_ms, "ratio_to_best_peer": xg_ms / peers[best],
+                "pct_of_floor": 100 * floor_ms / xg_ms, "rel_err": err, "api_rel_err": api_err,
+                "eager_rel_err": eager_err, "replay_rel_err": replay_err,
+                "build_s": build_s, "kernels": table.stats,
+                "tuning": [k["tuning"] for k in table.kernels]}
 
     for w in workloads():
         if args.only and not any(o in w[0] for o in args.only):
@@ -185,7 +219,8 @@ def main() -> int:
         row = run_one(*w)
         rows.append(row)
         r = row
-        print(f"{r['workload']}: xg {r['xg_ms']:.3f} ms eager {r['eager_ms']:.3f} compile {r['compile_ms']:.3f} "
+        print(f"{r['workload']}: xg {r['xg_ms']:.3f} ms (checks off {r['xg_nocheck_ms']:.3f}, kernels alone "
+              f"{r['xg_kernels_ms']:.3f}) eager {r['eager_ms']:.3f} compile {r['compile_ms']:.3f} sdpa {r['sdpa_ms']} "
               f"floor {r['floor_ms']:.3f} err {r['rel_err']:.2e} (replayed {r['replay_rel_err']:.2e}, eager "
               f"{r['eager_rel_err']:.2e}); build {r['build_s']:.1f} s {r['kernels']}; configs "
               f"{[(t['config'], round(t['ms'], 4)) for t in r['tuning']]}", flush=True)
@@ -193,10 +228,13 @@ def main() -> int:
         torch.cuda.empty_cache()
     cache.close()
     print(f"\n{name}, torch {torch.__version__}")
-    print("| workload | XG | eager | compile | floor | XG / best peer | % of floor | rel err |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("XG: xg.run_engine at its defaults (checks on); kernels alone: the executor's launch loop")
+    print("| workload | XG | checks off | kernels alone | eager | compile | best peer | floor | XG / best peer "
+          "| % of floor | rel err |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['workload']} | {r['xg_ms']:.3f} | {r['eager_ms']:.3f} | {r['compile_ms']:.3f} | "
+        print(f"| {r['workload']} | {r['xg_ms']:.3f} | {r['xg_nocheck_ms']:.3f} | {r['xg_kernels_ms']:.3f} | "
+              f"{r['eager_ms']:.3f} | {r['compile_ms']:.3f} | {r['best_peer']} {r['best_peer_ms']:.3f} | "
               f"{r['floor_ms']:.3f} | {r['ratio_to_best_peer']:.2f}x | {r['pct_of_floor']:.0f}% | {r['rel_err']:.1e} |")
     Path(args.json).write_text(json.dumps({"gpu": name, "torch": torch.__version__, "rows": rows}, indent=1))
     return 0
