@@ -78,6 +78,23 @@ def main() {
     return reshape(transpose(h), [2, 12]) * 2.0, h[1:5, :] @ transpose(W), reshape(transpose(X), [4, 12]) + 1.0
 }
 """),
+    # A training-style gradient whose backward pass recomputes the forward's element-wise values
+    # (passes/remat.py): LayerNorm, tanh GELU, a softmax, a `where`.
+    "remat": (None, """extern Tensor[float32, T, D] X
+extern Tensor[float32, D, F] W
+extern Tensor[float32, F] C
+def f(Tensor[float32, T, D] x, Tensor[float32, D, F] w, Tensor[float32, F] b) -> float32 {
+    c = x - mean(x, dim=1, keepdim=true)
+    h = c * rsqrt(mean(c * c, dim=1, keepdim=true) + 1e-5)
+    a = h @ w + b
+    g = 0.5 * a * (1.0 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
+    p = softmax(g, dim=1)
+    return sum(where(g > 0.0, p, 0.5 * p) @ transpose(w) * x)
+}
+def main() {
+    return grad(f, wrt=(w, b))(X, W, C)
+}
+"""),
     "batched": (None, """extern Tensor[float32, B, T, D] X
 extern Tensor[float32, D, F] W
 extern Tensor[float32, F] C

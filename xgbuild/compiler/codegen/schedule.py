@@ -229,6 +229,8 @@ def schedule(graph: Graph) -> Schedule:
         rules = _template(k)
         if n.op not in ELEMENTWISE or n.op in SOURCES or rules is None:
             return False
+        if n.attr("remat") and any(not graph.node(x).attr("remat") for x in k.nodes):
+            return False        # a value recomputed for the backward pass stays out of earlier kernels
         inner = [i for i in n.inputs if owner.get(i) == owner_index(k)]
         fits = rules.joins(k, tuple(n.shape), inner, graph, users)
         # Joining must not make the kernel read a value that itself needs this kernel (a cycle).
@@ -250,6 +252,11 @@ def schedule(graph: Graph) -> Schedule:
             return False
         if any(reaches(p, b) for p in deps[a] if p != b) or any(reaches(p, a) for p in deps[b] if p != a):
             return False
+        for k_re, k_other in ((ka, kb), (kb, ka)):      # recomputed values stay out of earlier kernels
+            first = min((position[x] for x in k_re.nodes if graph.node(x).attr("remat")), default=None)
+            if first is not None and any(position[x] < first and not graph.node(x).attr("remat")
+                                         for x in k_other.nodes):
+                return False
         for k_from, k_other in ((ka, b), (kb, a)):
             for nid in k_from.nodes:
                 g = graph.node(nid)

@@ -14,6 +14,7 @@ from dataclasses import replace
 from ..ir.graph import Graph, GraphBuilder, Node, Op, Program, attrs_of, tree_ids
 from ..ops import NO_GRADIENT, broadcast, op_def
 from .inline import _inline_graph
+from .remat import remat_backward
 
 
 class AutodiffError(ValueError):
@@ -128,6 +129,10 @@ def differentiate(fn: Graph, wrt: tuple[int, ...], with_value: bool, tuple_wrt: 
         grads.append(A.adj.get(p.id) if p.id in A.adj else A.add(Op.FULL, (), p, attrs=attrs_of(value=0)))
     gtree = {"tuple": [{"t": g} for g in grads]} if tuple_wrt else {"t": grads[0]}
     output = {"tuple": [fn.output, gtree]} if with_value else gtree
+    if not staged:
+        # Element-wise values the backward pass reads: recomputed there, not kept (remat.py).
+        b.nodes = remat_backward(list(b.nodes), {n.id for n in fn.nodes}, set(tree_ids(output)), b.next_id)
+        b.next_id = max((n.id for n in b.nodes), default=0) + 1
     return replace(b.build(output), params=fn.params)
 
 

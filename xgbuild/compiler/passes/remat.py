@@ -1,0 +1,151 @@
+"""Rematerialisation in a differentiated function: element-wise values the backward pass reads are
+computed again there, from values it holds anyway, instead of being kept from the forward pass.
+
+A training step's backward pass reads, for each layer, the forward pass's intermediates: a tanh
+GELU's four products and sums, a LayerNorm's centred rows, a bfloat16 copy of the attention
+probabilities beside the float32 ones. Kept, each lives from its layer's forward to its layer's
+backward: most of the step's peak memory. Every one of them is a few element-wise ops away from a
+value the backward pass reads anyway (a matmul's output, the probabilities, a reduction's row
+statistics) or that costs little to keep; recomputed next to its backward reader, the scheduler
+fuses it into that reader's kernel.
+
+`remat_backward` is called by `autodiff.differentiate` on the function's node list (the forward
+nodes, then the adjoint nodes), where which reads are the backward pass's is known. For a forward
+node F that is element-wise (unary, binary, `where`, a cast; views cost nothing) and read by the
+backward pass: its recomputation closure walks F's element-wise inputs back until each leaf is
+free (an input, a weight, an IOTA, a constant), read by the backward pass at or after F's first
+backward reader anyway, or small (at most 1/16 of F); a leaf that is none of these (a matmul's
+output, a reduction) is held longer, and F is recomputed only when those leaves' bytes are no more
+than F's (each leaf counted once; a symbolic dim counts as 64, so sizes over the same symbols
+compare). The clones (marked `remat`, so CSE keeps them apart from the
+forward nodes) go right before F's first backward reader, and every backward reader of F reads
+the clone. Values are bit-identical: the same ops on the same float32 (or exact) values; a
+bfloat16 or float16 element-wise value other than a cast is never recomputed (a kernel computes
+it in float32 and rounds it where it stores it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..ir.graph import Node, Op
+from ..ops import Kind, op_def
+
+CHEAP = (Kind.UNARY, Kind.BINARY, Kind.SELECT)
+FREE = (Op.INPUT, Op.PARAM, Op.IOTA, Op.FULL, Op.CONST)
+MAX_DEPTH = 16          # element-wise ops a closure walks back through
+SMALL = 16              # a leaf at most 1/SMALL of the value it serves is kept for free
+
+
+SYMBOLIC = 64           # what a symbolic dim counts as: sizes compare values over the same symbols
+
+
+def _size(n: Node) -> int:
+    count = 1
+    for d in n.shape:
+        count *= d if isinstance(d, int) else SYMBOLIC
+    return count * _itemsize(n.dtype)
+
+
+def _itemsize(dtype: str) -> int:
+    from ...dtypes import ITEMSIZE
+    return ITEMSIZE.get(dtype, 8)
+
+
+def _cheap(n: Node) -> bool:
+    kind = op_def(n.op).kind
+    if kind is Kind.VIEW:
+        return n.op in (Op.RESHAPE, Op.TRANSPOSE) or (n.op is Op.INDEX and len(n.inputs) == 1)
+    if kind not in CHEAP:
+        return False
+    return n.op is Op.CAST or n.dtype not in ("bfloat16", "float16")
+
+
+def remat_backward(nodes: list[Node], forward: set[int], keep: set[int], next_id: int) -> list[Node]:
+    """`nodes` (forward nodes first, in `forward`, then the backward pass's) with the backward
+    pass's reads of element-wise forward values recomputed where that holds less memory (see the
+    module's doc). `keep`: values the function returns (never moved). New nodes get ids from
+    `next_id` on."""
+    by_id = {n.id: n for n in nodes}
+    pos = {n.id: i for i, n in enumerate(nodes)}
+    users: dict[int, list[int]] = {n.id: [] for n in nodes}
+    for n in nodes:
+        for i in n.inputs:
+            users.setdefault(i, []).append(n.id)
+    # The last position each value is read at (the backward readers' positions are what matter).
+    last = {nid: max((pos[u] for u in us), default=pos.get(nid, 0)) for nid, us in users.items()}
+    extended: set[int] = set()              # leaves already held to a later reader (counted once)
+    plans: list[tuple[int, list[int]]] = []     # (the first backward reader's position, closure)
+    moved: dict[int, int] = {}              # F -> the position of its clone's first reader
+
+    def closure(nid: int, at: int, depth: int, acc: list[int], seen: set[int], leaves: set[int]) -> bool:
+        if nid in seen:
+            return True
+        n = by_id[nid]
+        if depth > MAX_DEPTH or not _cheap(n):
+            return False
+        for i in n.inputs:
+            m = by_id.get(i)
+            if m is None:
+                return False
+            if m.op in FREE or last.get(i, -1) >= at:
+                continue
+            if _size(m) * SMALL <= _size(n):
+                leaves.add(i)
+                continue
+            if _cheap(m) and m.id in forward and closure(i, at, depth + 1, acc, seen, leaves):
+                continue
+            leaves.add(i)
+        seen.add(nid)
+        acc.append(nid)
+        return True
+
+    for f in nodes:
+        if f.id not in forward or f.id in keep or not _cheap(f) or op_def(f.op).kind is Kind.VIEW:
+            continue
+        late = [u for u in users.get(f.id, ()) if u not in forward]
+        if not late:
+            continue
+        size_f = _size(f)
+        at = min(pos[u] for u in late)
+        acc: list[int] = []
+        leaves: set[int] = set()
+        if not closure(f.id, at, 0, acc, set(), leaves):
+            continue
+        cost = sum(_size(by_id[leaf]) for leaf in leaves if leaf not in extended and last[leaf] < at)
+        if cost > size_f:
+            continue
+        for leaf in leaves:
+            extended.add(leaf)
+            last[leaf] = max(last[leaf], max(pos[u] for u in late))
+        early = [pos[u] for u in users[f.id] if u in forward]
+        last[f.id] = max(early, default=pos[f.id])
+        plans.append((at, acc))
+        moved[f.id] = at
+
+    if not plans:
+        return nodes
+    # Clones before each first backward reader; one clone per (node, insertion point).
+    before: dict[int, list[list[int]]] = {}
+    for at, acc in plans:
+        before.setdefault(at, []).append(acc)
+    out: list[Node] = []
+    clone_at: dict[tuple[int, int], int] = {}
+    current: dict[int, int] = {}            # F -> its clone, for the backward readers
+    for i, n in enumerate(nodes):
+        for acc in before.get(i, ()):
+            for nid in acc:
+                if (nid, i) in clone_at:
+                    continue
+                src = by_id[nid]
+                ins = tuple(clone_at.get((x, i), x) for x in src.inputs)
+                new = replace(src, id=next_id, inputs=ins, attrs=tuple(sorted(src.attrs + (("remat", 1),))))
+                next_id += 1
+                clone_at[(nid, i)] = new.id
+                out.append(new)
+            f = acc[-1]
+            current[f] = clone_at[(f, i)]
+        if n.id not in forward and any(x in current for x in n.inputs):
+            n = replace(n, inputs=tuple(current.get(x, x) for x in n.inputs))
+        out.append(n)
+    return out
