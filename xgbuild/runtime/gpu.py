@@ -191,6 +191,7 @@ class KernelExecutor:
             for n in ready.get(index, ()):
                 value.start(n)          # its input exists now: the transfer overlaps the next kernels
             steps = record(steps, sources, index, plan, chosen, grid, args, outs, shapes, value)
+            launch = args = None        # (they hold the operands: dropped values must go with the next step)
         if steps is not None:
             remember(self._replays, key, graph, steps)
         outputs = _outputs(graph, value, self._consts)
@@ -210,9 +211,11 @@ class KernelExecutor:
         return known[1] if known is not None and known[0] is graph else frozenset()
 
     def _check_indices(self, graph: Graph, value: Values) -> None:
-        check_gather_indices(graph, value, self._verified_in(graph))
-        self._verified[id(graph)] = (graph, frozenset(n.id for n in graph.nodes
-                                                      if n.op is Op.GATHER and shape_only(graph, n.inputs[1])))
+        known = self._verified.get(id(graph))
+        check_gather_indices(graph, value, known[1] if known is not None and known[0] is graph else frozenset())
+        if known is None or known[0] is not graph:
+            self._verified[id(graph)] = (graph, frozenset(n.id for n in graph.nodes
+                                                          if n.op is Op.GATHER and shape_only(graph, n.inputs[1])))
 
     def _dropped(self, graph: Graph) -> list[tuple[int, ...]] | None:
         """Per plan step, the values to drop once it is launched (`lifetimes.frees`), once per
@@ -407,6 +410,7 @@ class KernelExecutor:
             args = replay_args(rec, inputs, produced, value, flags)
             if all(grid):
                 self.launch(chosen, grid, args)
+            args = None
             for nid, t in zip(plan.binding.outputs, outs):
                 value[nid] = t
         if self.check_indices:

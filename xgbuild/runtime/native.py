@@ -246,6 +246,7 @@ class NativeExecutor:
             for nid, t in zip(plan.binding.outputs, outs):
                 vals[nid] = t
             steps = record(steps, sources, index, plan, chosen, grid, args, outs, shapes, value)
+            launch = args = None        # (they hold the operands: dropped values must go with the next step)
         if steps is not None:
             remember(self._replays, key, graph, steps)
 
@@ -266,6 +267,7 @@ class NativeExecutor:
             args = replay_args(rec, inputs, produced, value, flags)
             if all(grid):
                 self.launcher.launch(chosen.handle, grid, args)
+            args = None
             for nid, t in zip(plan.binding.outputs, outs):
                 vals[nid] = t
 
@@ -409,8 +411,10 @@ class NativeExecutor:
 
     def _verify(self, graph: Graph) -> None:
         """This graph's shape-only gather indices were in range: never checked again (`shape_only`)."""
-        self._verified[id(graph)] = (graph, frozenset(n.id for n in graph.nodes
-                                                      if n.op is Op.GATHER and shape_only(graph, n.inputs[1])))
+        known = self._verified.get(id(graph))
+        if known is None or known[0] is not graph:
+            self._verified[id(graph)] = (graph, frozenset(n.id for n in graph.nodes
+                                                          if n.op is Op.GATHER and shape_only(graph, n.inputs[1])))
 
 
 def shape_only(graph: Graph, nid: int) -> bool:

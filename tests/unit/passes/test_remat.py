@@ -83,6 +83,13 @@ def test_bfloat16_element_wise_values_are_not_recomputed() -> None:
                            "block.xg").optimized.main
     clones = [n for n in graph.nodes if n.attr("remat")]
     assert all(n.dtype not in ("bfloat16", "float16") or n.op is Op.CAST for n in clones), clones
+    # ...nor a value that reads one made by an element-wise op (a fused forward reader saw it unrounded).
+    for n in clones:
+        for i in n.inputs:
+            m = graph.node(i)
+            while m.op in (Op.RESHAPE, Op.TRANSPOSE) and m.inputs:
+                m = graph.node(m.inputs[0])
+            assert not (m.dtype == "bfloat16" and m.op in (Op.MUL, Op.ADD, Op.SUB, Op.TANH, Op.WHERE)), (n, m)
 
 
 class _Plan:

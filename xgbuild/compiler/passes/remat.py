@@ -16,12 +16,12 @@ backward pass: its recomputation closure walks F's element-wise inputs back unti
 free (an input, a weight, an IOTA, a constant), read by the backward pass at or after F's first
 backward reader anyway, or small (at most 1/16 of F); a leaf that is none of these (a matmul's
 output, a reduction) is held longer, and F is recomputed only when those leaves' bytes are no more
-than F's (each leaf counted once; a symbolic dim counts as 64, so sizes over the same symbols
-compare). The clones (marked `remat`, so CSE keeps them apart from the
+than F's (a symbolic dim counts as 64, so sizes over the same symbols compare). The clones (marked `remat`, so CSE keeps them apart from the
 forward nodes) go right before F's first backward reader, and every backward reader of F reads
 the clone. Values are bit-identical: the same ops on the same float32 (or exact) values; a
-bfloat16 or float16 element-wise value other than a cast is never recomputed (a kernel computes
-it in float32 and rounds it where it stores it).
+bfloat16 or float16 element-wise value other than a cast is never recomputed, nor anything that
+reads one (a kernel computes it in float32 and rounds it only where it stores it, so a fused
+forward reader can see it unrounded).
 """
 
 from __future__ import annotations
@@ -61,6 +61,14 @@ def _cheap(n: Node) -> bool:
     return n.op is Op.CAST or n.dtype not in ("bfloat16", "float16")
 
 
+def _unrounded(m: Node, by_id: dict[int, Node]) -> bool:
+    """Whether a 16-bit value made by an element-wise op (through views) is read: the forward
+    kernel may hold it unrounded in float32 registers where a clone would read it rounded."""
+    while op_def(m.op).kind is Kind.VIEW and m.inputs and m.inputs[0] in by_id:
+        m = by_id[m.inputs[0]]
+    return m.dtype in ("bfloat16", "float16") and op_def(m.op).kind in CHEAP
+
+
 def remat_backward(nodes: list[Node], forward: set[int], keep: set[int], next_id: int) -> list[Node]:
     """`nodes` (forward nodes first, in `forward`, then the backward pass's) with the backward
     pass's reads of element-wise forward values recomputed where that holds less memory (see the
@@ -74,7 +82,6 @@ def remat_backward(nodes: list[Node], forward: set[int], keep: set[int], next_id
             users.setdefault(i, []).append(n.id)
     # The last position each value is read at (the backward readers' positions are what matter).
     last = {nid: max((pos[u] for u in us), default=pos.get(nid, 0)) for nid, us in users.items()}
-    extended: set[int] = set()              # leaves already held to a later reader (counted once)
     plans: list[tuple[int, list[int]]] = []     # (the first backward reader's position, closure)
     moved: dict[int, int] = {}              # F -> the position of its clone's first reader
 
@@ -86,7 +93,7 @@ def remat_backward(nodes: list[Node], forward: set[int], keep: set[int], next_id
             return False
         for i in n.inputs:
             m = by_id.get(i)
-            if m is None:
+            if m is None or _unrounded(m, by_id):
                 return False
             if m.op in FREE or last.get(i, -1) >= at:
                 continue
@@ -112,12 +119,11 @@ def remat_backward(nodes: list[Node], forward: set[int], keep: set[int], next_id
         leaves: set[int] = set()
         if not closure(f.id, at, 0, acc, set(), leaves):
             continue
-        cost = sum(_size(by_id[leaf]) for leaf in leaves if leaf not in extended and last[leaf] < at)
+        cost = sum(_size(by_id[leaf]) for leaf in leaves if last[leaf] < at)
         if cost > size_f:
             continue
         for leaf in leaves:
-            extended.add(leaf)
-            last[leaf] = max(last[leaf], max(pos[u] for u in late))
+            last[leaf] = max(last[leaf], at)        # the clone reads it there; later readers read the clone
         early = [pos[u] for u in users[f.id] if u in forward]
         last[f.id] = max(early, default=pos[f.id])
         plans.append((at, acc))
