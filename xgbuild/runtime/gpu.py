@@ -26,8 +26,8 @@ from ..compiler.ir.serialize import where as src_text
 from ..dtypes import TORCH_DTYPES
 from ..errors import ExecutionError, XGError
 from .cpu import CpuExecutor, RunOutput
-from .lifetimes import frees
-from .native import check_bits, computed_gathers, guarded_outputs, made_by, shape_only, where_of as _where
+from .lifetimes import computed_gathers, frees, release, shape_only_gathers
+from .native import check_bits, guarded_outputs, made_by, where_of as _where
 from .replay import Replay, record, remember, replay_args
 from .values import Collective, Values
 
@@ -158,7 +158,7 @@ class KernelExecutor:
         dropped = self._dropped(graph)
         for index, plan in enumerate(self.plans):
             if index and dropped:
-                self._drop(value, dropped[index - 1], sources)
+                release(value.vals, dropped[index - 1], self._made, sources)
             if isinstance(plan, ExternStep):
                 from .extern import call
                 n = graph.node(plan.node)
@@ -214,8 +214,7 @@ class KernelExecutor:
         known = self._verified.get(id(graph))
         check_gather_indices(graph, value, known[1] if known is not None and known[0] is graph else frozenset())
         if known is None or known[0] is not graph:
-            self._verified[id(graph)] = (graph, frozenset(n.id for n in graph.nodes
-                                                          if n.op is Op.GATHER and shape_only(graph, n.inputs[1])))
+            self._verified[id(graph)] = (graph, shape_only_gathers(graph))
 
     def _dropped(self, graph: Graph) -> list[tuple[int, ...]] | None:
         """Per plan step, the values to drop once it is launched (`lifetimes.frees`), once per
@@ -226,15 +225,6 @@ class KernelExecutor:
         if known is None or known[0] is not graph:
             known = self._frees[id(graph)] = (graph, frees(graph, self.plans, self._made))
         return known[1]
-
-    def _drop(self, value: Values, nids: tuple[int, ...], sources: dict | None = None) -> None:
-        """Let go of these node values; their memory is free for the next outputs (a recorded
-        launch then names a reused address by its new maker)."""
-        for nid in nids:
-            t = value.vals.pop(nid, None)
-            if sources is not None and t is not None and nid in self._made and \
-                    sources.get(t.data_ptr(), ("",))[0] == "out":
-                del sources[t.data_ptr()]
 
     def _blocked(self, graph: Graph) -> dict[int, "Blocks"]:
         """The collectives issued by the kernel that makes their input, block by block of its rows:
@@ -400,7 +390,7 @@ class KernelExecutor:
         dropped = self._dropped(graph)
         for index, (plan, (chosen, grid, rec, shapes)) in enumerate(zip(self.plans, known.steps)):
             if index and dropped:
-                self._drop(value, dropped[index - 1])
+                release(value.vals, dropped[index - 1], self._made)
                 for nid in dropped[index - 1]:
                     at = self._made.get(nid)
                     if at is not None and at[0] < len(produced):

@@ -10,14 +10,15 @@ live at once.
 A value made by a kernel (or a PyTorch operator) is a root; a view (reshape, transpose, slice,
 a collective within one process) reads its roots' memory, so reading a view reads its roots. A
 root is never dropped when the graph's outputs view it, nor when it holds a GATHER's computed
-indices (check mode range-checks them after the run).
+indices (check mode range-checks them after the run). Check mode checks indices that follow from
+the shapes alone once per graph (`shape_only_gathers`).
 """
 
 from __future__ import annotations
 
 from ..compiler.codegen.launch_abi import ExternStep
 from ..compiler.codegen.schedule import VIEWS
-from ..compiler.ir.graph import Graph, Op, tree_ids
+from ..compiler.ir.graph import COLLECTIVE, Graph, Node, Op, tree_ids
 from ..dtypes import ITEMSIZE
 
 
@@ -82,3 +83,52 @@ def peak_bytes(graph: Graph, plans: list, made: dict[int, tuple[int, int]], drop
         if dropped is not None:
             alive -= sum(size[nid] for nid in dropped[index] if nid in size)
     return peak
+
+
+def release(vals: dict, nids: tuple[int, ...], made: dict[int, tuple[int, int]], sources: dict | None = None) -> None:
+    """Drop these node values from a run's `vals` (the executors' `frees` step); with `sources` (a
+    launch recorder's pointer map), a dropped kernel output's address is forgotten, so a later
+    output at the same address is named by its new maker."""
+    for nid in nids:
+        t = vals.pop(nid, None)
+        if sources is not None and t is not None and nid in made and sources.get(t.data_ptr(), ("",))[0] == "out":
+            del sources[t.data_ptr()]
+
+
+def shape_only(graph: Graph, nid: int) -> bool:
+    """Whether node `nid`'s value follows from the graph's shapes alone (IOTAs and constants through
+    element-wise ops and views: no input, weight or random number): the same in every run of this
+    graph, so its range needs checking once (a convolution's im2col indices)."""
+    seen: set[int] = set()
+    todo = [nid]
+    while todo:
+        n = graph.node(todo.pop())
+        if n.id in seen:
+            continue
+        seen.add(n.id)
+        if n.op in (Op.IOTA, Op.CONST, Op.FULL):
+            continue
+        if not n.inputs or n.op in (Op.EXTERN, Op.RAND, Op.RANDN) or n.op in COLLECTIVE:
+            return False
+        todo.extend(n.inputs)
+    return True
+
+
+def computed_gathers(graph: Graph, verified: frozenset[int] = frozenset()) -> list[Node]:
+    """The GATHERs whose indices the program computes (an engine input's are checked before the
+    run), less those in `verified`."""
+    found = []
+    for n in graph.nodes:
+        if n.op is not Op.GATHER or n.id in verified:
+            continue
+        src = graph.node(n.inputs[1])
+        while src.op in (Op.RESHAPE, Op.TRANSPOSE) or (src.op is Op.INDEX and len(src.inputs) == 1):
+            src = graph.node(src.inputs[0])
+        if src.op is not Op.INPUT:
+            found.append(n)
+    return found
+
+
+def shape_only_gathers(graph: Graph) -> frozenset[int]:
+    """The GATHERs of `graph` whose indices follow from its shapes alone (`shape_only`)."""
+    return frozenset(n.id for n in graph.nodes if n.op is Op.GATHER and shape_only(graph, n.inputs[1]))

@@ -38,6 +38,7 @@ from ..packager.signing import (TrustedKeys, Trust, digest_problem, load_trusted
                                 trust_verdict, SigningError)
 from ..packager.weights import safetensors_header
 from ..settings import RunSettings
+from .lifetimes import computed_gathers, frees, release, shape_only_gathers
 from . import dlpack
 from .device import CudaDevice, CudaEvent, DeviceArray
 from .replay import Replay, record, remember, replay_args
@@ -170,16 +171,8 @@ class NativeExecutor:
         goes back to the stream-ordered pool for the next outputs."""
         known = self._frees.get(id(graph))
         if known is None or known[0] is not graph:
-            from .lifetimes import frees
             known = self._frees[id(graph)] = (graph, frees(graph, self.plans, self._made))
         return known[1]
-
-    def _drop(self, vals: dict, nids: tuple[int, ...], sources: dict | None = None) -> None:
-        for nid in nids:
-            a = vals.pop(nid, None)
-            if sources is not None and a is not None and nid in self._made and \
-                    sources.get(a.data_ptr(), ("",))[0] == "out":
-                del sources[a.data_ptr()]      # a reused address is named by its new maker
 
     def run(self, graph: Graph, inputs: Mapping[str, DeviceArray], check: bool = True) -> dict[int, DeviceArray]:
         """Launch the plans. The first run at an input signature records its launches (variant,
@@ -227,7 +220,7 @@ class NativeExecutor:
         dropped = self.dropped(graph)
         for index, plan in enumerate(self.plans):
             if index:
-                self._drop(vals, dropped[index - 1], sources)
+                release(vals, dropped[index - 1], self._made, sources)
             shapes = [(tuple(graph.node(nid).shape), graph.node(nid).dtype) for nid in plan.binding.outputs]
             outs = [dev.empty(shape, dtype) for shape, dtype in shapes]
             launch = bind(plan, graph, value, outs, flags, check_bits(plan, stored))
@@ -257,7 +250,7 @@ class NativeExecutor:
         dropped = self.dropped(known.graph)
         for index, (plan, (chosen, grid, rec, shapes)) in enumerate(zip(self.plans, known.steps)):
             if index:
-                self._drop(vals, dropped[index - 1])
+                release(vals, dropped[index - 1], self._made)
                 for nid in dropped[index - 1]:
                     at = self._made.get(nid)
                     if at is not None:
@@ -413,42 +406,7 @@ class NativeExecutor:
         """This graph's shape-only gather indices were in range: never checked again (`shape_only`)."""
         known = self._verified.get(id(graph))
         if known is None or known[0] is not graph:
-            self._verified[id(graph)] = (graph, frozenset(n.id for n in graph.nodes
-                                                          if n.op is Op.GATHER and shape_only(graph, n.inputs[1])))
-
-
-def shape_only(graph: Graph, nid: int) -> bool:
-    """Whether node `nid`'s value follows from the graph's shapes alone (IOTAs and constants through
-    element-wise ops and views: no input, weight or random number): the same in every run of this
-    graph, so its range needs checking once (a convolution's im2col indices)."""
-    seen: set[int] = set()
-    todo = [nid]
-    while todo:
-        n = graph.node(todo.pop())
-        if n.id in seen:
-            continue
-        seen.add(n.id)
-        if n.op in (Op.IOTA, Op.CONST, Op.FULL):
-            continue
-        if not n.inputs or n.op in (Op.EXTERN, Op.RAND, Op.RANDN) or n.op in COLLECTIVE:
-            return False
-        todo.extend(n.inputs)
-    return True
-
-
-def computed_gathers(graph: Graph, verified: frozenset[int] = frozenset()) -> list[Node]:
-    """The GATHERs whose indices the program computes (an engine input's are checked before the
-    run), less those in `verified`."""
-    found = []
-    for n in graph.nodes:
-        if n.op is not Op.GATHER or n.id in verified:
-            continue
-        src = graph.node(n.inputs[1])
-        while src.op in (Op.RESHAPE, Op.TRANSPOSE) or (src.op is Op.INDEX and len(src.inputs) == 1):
-            src = graph.node(src.inputs[0])
-        if src.op is not Op.INPUT:
-            found.append(n)
-    return found
+            self._verified[id(graph)] = (graph, shape_only_gathers(graph))
 
 
 def _gather_in_bounds(n: Node, idx: DeviceArray, graph: Graph) -> None:

@@ -83,7 +83,6 @@ def remat_backward(nodes: list[Node], forward: set[int], keep: set[int], next_id
     # The last position each value is read at (the backward readers' positions are what matter).
     last = {nid: max((pos[u] for u in us), default=pos.get(nid, 0)) for nid, us in users.items()}
     plans: list[tuple[int, list[int]]] = []     # (the first backward reader's position, closure)
-    moved: dict[int, int] = {}              # F -> the position of its clone's first reader
 
     def closure(nid: int, at: int, depth: int, acc: list[int], seen: set[int], leaves: set[int]) -> bool:
         if nid in seen:
@@ -127,7 +126,6 @@ def remat_backward(nodes: list[Node], forward: set[int], keep: set[int], next_id
         early = [pos[u] for u in users[f.id] if u in forward]
         last[f.id] = max(early, default=pos[f.id])
         plans.append((at, acc))
-        moved[f.id] = at
 
     if not plans:
         return nodes
