@@ -58,7 +58,7 @@ fi
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     log "installing Python dependencies into .venv (first run takes a few minutes; log: .venv/setup.log)"
     pip_install() {
-        if ! "$VENV/bin/python" -m pip install -q "$@" >>"$VENV/setup.log" 2>&1; then
+        if ! "$VENV/bin/python" -m pip install -q --no-cache-dir "$@" >>"$VENV/setup.log" 2>&1; then
             tail -n 40 "$VENV/setup.log" >&2
             log "pip install $* failed (full log: $VENV/setup.log)"
             exit 1

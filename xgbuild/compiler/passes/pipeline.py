@@ -21,6 +21,7 @@ from .precision import precision
 from .shard import shard
 from .simplify import simplify
 from .sink_reshapes import sink_reshapes
+from .split_reductions import split_reductions
 from .stage import stage
 
 Pass = Callable[[Program], Program]
@@ -36,6 +37,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("dce", dce),
     ("stage", stage),
     ("shard", shard),
+    ("split-reductions", split_reductions),
 ]
 PASS_NAMES = [name for name, _ in PIPELINE]
 
