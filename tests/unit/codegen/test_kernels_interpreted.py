@@ -95,6 +95,32 @@ def main() {
     return grad(f, wrt=(w, b))(X, W, C)
 }
 """),
+    # Attention's gradients flash-style (passes/flash.py, templates/flash.py): causal with a finite
+    # fill, and unmasked (T != S at the odd sizes); bfloat16 products in tests/unit/codegen/test_flash.py.
+    "attention_grad": (None, """extern Tensor[float32, B, T, D] Q
+extern Tensor[float32, B, S, D] K
+extern Tensor[float32, B, S, F] V
+extern Tensor[float32, B, T, F] G
+def causal(Tensor[float32, B, T, D] q, Tensor[float32, B, S, D] k, Tensor[float32, B, S, F] v,
+           Tensor[float32, B, T, F] g) -> float32 {
+    keep = reshape(arange(T), [T, 1]) >= reshape(arange(S), [1, S])
+    return sum(softmax(where(keep, (q @ transpose(k)) * 0.125, -1e9), dim=2) @ v * g)
+}
+def plain(Tensor[float32, B, T, D] q, Tensor[float32, B, S, D] k, Tensor[float32, B, S, F] v,
+          Tensor[float32, B, T, F] g) -> float32 {
+    return sum(softmax(0.3 * (q @ transpose(k)), dim=2) @ v * g)
+}
+def main() {
+    return grad(causal, wrt=(q, k, v))(Q, K, V, G), grad(plain, wrt=(q, k, v))(Q, K, V, G)
+}
+"""),
+    # Whole-tensor reductions in two stages (passes/split_reductions.py): rows, then the row results.
+    "split_reductions": (None, """extern Tensor[float32, 16, 64, 72] X
+extern Tensor[int32, 48, 2048] I
+def main() {
+    return sum(X * X), mean(exp(X), keepdim=true), max(X), min(I), sum(cast(X, bfloat16))
+}
+"""),
     "batched": (None, """extern Tensor[float32, B, T, D] X
 extern Tensor[float32, D, F] W
 extern Tensor[float32, F] C

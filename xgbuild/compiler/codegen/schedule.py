@@ -12,7 +12,8 @@ in topological order:
   indexed read) starts one: each output element is the input's element where INDEX read it, or 0.
   GATHER (an embedding lookup) starts one too: each output element loads its row's index, then
   the table's element in that row.
-EXTERN (a PyTorch operator run eagerly, `fallback="eager"`) is a step of its own between kernels.
+EXTERN (a PyTorch operator run eagerly, `fallback="eager"`) is a step of its own between kernels,
+and so is each of attention's backward ops (`flash`: ATTN_LSE, ATTN_GRAD, templates/flash.py).
 Views (RESHAPE of a contiguous value, TRANSPOSE, constant INDEX) are not kernels: a kernel reads
 its inputs through their strides. CONST nodes are folded into the kernels that read them. Every
 other node must land in a kernel: an op with no kernel path is an error, never a CPU fallback.
@@ -37,6 +38,8 @@ VIEWS = {Op.RESHAPE, Op.TRANSPOSE, Op.INDEX, *COLLECTIVE}
 # Element-wise ops that read an input at other positions than their own: each starts a kernel (it is
 # never fused after that input), its consumers join it, and only the element-wise template places it.
 GATHERS = {Op.UNINDEX, Op.GATHER}
+# Attention's backward ops (passes/flash.py): a kernel each, recomputing the scores.
+FLASH = {Op.ATTN_LSE, Op.ATTN_GRAD}
 
 
 # Attention: operand and score dtypes the fused kernel takes (tl.dot in float32 accumulators).
@@ -337,6 +340,9 @@ def schedule(graph: Graph) -> Schedule:
             continue
         if n.op is Op.EXTERN:
             new_kernel(Kernel("extern", n.id, [n.id], tuple(n.shape)), n)
+            continue
+        if n.op in FLASH:
+            new_kernel(Kernel("flash", n.id, [n.id], tuple(n.shape)), n)
             continue
         if n.op in GATHERS:
             # Reads an input at other positions than its own: never fused after that input.

@@ -208,6 +208,12 @@ def rules(node: Node, ins: list[Node], n: int | None) -> list[Rule]:
         return _index(node, ins, n)
     if op is Op.GATHER:
         return _gather(node, ins, n)
+    if op in (Op.ATTN_LSE, Op.ATTN_GRAD):
+        # Attention's backward: every tensor operand split alike along one batch dim (the scale whole).
+        batch = len(ins[0].shape) - 2
+        return [(tuple(R for _ in ins), R)] + [
+            (tuple(S(e) if tuple(i.shape) else R for i in ins), S(e)) for e in range(batch)
+            if shardable(ins[0].shape[e], n)]
     if op in (Op.STAGE, Op.MICROBATCH):     # markers: any layout passes through
         return [((R,), R), ((P,), P)] + [((S(e),), S(e)) for e in range(len(node.shape))]
     return [(tuple(R for _ in ins), R)]      # RANDN, RAND: on whole values (the same on every rank)

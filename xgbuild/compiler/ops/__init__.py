@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from . import elementwise, structural
+from . import attention, elementwise, structural
 from .core import (BroadcastError, DTYPES, FLOATS, INTEGERS, NO_GRADIENT, Dim, Kind, Op, OpDef, Operands, Shape, ShapeError,
                    TritonCtx, attrs_of, broadcast)
 from .structural import index_shape, numel
@@ -21,7 +21,7 @@ from .structural import index_shape, numel
 
 def _table() -> dict[Op, OpDef]:
     table: dict[Op, OpDef] = {}
-    for d in (*elementwise.DEFS, *structural.DEFS):
+    for d in (*elementwise.DEFS, *structural.DEFS, *attention.DEFS):
         if d.op in table:
             raise RuntimeError(f"op `{d.op.value}` is defined twice")
         table[d.op] = d

@@ -47,6 +47,9 @@ class Op(str, Enum):
     UNINDEX = "unindex"        # attrs: items: zeros of the node's shape with the input placed where INDEX read
     GATHER = "gather"          # table, idx: table rows at integer indices: [*idx.shape, *table.shape[1:]]
     EXTERN = "extern"          # attrs: call, args (JSON), output: a PyTorch operator run eagerly (fallback="eager")
+    # attention's backward pass, flash-style (ops/attention.py; made by passes/flash.py, never written)
+    ATTN_LSE = "attn_lse"      # q, kT, scale; attrs: causal, fill: each query row's log-sum-exp
+    ATTN_GRAD = "attn_grad"    # q, kT, v, dO, lse, delta, scale; attrs: wrt, causal, fill
     # functions (before inlining)
     CALL = "call"              # attrs: func, dims (callee symbol -> caller dim); one output per PROJ
     PROJ = "proj"              # attrs: index: the index-th output of a CALL
@@ -74,6 +77,7 @@ class Kind(str, Enum):
     NORMALIZE = "normalize"    # softmax-like: a reduction broadcast back over its row
     VIEW = "view"              # moves or picks elements, computes nothing
     GATHER = "gather"          # rows of a table at run-time indices
+    ATTENTION = "attention"    # softmax(scores) @ v's backward pass, recomputing the scores
     HOST = "host"              # run outside XG's kernels (a PyTorch operator)
     FUNCTION = "function"      # calls, before inlining
     COLLECTIVE = "collective"  # identity in one process; communication across ranks

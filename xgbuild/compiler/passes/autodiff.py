@@ -14,6 +14,7 @@ from dataclasses import replace
 from ..ir.graph import Graph, GraphBuilder, Node, Op, Program, attrs_of, tree_ids
 from ..ops import NO_GRADIENT, broadcast, op_def
 from .inline import _inline_graph
+from .flash import attention_vjp, find_attention
 from .remat import remat_backward
 
 
@@ -114,9 +115,15 @@ def differentiate(fn: Graph, wrt: tuple[int, ...], with_value: bool, tuple_wrt: 
     staged = any(n.op is Op.STAGE for n in fn.nodes)
     loss = fn.node(out_ids[0])
     A.adj[loss.id] = A.add(Op.FULL, (), loss, attrs=attrs_of(value=1.0))
+    # Attention's gradient recomputes its scores instead of keeping them (flash.py); not across
+    # pipeline stages, whose backward pass mirrors the forward one op by op.
+    attentions = {} if staged else find_attention(fn)
     for n in reversed(fn.nodes):
         g = A.adj.get(n.id)
         if g is None or op_def(n.op).vjp is NO_GRADIENT:
+            continue
+        if n.id in attentions:
+            attention_vjp(A, attentions[n.id], g)
             continue
         if staged:
             # Pipeline stages: a node's gradient is computed on the GPU that runs the node, so the

@@ -11,7 +11,7 @@ from ..emitter import Emitted, Emitter
 from ..kernel import Kernel, Schedule
 from ..launch_abi import Variant
 from ..spec import Binding, KernelSpec
-from . import attention, elementwise, matmul, rowwise
+from . import attention, elementwise, flash, matmul, rowwise
 from .base import KernelTemplate, Problem
 
 TEMPLATES: dict[str, KernelTemplate] = {t.kind: t for t in (
@@ -19,6 +19,7 @@ TEMPLATES: dict[str, KernelTemplate] = {t.kind: t for t in (
     rowwise.TEMPLATE,
     matmul.TEMPLATE,
     attention.TEMPLATE,
+    flash.TEMPLATE,
 )}
 KINDS = tuple(TEMPLATES)
 

@@ -1,0 +1,197 @@
+"""The flash kernel kind: attention's backward ops (`attn_lse`, `attn_grad`, ops/attention.py),
+one op a kernel, each recomputing its blocks of scores from q and kT (source in
+`triton_flash.py`): its launch (every operand in its own shape, the batch dims shared), its config
+space and pruning rules, and its cost model (a matmul whose k-steps are score blocks)."""
+
+from __future__ import annotations
+
+import math
+
+from xgbuild.hw import GpuProfile
+
+from ....dtypes import ITEMSIZE
+from ...ir.graph import Op
+from ..emitter import Emitted, Emitter
+from ..kernel import Kernel, Schedule
+from ..launch_abi import Frame, Launch, Variant
+from ..spec import Binding, KernelSpec, LocalNode, const
+from ..triton_flash import flash, role
+from .attention import key_steps
+from .base import Config, KernelTemplate, Problem, config_key, make_config, next_pow2
+from .roofline import (BASE_REGS_PER_THREAD, L2_SPEEDUP, MIN_ACC_ELEMENTS_PER_THREAD, SMEM_HEADROOM_BYTES,
+                       SPILL_PENALTY, blocks_per_sm, matmul_peak, over_smem, smem_feed, stream_s)
+
+BLOCK_M = (32, 64, 128)
+BLOCK_N = (32, 64, 128)
+WARPS = (4, 8)
+STAGES = (1, 2, 3)
+# Head dims are one tile each (passes/flash.py matches attention only up to this).
+MAX_HEAD = 256
+
+
+def head_block(size: int) -> int:
+    return max(16, next_pow2(size))
+
+
+def smem_bytes(c: Config, elem_bytes: int) -> int:
+    """The pipelined tiles of the loop (kT and v, or q and dO) and the score block on its way to a product."""
+    bm, bn, bd, bdv = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_D"], c["BLOCK_DV"]
+    loop = max(bm, bn) * (bd + bdv) * max(1, c["num_stages"])
+    return (loop + bm * bn) * elem_bytes + SMEM_HEADROOM_BYTES
+
+
+def regs_per_thread(c: Config, elem_bytes: int = 2) -> float:
+    """The score block and dp (fp32), the accumulator (one head wide) and the resident tiles."""
+    bm, bn, bd, bdv = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_D"], c["BLOCK_DV"]
+    resident = max(bm, bn) * (bd + bdv) * elem_bytes / 4
+    return (2 * bm * bn + max(bm, bn) * max(bd, bdv) + resident) / (32 * c["num_warps"])
+
+
+def _tile_vs_problem(p: Problem, c: Config, hw: GpuProfile) -> str | None:
+    for param, size in (("BLOCK_M", p.m), ("BLOCK_N", p.n)):
+        cover = max(32, next_pow2(size))
+        if c[param] > cover:
+            return f"{param} {c[param]} > {cover}, the most a size of {size} needs"
+    return None
+
+
+def _smem(p: Problem, c: Config, hw: GpuProfile) -> str | None:
+    return over_smem(smem_bytes(c, p.elem_bytes), hw)
+
+
+def _regs(p: Problem, c: Config, hw: GpuProfile) -> str | None:
+    regs = regs_per_thread(c, p.elem_bytes)
+    limit = hw.max_registers_per_thread - BASE_REGS_PER_THREAD
+    if regs > limit:
+        return (f"scores, accumulator and tiles take {regs:g} registers per thread > {limit} "
+                f"({c['BLOCK_M']}x{c['BLOCK_N']}, heads {c['BLOCK_D']}/{c['BLOCK_DV']}, {c['num_warps']} warps)")
+    if c["BLOCK_M"] * c["BLOCK_N"] / (32 * c["num_warps"]) < MIN_ACC_ELEMENTS_PER_THREAD:
+        return f"a {c['BLOCK_M']}x{c['BLOCK_N']} score block over {c['num_warps']} warps is too few elements per thread"
+    return None
+
+
+class FlashTemplate(KernelTemplate):
+    kind = "flash"
+    params = ("BLOCK_D", "BLOCK_DV", "BLOCK_M", "BLOCK_N")
+    sizes = ("batch", "m", "n", "k", "dv")
+    tiled = True
+    bound_margin = 0.75
+    rules = (_tile_vs_problem, _smem, _regs)
+
+    def spec(self, sched: Schedule, k: Kernel) -> tuple[KernelSpec, Binding]:
+        """One local node, the op, reading every tensor input as an operand of its own ("full") and
+        the scale as a constant or a "scalar" operand."""
+        g = sched.graph
+        n = g.node(k.anchor)
+        operands: list[tuple[str, str]] = []
+        nodes: list[int] = []
+        args = []
+        for pos, i in enumerate(n.inputs):
+            src = g.node(i)
+            if pos == len(n.inputs) - 1 and src.op is Op.CONST:
+                args.append(const(float(src.attr("value")), src.dtype))
+                continue
+            args.append(("o", len(operands)))
+            operands.append((src.dtype, "scalar" if pos == len(n.inputs) - 1 else "full"))
+            nodes.append(i)
+        attrs = tuple(sorted((key, value) for key, value in n.attrs if key in ("wrt", "causal", "fill")))
+        local = LocalNode(n.op.value, tuple(args), n.dtype, "full", attrs)
+        spec = KernelSpec("flash", len(n.shape) + (1 if n.op is Op.ATTN_LSE else 0), tuple(operands), (local,), (0,))
+        return spec, Binding(tuple(nodes), (n.id,), n.id, "shape")
+
+    def emit(self, e: Emitter) -> Emitted:
+        return flash(e)
+
+    def frame(self, spec: KernelSpec, b: Binding, graph, domain: tuple) -> Frame:
+        # Every operand in its own shape: q batch + (T, D), kT batch + (D, S), v batch + (S, DV),
+        # dO batch + (T, DV), lse and delta batch + (T, 1) (a unit dim, so all are of one rank).
+        q_shape, k_shape = (tuple(graph.node(b.operands[j]).shape) for j in (0, 1))
+        batch = q_shape[:-2]
+        T, D, S = int(q_shape[-2]), int(q_shape[-1]), int(k_shape[-1])
+        v_shape = tuple(graph.node(b.operands[2]).shape) if len(b.operands) > 3 else None
+        DV = int(v_shape[-1]) if v_shape else D
+
+        def lined(j: int, _level: str, t):
+            return t.unsqueeze(-1) if t.dim() == len(batch) + 1 else t
+
+        keys = 1 if role(spec) in ("k", "v") else 0
+
+        def sizes(_tensors: dict) -> dict[str, int]:
+            return {"M": T, "N": S, "K": D, "DV": DV, "batch": math.prod(batch), "KEYS": keys}
+        return Frame(tuple(domain), lined, sizes, batch)
+
+    def grid(self, config: Config, ints: dict[str, int]) -> tuple[int, int, int]:
+        # (`grid` sees no spec: the key-block kernels of dk and dv say so with KEYS, from `sizes`.)
+        rows, block = (ints["N"], config["BLOCK_N"]) if ints.get("KEYS") else (ints["M"], config["BLOCK_M"])
+        return (-(-rows // block), ints["batch"], 1)
+
+    def accepts(self, variant: Variant, config: Config, launch: Launch) -> bool:
+        return launch.ints["K"] <= config["BLOCK_D"] and launch.ints["DV"] <= config["BLOCK_DV"]
+
+    def problem(self, spec: KernelSpec, ints: dict[str, int], dtype: str, work: int, moved: float,
+                widest: int, strides: tuple = ()) -> Problem:
+        b, t, s, d, dv = ints["batch"], ints["M"], ints["N"], ints["K"], ints["DV"]
+        what = role(spec)
+        causal = bool(dict(spec.nodes[0].attrs).get("causal", False))
+        per = {"lse": d, "q": 2 * d + dv, "k": 2 * d + dv, "v": d + dv}[what]
+        flops = 2.0 * b * t * s * per * (0.5 if causal else 1.0)
+        return Problem("flash", spec.operands[0][0], flops, moved, batch=b, m=t, n=s, k=d, dv=dv,
+                       causal=causal, elem_bytes=ITEMSIZE[spec.operands[0][0]])
+
+    def shape_text(self, p: Problem) -> str:
+        return f"{p.batch}x{p.m}x{p.n}x{p.k}x{p.dv}" + ("c" if p.causal else "")
+
+    def assumptions(self, p: Problem, config: Config) -> tuple[bool, bool]:
+        return True, False
+
+    def full_space(self, p: Problem, hw: GpuProfile | None = None) -> list[Config]:
+        bd, bdv = head_block(p.k), head_block(p.dv)
+        return [make_config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bdv, num_warps=w, num_stages=s)
+                for bm in BLOCK_M for bn in BLOCK_N for w in WARPS for s in STAGES]
+
+    def default_config(self, p: Problem) -> Config:
+        # Whole heads up to MAX_HEAD in small score blocks: any sequence lengths.
+        return make_config(BLOCK_M=32, BLOCK_N=32, BLOCK_D=max(64, head_block(p.k)),
+                           BLOCK_DV=max(64, head_block(p.dv)), num_warps=4, num_stages=1)
+
+    def peak_flops(self, p: Problem, profile: GpuProfile, config: Config | None) -> float:
+        return matmul_peak(p.dtype, profile)
+
+    def seconds(self, p: Problem, c: Config, hw: GpuProfile, top) -> float:
+        """Like attention's forward model: each program walks its score blocks (up to the diagonal
+        when causal), doing its products from shared memory; q, dO (or kT, v) through L2 for every
+        block."""
+        bm, bn, bd, bdv, stages = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_D"], c["BLOCK_DV"], c["num_stages"]
+        threads = 32 * c["num_warps"]
+        smem = smem_bytes(c, p.elem_bytes)
+        regs = regs_per_thread(c, p.elem_bytes) + BASE_REGS_PER_THREAD
+        per_sm = blocks_per_sm(hw, threads, regs, smem)
+        keys = p.flops / max(1.0, 2.0 * p.batch * p.m * p.n * (0.5 if p.causal else 1.0))   # head widths of products
+        # Programs over query blocks (lse, dq) or key blocks (dk, dv): the model sees the larger count.
+        programs = p.batch * max(math.ceil(p.m / bm), math.ceil(p.n / bn))
+        slots = hw.sm_count * per_sm
+        steps = key_steps(p, bm, bn)
+        sm_peak = top.flops / hw.sm_count
+        step_flops = 2 * bm * bn * keys
+        feed = smem_feed(p, {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": c["num_warps"]}, hw, sm_peak)
+
+        def sm_seconds(resident: int) -> float:
+            return steps * resident * step_flops / (sm_peak * feed) * (1.0 if stages > 1 else 1.25)
+
+        full_waves, tail = divmod(programs, slots)
+        compute = full_waves * sm_seconds(per_sm)
+        if tail:
+            compute += sm_seconds(math.ceil(tail / hw.sm_count))
+        in_flight = max(1, stages - 1) * max(bm, bn) * (bd + bdv) * p.elem_bytes
+        memory = stream_s(p.bytes, programs, per_sm, in_flight, hw, top.bandwidth)
+        loaded = programs * steps * max(bm, bn) * (bd + bdv) * p.elem_bytes
+        memory = max(memory, loaded / (top.bandwidth * L2_SPEEDUP))
+        if regs > hw.max_registers_per_thread:
+            compute *= SPILL_PENALTY
+        return max(compute, memory, p.flops / top.flops)
+
+    def tie_break(self, p: Problem, config: Config) -> tuple:
+        return (-config["BLOCK_M"] * config["BLOCK_N"], config["num_stages"], config_key(config))
+
+
+TEMPLATE = FlashTemplate()

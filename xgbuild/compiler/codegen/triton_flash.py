@@ -1,0 +1,231 @@
+"""The flash kernels: attention's backward ops (ops/attention.py) as Triton, each recomputing its
+score blocks from q and kT in registers; nothing of size [T, S] is read or written.
+
+- `attn_lse`: one program per block of BLOCK_M query rows walks the key blocks (up to the diagonal
+  when causal) with an online max and sum, and writes each row's log-sum-exp. Keys past the last
+  block visited score `fill` in every row of the program and join the sum in closed form (a
+  finite fill; -inf adds nothing), as the forward attention kernel does.
+- `attn_grad` of q: one program per query block walks the key blocks up to the diagonal:
+  p = exp(t - lse), dp = dO @ v^T, ds = p * (dp - delta) where the score was kept, times scale,
+  rounded to q's dtype; dq += ds @ k.
+- `attn_grad` of k and of v: one program per block of BLOCK_N keys walks the query blocks from the
+  diagonal down: dkT += q^T @ ds, dv += p^T @ dO (p rounded to v's dtype). The query rows above
+  the diagonal see these keys masked: they add nothing to dk, and to dv only their fill's weight
+  exp(fill - lse) (0 unless the fill is close to the row's scores: computed, then added only if
+  some row's is not 0).
+
+Products take the operands' dtype with float32 accumulators (exact "ieee" products for float32,
+as the matmul template); every program works on whole heads (D, DV <= BLOCK_D, BLOCK_DV).
+"""
+
+from __future__ import annotations
+
+from .emitter import TL, Emitted, Emitter, literal
+from .spec import KernelSpec
+
+
+def role(spec: KernelSpec) -> str:
+    """"lse", or which operand's gradient the kernel makes: "q", "k" or "v"."""
+    n = spec.nodes[0]
+    return "lse" if n.op == "attn_lse" else dict(n.attrs)["wrt"]
+
+
+def _dot(a: str, b: str, acc: str | None, dtype: str) -> str:
+    extra = {"float32": ', input_precision="ieee"', "float64": ", out_dtype=tl.float64"}.get(dtype, "")
+    return f"tl.dot({a}, {b}{', ' + acc if acc else ''}{extra})"
+
+
+def flash(e: Emitter) -> Emitted:
+    spec, w, cfg = e.spec, e.w, e.config
+    e.pointer_params()
+    node = spec.nodes[0]
+    what = role(spec)
+    attrs = dict(node.attrs)
+    causal = bool(attrs.get("causal", False))
+    fill = attrs.get("fill")
+    nb = spec.rank - 2
+    qdt = spec.operands[0][0]
+    if qdt not in ("bfloat16", "float16", "float32", "float64"):
+        raise NotImplementedError(f"no GPU attention backward for {qdt} operands")
+    scale_arg = node.args[-1]
+    ct = "float64" if (scale_arg[2] if scale_arg[0] == "c" else spec.operands[scale_arg[1]][0]) == "float64" \
+        else "float32"
+    CT = TL[ct]
+    AT = "tl.float64" if qdt == "float64" else "tl.float32"     # the products' accumulators
+    e.int_param("M")
+    for name in ("N", "K", "DV"):
+        e.int_param(name, hint16=True)
+
+    def offset(j: int, rest: str = "") -> str:
+        return " + ".join(x for x in (e.dot((f"bi{d}", e.stride(j, d)) for d in range(nb)), rest) if x) or "0"
+
+    def rows_block(var: str, start: str, block: str, limit: str) -> None:
+        w.line(f"{var} = {start} + tl.arange(0, {block})")
+        w.line(f"{var}_ok = {var} < {limit}")
+
+    w.line("pid = tl.program_id(0)")
+    w.line(f"bid = tl.program_id(1).to({e.idx})")
+    e.unravel("bid", 0, nb, "bi")
+    if scale_arg[0] == "c":
+        w.line(f"scale = {literal(scale_arg[1], ct)}")
+    else:
+        w.line(f"scale = tl.load(p{scale_arg[1]} + 0).to({CT})")
+    w.line(f"q_base = p0 + {offset(0)}")
+    w.line(f"k_base = p1 + {offset(1)}")
+    sqm, sqd = e.stride(0, nb), e.stride(0, nb + 1)
+    skd, skn = e.stride(1, nb), e.stride(1, nb + 1)
+    w.line("rd = tl.arange(0, BLOCK_D)")
+    w.line("rd_ok = rd < K")
+    if what != "lse":
+        for j, name in ((2, "v"), (3, "o"), (4, "l"), (5, "x")):
+            w.line(f"{name}_base = p{j} + {offset(j)}")
+        svn, svd = e.stride(2, nb), e.stride(2, nb + 1)
+        som, sod = e.stride(3, nb), e.stride(3, nb + 1)
+        slm, sxm = e.stride(4, nb), e.stride(5, nb)
+        w.line("rv = tl.arange(0, BLOCK_DV)")
+        w.line("rv_ok = rv < DV")
+        vdt = spec.operands[2][0]
+    fill_lit = literal(fill, ct) if causal else None
+    finite_fill = causal and fill is not None and float(fill) != float("-inf")
+
+    def load_q(rows: str) -> None:
+        w.line(f"q = tl.load(q_base + {rows}[:, None] * {sqm} + rd[None, :] * {sqd}, "
+               f"mask={rows}_ok[:, None] & rd_ok[None, :], other=0)")
+
+    def load_kt(cols: str) -> None:
+        w.line(f"kt = tl.load(k_base + rd[:, None] * {skd} + {cols}[None, :] * {skn}, "
+               f"mask=rd_ok[:, None] & {cols}_ok[None, :], other=0)")
+
+    def load_vt(cols: str) -> None:
+        w.line(f"vt = tl.load(v_base + rv[:, None] * {svd} + {cols}[None, :] * {svn}, "
+               f"mask=rv_ok[:, None] & {cols}_ok[None, :], other=0)")
+
+    def load_do(rows: str) -> None:
+        w.line(f"do = tl.load(o_base + {rows}[:, None] * {som} + rv[None, :] * {sod}, "
+               f"mask={rows}_ok[:, None] & rv_ok[None, :], other=0)")
+
+    def row_stats(rows: str, delta: bool) -> None:
+        w.line(f"lse = tl.load(l_base + {rows} * {slm}, mask={rows}_ok, other=0).to({CT})")
+        if delta:
+            w.line(f"delta = tl.load(x_base + {rows} * {sxm}, mask={rows}_ok, other=0).to({CT})")
+
+    def scores(rows: str, cols: str, mask_fill: bool) -> None:
+        """t: the block's scores (module doc), the causal mask applied with its fill if asked."""
+        w.line(f"s = {_dot('q', 'kt', None, qdt)}")
+        if qdt in ("bfloat16", "float16"):
+            w.line(f"s = s.to({TL[qdt]})")       # the product rounds to its dtype, as on the CPU
+        w.line(f"t = s.to({CT}) * scale")
+        if causal:
+            w.line(f"keep = {cols}[None, :] <= {rows}[:, None]")
+            if mask_fill:
+                w.line(f"t = tl.where(keep, t, {fill_lit})")
+
+    def ds_block(rows: str, cols: str) -> None:
+        """ds: the scores' gradient on the block, zero where masked or out of bounds, times scale,
+        in q's dtype."""
+        w.line(f"dp = {_dot('do', 'vt', None, vdt)}")
+        ok = f"{rows}_ok[:, None] & {cols}_ok[None, :]" + (" & keep" if causal else "")
+        w.line(f"ds = tl.where({ok}, p * (dp.to({CT}) - delta[:, None]), 0.0) * scale")
+        w.line(f"ds = ds.to({TL[qdt]})")
+
+    if what in ("lse", "q"):
+        w.line("num_m = tl.cdiv(M, BLOCK_M)")
+        w.line("pid_m = num_m - 1 - pid          # the longest rows first" if causal else "pid_m = pid")
+        rows_block("rm", f"pid_m.to({e.idx}) * BLOCK_M", "BLOCK_M", "M")
+        load_q("rm")
+        w.line("hi = " + ("tl.minimum(N, (pid_m + 1) * BLOCK_M)" if causal else "N"))
+        if what == "lse":
+            w.line(f'm_i = tl.full([BLOCK_M], float("-inf"), {CT})')
+            w.line(f"l_i = tl.zeros([BLOCK_M], {CT})")
+        else:
+            load_do("rm")
+            row_stats("rm", True)
+            w.line(f"acc = tl.zeros([BLOCK_M, BLOCK_D], {AT})")
+        w.line("for n0 in range(0, hi, BLOCK_N):")
+        w.indent += 1
+        rows_block("rn", "n0", "BLOCK_N", "N")
+        load_kt("rn")
+        scores("rm", "rn", what == "lse")
+        if what == "lse":
+            w.line('t = tl.where(rn_ok[None, :], t, float("-inf"))')
+            w.line("m_new = tl.maximum(m_i, tl.max(t, axis=1))")
+            w.line('m_use = tl.where(m_new == float("-inf"), 0.0, m_new)')
+            w.line("l_i = l_i * tl.exp(m_i - m_use) + tl.sum(tl.exp(t - m_use[:, None]), axis=1)")
+            w.line("m_i = m_new")
+        else:
+            w.line("p = tl.exp(t - lse[:, None])")
+            load_vt("rn")
+            ds_block("rm", "rn")
+            w.line(f"acc = {_dot('ds', 'tl.trans(kt)', 'acc', qdt)}")
+        w.indent -= 1
+        if what == "lse":
+            if finite_fill:
+                # The keys past the last block visited score the fill in every row here.
+                w.line("end = tl.minimum(N, tl.cdiv(hi, BLOCK_N) * BLOCK_N)")
+                w.line("n_skip = N - end")
+                w.line(f"m_fin = tl.where(n_skip > 0, tl.maximum(m_i, {fill_lit}), m_i)")
+                w.line('m_use = tl.where(m_fin == float("-inf"), 0.0, m_fin)')
+                w.line(f"l_i = l_i * tl.exp(m_i - m_use) + tl.where(n_skip > 0, n_skip.to({CT}) * "
+                       f"tl.exp({fill_lit} - m_use), 0.0)")
+                w.line("m_i = m_fin")
+            w.line('out = tl.where(l_i > 0, m_i + tl.log(l_i), float("-inf"))')
+            e.store(0, "bid * M + rm", "out", "rm_ok")
+        else:
+            e.store(0, "bid * M * K + rm[:, None] * K + rd[None, :]", "acc", "rm_ok[:, None] & rd_ok[None, :]")
+        return e.finish({"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_D": cfg["BLOCK_D"],
+                         "BLOCK_DV": cfg["BLOCK_DV"]})
+
+    # dk, dv: one program per key block, down the query blocks from the diagonal.
+    rows_block("rn", f"pid.to({e.idx}) * BLOCK_N", "BLOCK_N", "N")
+    load_kt("rn")
+    if what == "k":
+        load_vt("rn")
+        w.line(f"acc = tl.zeros([BLOCK_D, BLOCK_N], {AT})")
+    else:
+        w.line(f"acc = tl.zeros([BLOCK_N, BLOCK_DV], {AT})")
+    w.line("lo = " + ("tl.minimum(pid * BLOCK_N, M) // BLOCK_M * BLOCK_M" if causal else "0"))
+    w.line("for m0 in range(lo, M, BLOCK_M):")
+    w.indent += 1
+    rows_block("rm", "m0", "BLOCK_M", "M")
+    load_q("rm")
+    scores("rm", "rn", True)
+    row_stats("rm", what == "k")
+    w.line("p = tl.where(rm_ok[:, None] & rn_ok[None, :], tl.exp(t - lse[:, None]), 0.0)")
+    load_do("rm")
+    if what == "v":
+        w.line(f"acc = {_dot(f'tl.trans(p.to({TL[vdt]}))', 'do', 'acc', vdt)}")
+    else:
+        ds_block("rm", "rn")
+        w.line(f"acc = {_dot('tl.trans(q)', 'ds', 'acc', qdt)}")
+    w.indent -= 1
+    if what == "v" and finite_fill:
+        # Query rows above the diagonal block see every key here masked: weight exp(fill - lse),
+        # the same for each key; added (as the forward's product reads it, rounded to v's dtype)
+        # only when some row's is not 0.
+        w.line(f"wmax = tl.max(tl.zeros([BLOCK_M], {AT}), axis=0)")
+        w.line("for m0 in range(0, lo, BLOCK_M):")
+        w.indent += 1
+        rows_block("rm", "m0", "BLOCK_M", "M")
+        row_stats("rm", False)
+        w.line(f"wt = tl.where(rm_ok, tl.exp({fill_lit} - lse), 0.0).to({TL[vdt]}).to({AT})")
+        w.line("wmax = tl.maximum(wmax, tl.max(wt, axis=0))")
+        w.indent -= 1
+        w.line("if wmax > 0:")
+        w.indent += 1
+        w.line(f"vsum = tl.zeros([BLOCK_DV], {AT})")
+        w.line("for m0 in range(0, lo, BLOCK_M):")
+        w.indent += 1
+        rows_block("rm", "m0", "BLOCK_M", "M")
+        row_stats("rm", False)
+        w.line(f"wt = tl.where(rm_ok, tl.exp({fill_lit} - lse), 0.0).to({TL[vdt]}).to({AT})")
+        load_do("rm")
+        w.line(f"vsum += tl.sum(wt[:, None] * do.to({AT}), axis=0)")
+        w.indent -= 1
+        w.line("acc += vsum[None, :]")
+        w.indent -= 1
+    if what == "v":
+        e.store(0, "bid * N * DV + rn[:, None] * DV + rv[None, :]", "acc", "rn_ok[:, None] & rv_ok[None, :]")
+    else:
+        e.store(0, "bid * K * N + rd[:, None] * N + rn[None, :]", "acc", "rd_ok[:, None] & rn_ok[None, :]")
+    return e.finish({"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_D": cfg["BLOCK_D"],
+                     "BLOCK_DV": cfg["BLOCK_DV"]})
