@@ -255,10 +255,17 @@ def schedule(graph: Graph) -> Schedule:
             return False
         if any(reaches(p, b) for p in deps[a] if p != b) or any(reaches(p, a) for p in deps[b] if p != a):
             return False
-        for k_re, k_other in ((ka, kb), (kb, ka)):      # recomputed values stay out of earlier kernels
+        for k_re, k_other in ((ka, kb), (kb, ka)):
+            # Recomputed values stay out of earlier kernels: a kernel with a node before the first
+            # clone that something else reads before it too (a forward kernel) would compute the
+            # clones early and keep them. One whose early nodes only its own nodes and later ones
+            # read (the backward pass's, from just before the clones) takes them.
             first = min((position[x] for x in k_re.nodes if graph.node(x).attr("remat")), default=None)
-            if first is not None and any(position[x] < first and not graph.node(x).attr("remat")
-                                         for x in k_other.nodes):
+            if first is None:
+                continue
+            inside = set(k_other.nodes)
+            if any(position[x] < first and not graph.node(x).attr("remat")
+                   and any(u not in inside and position[u] < first for u in users[x]) for x in k_other.nodes):
                 return False
         for k_from, k_other in ((ka, b), (kb, a)):
             for nid in k_from.nodes:

@@ -32,6 +32,7 @@ class Op(str, Enum):
     SIGMOID = "sigmoid"; TANH = "tanh"; GELU = "gelu"; SILU = "silu"; RELU = "relu"; ABS = "abs"  # noqa: E702
     ERF = "erf"; SIN = "sin"; COS = "cos"  # noqa: E702
     CAST = "cast"              # to the node's dtype
+    STOP_GRADIENT = "stop_gradient"    # its input, through which no gradient flows (gone after autodiff)
     # element-wise, two inputs (broadcasting)
     ADD = "add"; SUB = "sub"; MUL = "mul"; DIV = "div"; MOD = "mod"  # noqa: E702
     EQ = "eq"; NE = "ne"; LT = "lt"; LE = "le"; GT = "gt"; GE = "ge"  # noqa: E702

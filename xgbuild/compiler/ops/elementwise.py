@@ -198,6 +198,10 @@ def _vjp_where(A, n, g, ins):
 
 
 # --- CPU semantics that are more than one torch call ----------------------------------------------
+def _cpu_identity(node, args, dt):
+    return args[0]
+
+
 def _cpu_cast(node, args, dt):
     return args[0].to(dt)
 
@@ -306,6 +310,10 @@ DEFS = (
           aten=("aten.sin",), onnx=("Sin",)),
     unary(Op.COS, builtin="cos", triton="tl.cos({a})", cpu=torch_fn("cos"), vjp=_vjp_cos,
           aten=("aten.cos",), onnx=("Cos",)),
+    # The identity to the values, a constant to autodiff (JAX's stop_gradient, torch's detach);
+    # the simplify pass drops it once gradients are taken.
+    unary(Op.STOP_GRADIENT, builtin="stop_gradient", sign=lambda a: a, triton="{a}", cpu=_cpu_identity,
+          vjp=NO_GRADIENT),
     OpDef(Op.CAST, Kind.UNARY, 1, _cast, vjp=_vjp_cast, cpu=_cpu_cast, foldable=True, triton=_tri_cast),
     binary(Op.ADD, triton="({a}) + ({b})", cpu=torch_fn("add"), vjp=_vjp_add, aten=("aten.add",), onnx=("Add", "Sum")),
     binary(Op.SUB, triton="({a}) - ({b})", cpu=torch_fn("sub"), vjp=_vjp_sub, aten=("aten.sub",), onnx=("Sub",)),
