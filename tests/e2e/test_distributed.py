@@ -379,7 +379,8 @@ def test_training_step_matches_the_single_process_float64_step(tmp_path: Path, r
 def test_tensor_parallel_step_with_kernels_in_row_blocks(tmp_path: Path, rand: Rand) -> None:
     """The training step scaled up (T=256, D=64, F=256), tensor parallel on 2 ranks running the
     engine's kernels (Triton's interpreter): with XG_COMM_BLOCKS=4 its reduce-scattered products
-    (transposed operands among them) run in row blocks, and the step equals the float64 one."""
+    (transposed operands among them) run in row blocks, and the step equals the float64 one. (Two
+    products were split before attention's gradient became flash kernels, which are not split.)"""
     text = (REPO_ROOT / "models" / "train_tiny.xg").read_text()
     for name, size in (("T", 256), ("D", 64), ("F", 256)):
         text = re.sub(rf"^{name} = \d+", f"{name} = {size}", text, flags=re.M)
@@ -406,7 +407,7 @@ def test_tensor_parallel_step_with_kernels_in_row_blocks(tmp_path: Path, rand: R
                           env={**os.environ, "XG_SPMD_KERNELS": "interpret", "XG_COMM_BLOCKS": "4"})
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
-    assert summary["executor"] == "spmd-kernels-interpret" and summary["comm"]["split_collectives"] >= 2
+    assert summary["executor"] == "spmd-kernels-interpret" and summary["comm"]["split_collectives"] >= 1, summary
     got = load_tensors(tmp_path / "o.npz")
     ref = Engine.load(engine).run(values, float64=True).tensors
     for name, want in ref.items():

@@ -59,7 +59,7 @@ def test_every_dump_after_pass(name: str) -> None:
     for pass_name in PASS_NAMES:
         res = cli("xgc", path, "--dump-after", pass_name)
         assert res.code == 0, f"--dump-after {pass_name}: {res.both}"
-        if pass_name == "shard":     # the sharding plan comes first, as `#` comments
+        if pass_name in ("shard", PASS_NAMES[-1]):     # the sharding plan comes first, as `#` comments
             res.out = "".join(line for line in res.out.splitlines(True) if not line.startswith("# "))
         assert res.out.startswith("graph main("), res.out[:200]
         assert res.out.rstrip().endswith("}") and "  return " in res.out
@@ -67,8 +67,10 @@ def test_every_dump_after_pass(name: str) -> None:
             assert "call(" not in res.out and "proj(" not in res.out, f"after {pass_name}, calls remain"
             sizes[pass_name] = len(node_lines(res.out))
     # Every pass but the sharding planner (which inserts collectives) only shrinks the graph; moving
-    # reshapes below element-wise ops adds at most a view per moved op, and dce leaves no more
-    # than cse did.
+    # reshapes below element-wise ops adds at most a view per moved op, dce leaves no more than cse
+    # did, and splitting whole-tensor reductions adds one reduction per reduction.
+    split = sizes.pop("split-reductions")
+    assert sizes["shard"] <= split <= 2 * sizes["shard"]
     sizes.pop("shard")
     sunk = sizes.pop("sink-reshapes")
     assert sunk <= 2 * sizes["cse"] and sizes["dce"] <= sizes["cse"]

@@ -31,3 +31,10 @@ def test_integer_atomics_are_order_free() -> None:
 def test_a_kind_xg_does_not_emit_without_ptx_is_not_assumed_safe() -> None:
     assert verdict([kernel("mm", ptx=None)], {}).deterministic
     assert not verdict([kernel("odd", kind="other", ptx=None)], {}).deterministic
+
+
+def test_every_kernel_kind_xg_emits_is_judged_atomic_free() -> None:
+    # A kind left out would make every engine using it "carries no PTX to check" when judged by kind.
+    from xgbuild.compiler.codegen.templates import KINDS
+    from xgbuild.runtime.determinism import ATOMIC_FREE_KINDS
+    assert set(KINDS) <= ATOMIC_FREE_KINDS
