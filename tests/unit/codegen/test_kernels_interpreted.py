@@ -114,6 +114,21 @@ def main() {
     return grad(causal, wrt=(q, k, v))(Q, K, V, G), grad(plain, wrt=(q, k, v))(Q, K, V, G)
 }
 """),
+    # A tanh GELU's terms recomputed for its gradient inside the gradient product's epilogue
+    # (passes/remat.py's per-reader clones, schedule.py's epilogue; test_remat.py checks the
+    # same with bfloat16 products).
+    "gelu_grad": (None, """extern Tensor[float32, T, D] X
+extern Tensor[float32, D, F] W1
+extern Tensor[float32, F, D] W2
+def f(Tensor[float32, T, D] x, Tensor[float32, D, F] w1, Tensor[float32, F, D] w2) -> float32 {
+    a = x @ w1
+    g = 0.5 * a * (1.0 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
+    return sum((g @ w2) * (g @ w2))
+}
+def main() {
+    return grad(f, wrt=(w1, w2))(X, W1, W2)
+}
+"""),
     # Whole-tensor reductions in two stages (passes/split_reductions.py): rows, then the row results.
     "split_reductions": (None, """extern Tensor[float32, 16, 64, 72] X
 extern Tensor[int32, 48, 2048] I

@@ -108,3 +108,30 @@ def test_the_training_step_holds_a_quarter() -> None:
     made = made_by(plans)
     kept, dropped = peak_bytes(graph, plans, made, None), peak_bytes(graph, plans, made, frees(graph, plans, made))
     assert dropped < 6.5e9 and dropped < kept / 4, (kept, dropped)
+
+
+def test_gelu_terms_are_recomputed_in_the_gradient_products_epilogue() -> None:
+    """The tanh GELU's terms its gradient reads are cloned apart from its bfloat16 output cloned
+    for the weight gradient, and computed in the gradient product's epilogue (no element-wise
+    kernel writes them); kernels' numbers: test_kernels_interpreted's "gelu_grad" program."""
+    src = """COMPUTE = bfloat16
+extern Tensor[float32, 256, 64] X
+extern Tensor[float32, 64, 256] W1
+extern Tensor[float32, 256, 64] W2
+def f(Tensor[float32, 256, 64] x, Tensor[float32, 64, 256] w1, Tensor[float32, 256, 64] w2) -> float32 {
+    a = x @ w1
+    g = 0.5 * a * (1.0 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
+    return sum((g @ w2) * (g @ w2))
+}
+def main() {
+    return grad(f, wrt=(w1, w2))(X, W1, W2)
+}
+"""
+    g = compile_source(src).optimized.main
+    s = schedule(g)
+    epilogues = [k for k in s.kernels if k.kind == "matmul" and any(g.node(n).op is Op.TANH for n in k.nodes)]
+    assert len(epilogues) == 1
+    for k in s.kernels:
+        if k.kind == "elementwise":
+            wide = [n for n in s.outputs(k) if g.node(n).dtype == "float32" and tuple(g.node(n).shape) == (256, 256)]
+            assert not wide, [g.node(n).op for n in k.nodes]

@@ -84,10 +84,10 @@ def test_computed_gather_indices_are_kept_for_check_mode() -> None:
 def test_the_training_step_peak_halves() -> None:
     """models/train.xg at its real size (GPT-2 small, 8 x 1024 tokens): the kernel outputs alive at
     once, all kept (what an H200 run held: 53 GB, before attention's gradient recomputed its
-    probabilities: 30 GB now) against dropped after their last reader."""
+    probabilities: 25 GB now) against dropped after their last reader."""
     graph = compile_source((REPO / "models" / "train.xg").read_text(), "train.xg").optimized.main
     _jobs, launches = plan(graph, tuning_env(graph, {}))
     plans = [ExternStep(b) if ident == "extern" else _Plan(b) for ident, b in launches]
     made = made_by(plans)
     kept, dropped = peak_bytes(graph, plans, made, None), peak_bytes(graph, plans, made, frees(graph, plans, made))
-    assert kept > 25e9 and dropped < kept / 2, (kept, dropped)
+    assert kept > 20e9 and dropped < kept / 4, (kept, dropped)

@@ -5,7 +5,8 @@ in topological order:
 - `attention`: `softmax(epilogue(q @ kT), dim=-1) @ v` in one flash-style kernel, so the scores
   and probabilities never go to memory (see `_attention_patterns` for what matches);
 - `matmul`: one MATMUL plus an epilogue of element-wise consumers of its output shape (bias,
-  activation, residual, cast);
+  activation, residual, cast), and of an element-wise kernel of that shape whose values the
+  epilogue alone reads (recomputed values the backward pass needs next to a gradient product);
 - `rowwise`: one reduction over the last dimension (sum/mean/max/min, softmax, log_softmax) plus
   an element-wise prologue on its input and an epilogue on its row shape (RMSNorm, softmax, …);
 - `elementwise`: a chain of element-wise ops over one output shape. UNINDEX (the gradient of an
@@ -370,6 +371,27 @@ def schedule(graph: Graph) -> Schedule:
                 break
         else:
             new_kernel(Kernel("elementwise", None, [n.id], tuple(n.shape)), n)
+    # An element-wise kernel whose values one matmul's epilogue alone reads (the backward pass's
+    # recomputed GELU terms, read by the gradient product's epilogue) is computed in that
+    # epilogue, from its own inputs at the product's tile, instead of going to memory.
+    out_ids = set(tree_ids(graph.output))
+    for ei, e in enumerate(kernels):
+        if e is None or e.kind != "elementwise" or any(graph.node(x).op in GATHERS for x in e.nodes):
+            continue
+        inside = set(e.nodes)
+        readers = [u for x in e.nodes for u in users[x] if u not in inside]
+        read_by = {owner.get(u) for u in readers}
+        if len(read_by) != 1 or inside & out_ids or any(u in views for u in readers):
+            continue
+        mi = read_by.pop()
+        m = kernels[mi] if mi is not None else None
+        if m is None or m.kind != "matmul" or tuple(e.shape) != tuple(m.shape) or m.anchor in readers:
+            continue
+        m.nodes[1:1] = sorted(e.nodes, key=position.__getitem__)
+        for x in e.nodes:
+            owner[x] = mi
+        deps[mi] = (deps[mi] | deps.pop(ei, set())) - {ei, mi}
+        kernels[ei] = None
     order = [i for i in _topological(len(kernels), deps) if kernels[i] is not None]
     remap = {old: new for new, old in enumerate(order)}
     return Schedule(graph, [kernels[i] for i in order], {n: remap[k] for n, k in owner.items()}, views, inlined)

@@ -18,7 +18,11 @@ backward reader anyway, or small (at most 1/16 of F); a leaf that is none of the
 output, a reduction) is held longer, and F is recomputed only when those leaves' bytes are no more
 than F's (a symbolic dim counts as 64, so sizes over the same symbols compare). The clones (marked `remat`, so CSE keeps them apart from the
 forward nodes) go right before F's first backward reader, and every backward reader of F reads
-the clone. Values are bit-identical: the same ops on the same float32 (or exact) values; a
+the clone. The mark numbers the insertion point, so CSE keeps the clones made for different
+backward readers apart and each fuses into its own reader's kernel (a tanh GELU's terms into the
+gradient product's epilogue, apart from its bfloat16 output for the weight gradient's product:
+shared, the two were one kernel that wrote six float32 terms per layer); clones that a product,
+a flash kernel or a view reads are written to memory anyway and share one mark (1). Values are bit-identical: the same ops on the same float32 (or exact) values; a
 bfloat16 or float16 element-wise value other than a cast is never recomputed, nor anything that
 reads one (a kernel computes it in float32 and rounds it only where it stores it, so a fused
 forward reader can see it unrounded).
@@ -82,7 +86,7 @@ def remat_backward(nodes: list[Node], forward: set[int], keep: set[int], next_id
             users.setdefault(i, []).append(n.id)
     # The last position each value is read at (the backward readers' positions are what matter).
     last = {nid: max((pos[u] for u in us), default=pos.get(nid, 0)) for nid, us in users.items()}
-    plans: list[tuple[int, list[int]]] = []     # (the first backward reader's position, closure)
+    plans: list[tuple[int, list[int], bool]] = []   # (first backward reader's position, closure, operand)
 
     def closure(nid: int, at: int, depth: int, acc: list[int], seen: set[int], leaves: set[int]) -> bool:
         if nid in seen:
@@ -125,25 +129,38 @@ def remat_backward(nodes: list[Node], forward: set[int], keep: set[int], next_id
             last[leaf] = max(last[leaf], at)        # the clone reads it there; later readers read the clone
         early = [pos[u] for u in users[f.id] if u in forward]
         last[f.id] = max(early, default=pos[f.id])
-        plans.append((at, acc))
+        # Read by a product (through a view, or as its operand): the clone is materialised for
+        # it, so clones of this value at other insertion points may share it (CSE).
+        operand = any(op_def(by_id[u].op).kind in (Kind.VIEW, Kind.CONTRACT, Kind.ATTENTION) for u in late)
+        plans.append((at, acc, operand))
 
     if not plans:
         return nodes
     # Clones before each first backward reader; one clone per (node, insertion point).
-    before: dict[int, list[list[int]]] = {}
-    for at, acc in plans:
-        before.setdefault(at, []).append(acc)
+    before: dict[int, list[tuple[list[int], bool]]] = {}
+    for at, acc, operand in plans:
+        before.setdefault(at, []).append((acc, operand))
     out: list[Node] = []
     clone_at: dict[tuple[int, int], int] = {}
     current: dict[int, int] = {}            # F -> its clone, for the backward readers
+    before_seen: set[int] = set()
     for i, n in enumerate(nodes):
-        for acc in before.get(i, ()):
+        if i in before:
+            before_seen.add(i)
+        for acc, operand in before.get(i, ()):
             for nid in acc:
                 if (nid, i) in clone_at:
                     continue
                 src = by_id[nid]
                 ins = tuple(clone_at.get((x, i), x) for x in src.inputs)
-                new = replace(src, id=next_id, inputs=ins, attrs=tuple(sorted(src.attrs + (("remat", 1),))))
+                # `remat` numbers the insertion point: CSE keeps clones for different backward
+                # readers apart, so each fuses with its own reader's kernel (a GELU's terms with the
+                # gradient product's epilogue, apart from its bfloat16 output for the weight
+                # gradient). Clones for products' operands, or read through a view, written to
+                # memory anyway, share (1).
+                viewed = any(op_def(by_id[u].op).kind is Kind.VIEW for u in users.get(nid, ()) if u in acc)
+                mark = 1 if operand or viewed else 1 + len(before_seen)
+                new = replace(src, id=next_id, inputs=ins, attrs=tuple(sorted(src.attrs + (("remat", mark),))))
                 next_id += 1
                 clone_at[(nid, i)] = new.id
                 out.append(new)
