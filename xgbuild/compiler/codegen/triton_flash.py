@@ -88,21 +88,22 @@ def flash(e: Emitter) -> Emitted:
     fill_lit = literal(fill, ct) if causal else None
     finite_fill = causal and fill is not None and float(fill) != float("-inf")
 
+    def tile(var: str, base: str, r: str, c: str, sr: str, sc: str) -> None:
+        """`var` = the [r, c] tile at `base` (strides sr, sc), masked by `r_ok` and `c_ok`."""
+        w.line(f"{var} = tl.load({base} + {r}[:, None] * {sr} + {c}[None, :] * {sc}, "
+               f"mask={r}_ok[:, None] & {c}_ok[None, :], other=0)")
+
     def load_q(rows: str) -> None:
-        w.line(f"q = tl.load(q_base + {rows}[:, None] * {sqm} + rd[None, :] * {sqd}, "
-               f"mask={rows}_ok[:, None] & rd_ok[None, :], other=0)")
+        tile("q", "q_base", rows, "rd", sqm, sqd)
 
     def load_kt(cols: str) -> None:
-        w.line(f"kt = tl.load(k_base + rd[:, None] * {skd} + {cols}[None, :] * {skn}, "
-               f"mask=rd_ok[:, None] & {cols}_ok[None, :], other=0)")
+        tile("kt", "k_base", "rd", cols, skd, skn)
 
     def load_vt(cols: str) -> None:
-        w.line(f"vt = tl.load(v_base + rv[:, None] * {svd} + {cols}[None, :] * {svn}, "
-               f"mask=rv_ok[:, None] & {cols}_ok[None, :], other=0)")
+        tile("vt", "v_base", "rv", cols, svd, svn)
 
     def load_do(rows: str) -> None:
-        w.line(f"do = tl.load(o_base + {rows}[:, None] * {som} + rv[None, :] * {sod}, "
-               f"mask={rows}_ok[:, None] & rv_ok[None, :], other=0)")
+        tile("do", "o_base", rows, "rv", som, sod)
 
     def row_stats(rows: str, delta: bool) -> None:
         w.line(f"lse = tl.load(l_base + {rows} * {slm}, mask={rows}_ok, other=0).to({CT})")
@@ -198,26 +199,27 @@ def flash(e: Emitter) -> Emitted:
         ds_block("rm", "rn")
         w.line(f"acc = {_dot('tl.trans(q)', 'ds', 'acc', qdt)}")
     w.indent -= 1
+
+    def masked_rows() -> None:
+        """Opens a loop over the query blocks above the diagonal: `wt`, each row's weight."""
+        w.line("for m0 in range(0, lo, BLOCK_M):")
+        w.indent += 1
+        rows_block("rm", "m0", "BLOCK_M", "M")
+        row_stats("rm", False)
+        w.line(f"wt = tl.where(rm_ok, tl.exp({fill_lit} - lse), 0.0).to({TL[vdt]}).to({AT})")
+
     if what == "v" and finite_fill:
         # Query rows above the diagonal block see every key here masked: weight exp(fill - lse),
         # the same for each key; added (as the forward's product reads it, rounded to v's dtype)
         # only when some row's is not 0.
         w.line(f"wmax = tl.max(tl.zeros([BLOCK_M], {AT}), axis=0)")
-        w.line("for m0 in range(0, lo, BLOCK_M):")
-        w.indent += 1
-        rows_block("rm", "m0", "BLOCK_M", "M")
-        row_stats("rm", False)
-        w.line(f"wt = tl.where(rm_ok, tl.exp({fill_lit} - lse), 0.0).to({TL[vdt]}).to({AT})")
+        masked_rows()
         w.line("wmax = tl.maximum(wmax, tl.max(wt, axis=0))")
         w.indent -= 1
         w.line("if wmax > 0:")
         w.indent += 1
         w.line(f"vsum = tl.zeros([BLOCK_DV], {AT})")
-        w.line("for m0 in range(0, lo, BLOCK_M):")
-        w.indent += 1
-        rows_block("rm", "m0", "BLOCK_M", "M")
-        row_stats("rm", False)
-        w.line(f"wt = tl.where(rm_ok, tl.exp({fill_lit} - lse), 0.0).to({TL[vdt]}).to({AT})")
+        masked_rows()
         load_do("rm")
         w.line(f"vsum += tl.sum(wt[:, None] * do.to({AT}), axis=0)")
         w.indent -= 1

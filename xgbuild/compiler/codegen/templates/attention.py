@@ -84,12 +84,19 @@ def key_steps(p: Problem, block_m: int, block_n: int) -> float:
     return sum(math.ceil(min(p.n, (i + 1) * block_m) / block_n) for i in range(m_blocks)) / m_blocks
 
 
-def _tile_vs_problem(p: Problem, c: Config, hw: GpuProfile) -> str | None:
-    for param, size in (("BLOCK_M", p.m), ("BLOCK_N", p.n)):
-        cover = max(16, next_pow2(size))
-        if c[param] > cover:
-            return f"{param} {c[param]} > {cover}, the most a size of {size} needs"
-    return None
+def tiles_within(least: int):
+    """The pruning rule that drops BLOCK_M or BLOCK_N past what the problem's T or S needs
+    (next power of two, at least `least`)."""
+    def rule(p: Problem, c: Config, hw: GpuProfile) -> str | None:
+        for param, size in (("BLOCK_M", p.m), ("BLOCK_N", p.n)):
+            cover = max(least, next_pow2(size))
+            if c[param] > cover:
+                return f"{param} {c[param]} > {cover}, the most a size of {size} needs"
+        return None
+    return rule
+
+
+_tile_vs_problem = tiles_within(16)
 
 
 def _smem(p: Problem, c: Config, hw: GpuProfile) -> str | None:

@@ -16,7 +16,7 @@ from ..kernel import Kernel, Schedule
 from ..launch_abi import Frame, Launch, Variant
 from ..spec import Binding, KernelSpec, LocalNode, const
 from ..triton_flash import flash, role
-from .attention import key_steps
+from .attention import key_steps, tiles_within
 from .base import Config, KernelTemplate, Problem, config_key, make_config, next_pow2
 from .roofline import (BASE_REGS_PER_THREAD, L2_SPEEDUP, MIN_ACC_ELEMENTS_PER_THREAD, SMEM_HEADROOM_BYTES,
                        SPILL_PENALTY, blocks_per_sm, matmul_peak, over_smem, smem_feed, stream_s)
@@ -47,12 +47,8 @@ def regs_per_thread(c: Config, elem_bytes: int = 2) -> float:
     return (2 * bm * bn + max(bm, bn) * max(bd, bdv) + resident) / (32 * c["num_warps"])
 
 
-def _tile_vs_problem(p: Problem, c: Config, hw: GpuProfile) -> str | None:
-    for param, size in (("BLOCK_M", p.m), ("BLOCK_N", p.n)):
-        cover = max(32, next_pow2(size))
-        if c[param] > cover:
-            return f"{param} {c[param]} > {cover}, the most a size of {size} needs"
-    return None
+# The smallest score block is 32: a block past a short T or S is pruned only above that.
+_tile_vs_problem = tiles_within(32)
 
 
 def _smem(p: Problem, c: Config, hw: GpuProfile) -> str | None:
