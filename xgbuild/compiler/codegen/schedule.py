@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.graph import BINARY, COLLECTIVE, UNARY, Graph, Node, Op, tree_ids
+from ..ir.shapes import index_axis
 from .kernel import Kernel, Schedule, ScheduleError
 from .templates import KernelTemplate, template
-from .templates.attention import index_axis
 
 ELEMENTWISE = UNARY | BINARY | {Op.WHERE, Op.FULL, Op.IOTA, Op.RANDN, Op.RAND}
 SOURCES = {Op.FULL, Op.IOTA, Op.RANDN, Op.RAND}     # element-wise ops that read no tensor

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.graph import Graph, Node, Op, attrs_of, tree_ids
+from ..ir.graph import Graph, Op, attrs_of, tree_ids
+from ..ir.shapes import index_axis
 
 SCORE_DTYPES = ("float32", "float64")
 
@@ -46,21 +47,12 @@ def _single_user(users: dict, nid: int, outputs: set[int]) -> bool:
 
 def _index_axis(g: Graph, nid: int) -> str | None:
     """"row" or "col": which score dim an integer IOTA (or a reshape of one to [T, 1] / [1, S])
-    runs along; None otherwise."""
+    runs along (the scheduler's `index_axis`); None otherwise."""
     n = g.node(nid)
-    if n.op is Op.RESHAPE and g.node(n.inputs[0]).op is Op.IOTA:
-        iota = g.node(n.inputs[0])
-    elif n.op is Op.IOTA:
-        iota = n
-    else:
+    iota = g.node(n.inputs[0]) if n.op is Op.RESHAPE else n
+    if iota.op is not Op.IOTA or not iota.dtype.startswith(("int", "uint")):
         return None
-    if not iota.dtype.startswith(("int", "uint")):
-        return None
-    shape = tuple(n.shape)
-    big = [d for d, size in enumerate(shape) if size != 1]
-    if len(big) != 1 or len(shape) > 2:
-        return None
-    return {0: "col", 1: "row"}.get(len(shape) - 1 - big[0])
+    return index_axis(n, 2)
 
 
 def _causal_mask(g: Graph, nid: int) -> bool:

@@ -143,10 +143,8 @@ def remat_backward(nodes: list[Node], forward: set[int], keep: set[int], next_id
     out: list[Node] = []
     clone_at: dict[tuple[int, int], int] = {}
     current: dict[int, int] = {}            # F -> its clone, for the backward readers
-    before_seen: set[int] = set()
+    point = {at: k + 1 for k, at in enumerate(sorted(before))}     # insertion points, numbered
     for i, n in enumerate(nodes):
-        if i in before:
-            before_seen.add(i)
         for acc, operand in before.get(i, ()):
             for nid in acc:
                 if (nid, i) in clone_at:
@@ -159,7 +157,7 @@ def remat_backward(nodes: list[Node], forward: set[int], keep: set[int], next_id
                 # gradient). Clones for products' operands, or read through a view, written to
                 # memory anyway, share (1).
                 viewed = any(op_def(by_id[u].op).kind is Kind.VIEW for u in users.get(nid, ()) if u in acc)
-                mark = 1 if operand or viewed else 1 + len(before_seen)
+                mark = 1 if operand or viewed else point[i]
                 new = replace(src, id=next_id, inputs=ins, attrs=tuple(sorted(src.attrs + (("remat", mark),))))
                 next_id += 1
                 clone_at[(nid, i)] = new.id

@@ -11,6 +11,7 @@ from xgbuild.hw import GpuProfile
 
 from ....dtypes import ITEMSIZE
 from ...ir.graph import Op
+from ...ir.shapes import index_axis
 from ..emitter import Emitted, Emitter
 from ..kernel import Kernel, Schedule
 from ..launch_abi import Frame, Launch, Variant, align
@@ -64,16 +65,6 @@ def regs_per_thread(config: Config, elem_bytes: int = 2) -> float:
     bm = config["BLOCK_M"]
     q_tile = bm * config["BLOCK_D"] * elem_bytes / 4
     return (bm * (config["BLOCK_DV"] + 1.5 * config["BLOCK_N"]) + q_tile) / (32 * config["num_warps"])
-
-
-def index_axis(n: Node, rank: int) -> str | None:
-    """Which score dim an IOTA (or a reshape of one adding size-1 dims) runs along, right-aligned
-    to a domain of `rank` dims: "row" (the query dim), "col" (the key dim), else None."""
-    shape = tuple(n.shape)
-    big = [d for d, size in enumerate(shape) if size != 1]
-    if len(big) != 1 or len(shape) > rank:
-        return None
-    return {0: "col", 1: "row"}.get(len(shape) - 1 - big[0])
 
 
 def key_steps(p: Problem, block_m: int, block_n: int) -> float:
