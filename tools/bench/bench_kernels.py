@@ -53,6 +53,26 @@ def main() {
     return gelu(X @ W1 + B1) @ W2
 }
 """
+# GPT-2's tied LM head (V = 50257, odd) and its two gradients: B stored [N, K] as the embedding
+# table is; the activations' gradient with an odd K; the table's with A read transposed (odd M).
+LM_HEAD = """extern Tensor[bfloat16, T, D] X
+extern Tensor[bfloat16, V, D] W
+def main() {
+    return X @ transpose(W, 0, 1)
+}
+"""
+LM_HEAD_DX = """extern Tensor[bfloat16, T, V] G
+extern Tensor[bfloat16, V, D] W
+def main() {
+    return G @ W
+}
+"""
+LM_HEAD_DW = """extern Tensor[bfloat16, T, V] G
+extern Tensor[bfloat16, T, D] X
+def main() {
+    return transpose(G, 0, 1) @ X
+}
+"""
 RMSNORM = """extern Tensor[bfloat16, T, D] X
 extern Tensor[bfloat16, D] G
 def main() {
@@ -77,6 +97,14 @@ def main() {
 
 def _gemm(a, b):
     return a @ b
+
+
+def _lm_head(x, w):
+    return x @ w.T
+
+
+def _lm_head_dw(g, x):
+    return g.T @ x
 
 
 def _mlp(x, w1, b1, w2):
@@ -110,6 +138,15 @@ def workloads():
         ("MLP 8192x4096x11008", MLP, {"T": 8192, "D": 4096, "F": 11008},
          {"X": (8192, 4096), "W1": (4096, 11008), "B1": (11008,), "W2": (11008, 4096)}, _mlp,
          2 * 2 * 8192 * 4096 * 11008, (2 * 8192 * 4096 + 2 * 4096 * 11008 + 11008) * b2, torch.bfloat16),
+        ("LM head 8192x768x50257", LM_HEAD, {"T": 8192, "D": 768, "V": 50257},
+         {"X": (8192, 768), "W": (50257, 768)}, _lm_head, 2 * 8192 * 768 * 50257,
+         (8192 * 768 + 50257 * 768 + 8192 * 50257) * b2, torch.bfloat16),
+        ("LM head dX 8192x50257x768", LM_HEAD_DX, {"T": 8192, "D": 768, "V": 50257},
+         {"G": (8192, 50257), "W": (50257, 768)}, _gemm, 2 * 8192 * 768 * 50257,
+         (8192 * 768 + 50257 * 768 + 8192 * 50257) * b2, torch.bfloat16),
+        ("LM head dW 50257x8192x768", LM_HEAD_DW, {"T": 8192, "D": 768, "V": 50257},
+         {"G": (8192, 50257), "X": (8192, 768)}, _lm_head_dw, 2 * 8192 * 768 * 50257,
+         (8192 * 768 + 50257 * 768 + 8192 * 50257) * b2, torch.bfloat16),
         ("RMSNorm 16384x4096", RMSNORM, {"T": 16384, "D": 4096}, {"X": (16384, 4096), "G": (4096,)}, _rmsnorm,
          4 * 16384 * 4096, (2 * 16384 * 4096 + 4096) * b2, torch.bfloat16),
         ("softmax 8192x8192", SOFTMAX, {"T": 8192, "D": 8192}, {"X": (8192, 8192)}, _softmax,
@@ -182,7 +219,7 @@ def main() -> int:
         sg = specialize(graph, bind_symbols(graph, {k: tuple(v.shape) for k, v in inputs.items()}))
         ex = engine.cuda_executor(check=False)
         ordered = [inputs[n] for n, _ in graph.inputs]
-        ref = fn(*[t.double() for t in ordered]) if wname.startswith(("gemm", "MLP")) else \
+        ref = fn(*[t.double() for t in ordered]) if wname.startswith(("gemm", "MLP", "LM head")) else \
             fn(*[t.float() for t in ordered]).double()
         out = engine.run(inputs, device="cuda", check=False).tensors["out"]
         err = rel_err(out, ref)

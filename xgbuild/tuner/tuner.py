@@ -420,18 +420,27 @@ class Compiler:
 
 # --- the tuner ------------------------------------------------------------------------------------
 
+# A candidate off the float64 reference by more than its dtype's tolerance passes when within this
+# factor of eager's own error in the program's dtypes (a kernel's approximate square root and
+# reassociated sums may round differently, on ill-conditioned data as much as eager, not 4x more).
+ILL_CONDITIONED_SLACK = 4.0
+
+
 class _Float32Error:
     """The error PyTorch eager's float32 (exact products, float32 sums) makes on a job's data:
     the bar a reduced-precision candidate must clear. Computed once per job, on first use."""
 
     def __init__(self) -> None:
-        self.cache: dict[int, list[float]] = {}
+        # (the job's data, its errors): the data itself is held, since an id() of data freed
+        # would come back for the next job's and hand it this job's errors
+        self.cache: tuple[Any, list[float]] | None = None
 
     def __call__(self, data: JobData, ref: list[torch.Tensor], device) -> list[float]:
-        if id(data) not in self.cache:
+        known = self.cache                  # read once: tuning threads may replace it
+        if known is None or known[0] is not data:
             ref32 = data.reference(device, float64=False)
-            self.cache = {id(data): [rel_error(a, r) for a, r in zip(ref32, ref)]}
-        return self.cache[id(data)]
+            known = self.cache = (data, [rel_error(a, r) for a, r in zip(ref32, ref)])
+        return known[1]
 
 
 class _Fetched(futures.Future):
@@ -484,6 +493,26 @@ class Tuner:
             err = rel_error(o, r)
             if not err <= b:
                 return f"3xTF32 error {err:.3g} > float32's own {b:.3g}"
+        return None
+
+    def _disagrees(self, outs: list[torch.Tensor], ref: list[torch.Tensor], dtypes: list[str],
+                   data: JobData) -> str | None:
+        """Why a candidate's outputs are wrong, or None. An output off the float64 reference by
+        more than its dtype's tolerance still passes when eager PyTorch, computing the same ops in
+        the program's dtypes, is nearly as far off (within ILL_CONDITIONED_SLACK of its error): the
+        job's random inputs made the result ill-conditioned (AdamW's update divides by the root of
+        a second moment drawn from randn, near zero somewhere in 38M elements), and no kernel in
+        those dtypes can do better than rounding as eager does."""
+        for i, (o, r, d) in enumerate(zip(outs, ref, dtypes)):
+            why = agrees(o, r, d)
+            if why is None or not why.startswith("relative error"):
+                if why:
+                    return why
+                continue
+            bar = self._float32_error(data, ref, getattr(self.measurer, "device", "cpu"))[i]
+            err = rel_error(o, r)
+            if not err <= ILL_CONDITIONED_SLACK * bar:
+                return f"{why} (eager in the program's dtypes: {bar:.3g})"
         return None
 
     def _once(self, what: str, job: Job, make: Any) -> Any:
@@ -741,7 +770,7 @@ class Tuner:
                 continue
             finally:
                 spent += time.monotonic() - t0
-            why = next((w for w in (agrees(o, r, d) for o, r, d in zip(outs, ref, out_dtypes)) if w), None)
+            why = self._disagrees(outs, ref, out_dtypes, data)
             if why is None and c.config.get("TF32X3"):
                 why = self._as_accurate_as_float32(outs, ref, data)
             if len(outs) != len(ref):

@@ -136,6 +136,19 @@ def main() {
     return sum(X * X), mean(exp(X), keepdim=true), max(X), min(I), sum(cast(X, bfloat16))
 }
 """),
+    # A one-hot product as a table lookup (passes/lookups.py): indices in [-8, 8), so some rows
+    # are out of the table's range (zeros); the table's gradient still the one-hot's product.
+    "embedding": (None, """import std.nn
+extern Tensor[int64, T] I
+extern Tensor[float32, 13, D] E
+extern Tensor[float32, T, D] G
+def f(Tensor[int64, T] i, Tensor[float32, 13, D] e, Tensor[float32, T, D] g) -> float32 {
+    return sum(embed(i, e) * g)
+}
+def main() {
+    return embed(I, E) * 2.0, grad(f, wrt=(e))(I, E, G)
+}
+"""),
     "batched": (None, """extern Tensor[float32, B, T, D] X
 extern Tensor[float32, D, F] W
 extern Tensor[float32, F] C

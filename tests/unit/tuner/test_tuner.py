@@ -643,3 +643,33 @@ def test_the_tuning_context_starts_the_gpu_processes_first_and_closes_them(monke
     with context.tuning(load_profile("H100"), Policy.CACHE, settings) as t:     # nothing measured: none
         assert not t.gpu_procs
     assert "procs started" not in log
+
+
+class _Eager:
+    """Job data whose program-dtype reference is given (what eager computes in float32)."""
+
+    def __init__(self, eager: list[torch.Tensor]) -> None:
+        self.eager = eager
+
+    def reference(self, device="cpu", float64=True):
+        assert not float64
+        return self.eager
+
+
+def test_ill_conditioned_outputs_are_judged_against_eager_in_the_same_dtypes() -> None:
+    """A float32 output off the float64 reference by more than float32's tolerance passes when eager
+    float32 is nearly as far off (the job's random data made the result ill-conditioned: AdamW's
+    update over a randn second moment), and fails when eager is much closer or NaNs differ."""
+    tuner = Tuner(load_profile("H100"))
+    gen = torch.Generator().manual_seed(2)
+    ref = torch.randn(1000, generator=gen, dtype=torch.float64)
+    noise = torch.randn(1000, generator=gen, dtype=torch.float64)
+    off = (ref + 4e-3 * noise * ref.norm() / noise.norm()).float()          # relative error 4e-3
+    assert tuner._disagrees([off], [ref], ["float32"], _Eager([(ref + 3e-3 * noise).float()])) is None
+    why = tuner._disagrees([off], [ref], ["float32"], _Eager([ref.float()]))
+    assert why is not None and why.startswith("relative error") and "eager" in why
+    nan = off.clone()
+    nan[3] = float("nan")
+    assert "NaN" in tuner._disagrees([nan], [ref], ["float32"], _Eager([off]))
+    # Exact outputs are judged exactly, as before.
+    assert tuner._disagrees([torch.arange(5)], [torch.arange(5) + 1], ["int64"], _Eager([])) is not None

@@ -17,6 +17,7 @@ from .autodiff import autodiff
 from .cse import cse
 from .dce import dce
 from .inline import inline
+from .lookups import lookups
 from .precision import precision
 from .shard import shard
 from .simplify import simplify
@@ -32,6 +33,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("inline", inline),
     ("const-fold", const_fold),
     ("simplify", simplify),
+    ("lookups", lookups),
     ("cse", cse),
     ("sink-reshapes", sink_reshapes),
     ("dce", dce),
