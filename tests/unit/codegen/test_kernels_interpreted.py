@@ -149,6 +149,16 @@ def main() {
     return embed(I, E) * 2.0, grad(f, wrt=(e))(I, E, G)
 }
 """),
+    # Reductions along strided dims, rows adjacent in memory (templates/rowwise.py's column form;
+    # the long ones in two stages, passes/split_reductions.py), element-wise work on both sides.
+    "column_reductions": (None, """extern Tensor[float32, 2048, D] Y
+extern Tensor[bfloat16, T, D] H
+extern Tensor[float32, B, T, D] Z
+def main() {
+    return (sum(Y * 2.0, dim=0), max(exp(Y), dim=0, keepdim=true), mean(cast(H, float32), dim=0) * 3.0,
+            sum(Z, dim=0), min(Z, dim=1))
+}
+"""),
     "batched": (None, """extern Tensor[float32, B, T, D] X
 extern Tensor[float32, D, F] W
 extern Tensor[float32, F] C

@@ -71,3 +71,43 @@ def test_split_values_match_float64(seed: int) -> None:
             continue
         err = ((have.double() - ref).abs().max() / ref.abs().max()).item()
         assert err < (2e-2 if k == 4 else 1e-5), (k, err)
+
+
+COLUMNS = """extern Tensor[float32, 4096, 96] G
+extern Tensor[float32, 3, 2048, 5] Y
+extern Tensor[float32, 1000, 96] SHORT
+extern Tensor[float32, 4000, 96] ODD
+extern Tensor[bfloat16, 4096, 96] H
+def main() {
+    return (sum(G * 2.0, dim=0), mean(Y * 1.0, dim=1, keepdim=true), max(Y * 1.0, dim=-2), sum(SHORT * 2.0, dim=0),
+            sum(ODD * 2.0, dim=0), sum(H * H, dim=0), sum(G * 2.0, dim=1))
+}
+"""
+
+
+def test_strided_reductions_split_into_runs_then_the_rest() -> None:
+    """A long reduction along a dim other than the last reduces runs of 64 first (through a view
+    [R / 64, 64, ...]), then the run results; short, non-multiple-of-64, 16-bit and last-dim
+    reductions stay one op. The values are the float64 reference's."""
+    g = compile_source(COLUMNS).optimized.main
+    outs = [g.node(i) for i in _out_ids(g)]
+
+    def staged(o) -> bool:
+        x = g.node(o.inputs[0])
+        return x.op is o.op and g.node(x.inputs[0]).op is Op.RESHAPE
+
+    assert [staged(o) for o in outs] == [True, True, True, False, False, False, False]
+    runs = g.node(outs[0].inputs[0])
+    assert tuple(runs.shape) == (64, 96) and tuple(g.node(runs.inputs[0]).shape) == (64, 64, 96)
+    assert tuple(outs[1].shape) == (3, 1, 5) and tuple(g.node(outs[1].inputs[0]).shape) == (3, 32, 5)
+    gen = torch.Generator().manual_seed(7)
+    inputs = {"G": torch.randn(4096, 96, generator=gen), "Y": torch.randn(3, 2048, 5, generator=gen),
+              "SHORT": torch.randn(1000, 96, generator=gen), "ODD": torch.randn(4000, 96, generator=gen),
+              "H": torch.randn(4096, 96, generator=gen).bfloat16()}
+    sg = specialize(g, bind_symbols(g, {k: tuple(v.shape) for k, v in inputs.items()}))
+    got = CpuExecutor(float64=True, check=False).run(sg, inputs).values
+    gd, y = inputs["G"].double(), inputs["Y"].double()
+    want = [(2 * gd).sum(0), y.mean(1, keepdim=True), y.max(1).values]
+    for have, ref in zip([got[i] for i in _out_ids(sg)][:3], want):
+        assert tuple(have.shape) == tuple(ref.shape)
+        torch.testing.assert_close(have.double(), ref, rtol=1e-12, atol=1e-12)

@@ -344,13 +344,8 @@ def rowwise(e: Emitter) -> Emitted:
             acc = f"acc{k}_{agg}"
             dt = compute_dtype(_in_dtype(spec, k))
             agg_ = "sum" if agg == "expsum" else agg
-            init = _identity(agg_, dt)
-            acc_dt = TL[dt] if agg_ in ("max", "min") else ("tl.float32" if dt in FLOAT and dt != "float64"
-                                                             else TL[dt])
-            w.line(f"{acc} = tl.full([BLOCK_N], {init}, {acc_dt})")
             nan_check = agg_ in ("max", "min") and dt in FLOAT and spec.nodes[k].op in ("max", "min")
-            if nan_check:
-                w.line(f"{acc}_nan = tl.zeros([BLOCK_N], tl.int1)")
+            _accumulator(w, acc, agg_, dt, "[BLOCK_N]", nan_check)
             w.line(f"for c0 in range(0, {cols}, BLOCK_N):")
             w.indent += 1
             w.line("c = c0 + cols")
@@ -373,6 +368,149 @@ def rowwise(e: Emitter) -> Emitted:
         if spec.nodes[k].level != "full":
             e.store(i, "row", row_vals[k], None, block=False)
     return e.finish({"BLOCK_N": e.config["BLOCK_N"]})
+
+
+# Ops whose Triton code reads the element's linear index (an IOTA, counter-based random numbers):
+# the column form computes on [BLOCK_N, ROWS] tiles and has no single linear index to give them.
+INDEXED_OPS = frozenset({"iota", "rand", "randn"})
+REDUCTIONS = frozenset({"sum", "mean", "max", "min"})
+
+
+def columns_fit(spec: KernelSpec) -> bool:
+    """Whether a row-reduction spec can run in the column form: reductions and element-wise ops
+    only (no softmax, no op reading the element's index), every output a row value."""
+    return spec.row_dims >= 1 and all(n.op not in INDEXED_OPS and n.op not in ("softmax", "log_softmax")
+                                      for n in spec.nodes) \
+        and any(n.op in REDUCTIONS for n in spec.nodes) \
+        and all(spec.nodes[k].level == "row" for k in spec.outputs)
+
+
+def rowwise_columns(e: Emitter) -> Emitted:
+    """The row-reduction kernel's column form (config `ROWS` > 0): one program reduces `ROWS`
+    adjacent rows at once, walking the reduced dim in [BLOCK_N, ROWS] tiles. Where adjacent rows
+    are adjacent in memory and the reduced dim is strided (a bias's gradient, `sum(g, dim=0)` of a
+    [T, D] gradient), a tile's loads are coalesced along the rows, where the one-row form walks
+    each strided column alone. Same reduction order per row as the looped form (BLOCK_N lanes,
+    then a tree over them), so the same bits for the same BLOCK_N."""
+    spec, w = e.spec, e.w
+    e.pointer_params()
+    nrow, rank = spec.row_dims, spec.rank
+    rows = e.int_param("R")
+    cols = e.int_param("C", hint16=True)
+    w.line(f"row = tl.program_id(0).to({e.idx}) * ROWS + tl.arange(0, ROWS)")
+    w.line(f"rmask = row < {rows}")
+    w.line("lanes = tl.arange(0, BLOCK_N)")
+    e.unravel("row", 0, nrow, "ri")
+    tiled = [j for j, (_dt, level) in enumerate(spec.operands) if level != "scalar"]
+    for j in tiled:
+        if e.layout(j) == "dense":
+            w.line(f"ro{j} = row * {cols}" if spec.operands[j][1] == "full" else f"ro{j} = row")
+        else:
+            w.line(f"ro{j} = {e.dot((f'ri{d}', e.stride(j, d)) for d in range(nrow)) or '0'}")
+
+    def col_offset(j: int, c: str) -> str:
+        if e.layout(j) == "dense":
+            return c
+        return e.dot((idx, e.stride(j, d)) for d, idx in e.split(c, nrow, rank).items())
+
+    row_vals: dict[int, str] = {}
+    row_loaded: dict[int, str] = {}
+
+    def row_loader(j: int) -> str:
+        if j not in row_loaded:
+            t = f"y{j}"
+            if spec.operands[j][1] == "scalar":
+                w.line(f"{t} = {e.load(j, '0', None)}")
+            else:
+                w.line(f"{t} = {e.load(j, f'ro{j}', 'rmask')}")
+            row_loaded[j] = t
+        return row_loaded[j]
+
+    def compute_row_nodes() -> None:
+        for k, n in enumerate(spec.nodes):
+            if n.level != "row" or k in row_vals or n.op in REDUCTIONS:
+                continue
+            if all(a[0] != "n" or a[1] in row_vals for a in n.args):
+                xs = [row_vals[a[1]] if a[0] == "n" else e.arg(a, {}, row_loader) for a in n.args]
+                row_vals[k] = f"rv{k}"
+                w.line(f"rv{k} = {e.op(n, xs)}")
+
+    compute_row_nodes()
+    for k, n in enumerate(spec.nodes):
+        if n.op not in REDUCTIONS:
+            continue
+        dt = compute_dtype(_in_dtype(spec, k))
+        agg = n.op
+        init = _identity(agg, dt)
+        acc = f"acc{k}"
+        nan = agg in ("max", "min") and dt in FLOAT
+        _accumulator(w, acc, agg, dt, "[BLOCK_N, ROWS]", nan)
+        w.line(f"for c0 in range(0, {cols}, BLOCK_N):")
+        w.indent += 1
+        w.line("c = c0 + lanes")
+        w.line(f"tmask = (c < {cols})[:, None] & rmask[None, :]")
+        vals: dict[int, str] = {}
+        loaded: dict[int, str] = {}
+
+        def load(j: int) -> str:
+            if j not in loaded:
+                t = w.tmp("x")
+                level = spec.operands[j][1]
+                if level == "scalar":
+                    w.line(f"{t} = {e.load(j, '0', None)}")
+                elif level == "row":
+                    w.line(f"{t} = {e.load(j, f'ro{j}', 'rmask')}[None, :]")
+                else:
+                    co = col_offset(j, "c")
+                    off = f"ro{j}[None, :] + ({co})[:, None]" if co else f"ro{j}[None, :] + 0 * c[:, None]"
+                    w.line(f"{t} = {e.load(j, off, 'tmask')}")
+                loaded[j] = t
+            return loaded[j]
+
+        def value(kk: int) -> str:
+            if kk in row_vals:
+                return f"{row_vals[kk]}[None, :]"
+            if kk not in vals:
+                m = spec.nodes[kk]
+                xs = [value(a[1]) if a[0] == "n" else e.arg(a, vals, load) for a in m.args]
+                vals[kk] = w.tmp("v")
+                w.line(f"{vals[kk]} = {e.op(m, xs)}")
+            return vals[kk]
+
+        a = n.args[0]
+        x = value(a[1]) if a[0] == "n" else load(a[1])
+        t = w.tmp("m")
+        w.line(f"{t} = tl.where(tmask, {x}, {init})")
+        if agg in ("sum", "mean"):
+            w.line(f"{acc} = {acc} + {t}")
+        else:
+            w.line(f"{acc} = {'tl.maximum' if agg == 'max' else 'tl.minimum'}({acc}, {t})")
+            if nan:
+                w.line(f"{acc}_nan = {acc}_nan | ({t} != {t})")
+        w.indent -= 1
+        fn = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min"}[agg]
+        name = f"red{k}"
+        w.line(f"{name} = {fn}({acc}, axis=0)")
+        if agg == "mean":
+            w.line(f"{name} = {name} / {cols}")
+        if nan:
+            w.line(f'{name} = tl.where(tl.max({acc}_nan.to(tl.int32), axis=0) > 0, float("nan"), {name})')
+        if dt not in FLOAT or n.dtype != dt:
+            w.line(f"{name} = {name}.to({TL[n.dtype]}).to({TL[dt]})")
+        row_vals[k] = name
+        compute_row_nodes()
+    for i, k in enumerate(spec.outputs):
+        e.store(i, "row", row_vals[k], "rmask")
+    return e.finish({"BLOCK_N": e.config["BLOCK_N"], "ROWS": e.config["ROWS"]})
+
+
+def _accumulator(w, acc: str, agg: str, dt: str, shape: str, nan: bool) -> None:
+    """A reduction's accumulator tile (float32 for 16-bit floats; max and min in the compute
+    dtype) from its identity, and its NaN-seen tile where max/min must keep a NaN."""
+    acc_dt = TL[dt] if agg in ("max", "min") else ("tl.float32" if dt in FLOAT and dt != "float64" else TL[dt])
+    w.line(f"{acc} = tl.full({shape}, {_identity(agg, dt)}, {acc_dt})")
+    if nan:
+        w.line(f"{acc}_nan = tl.zeros({shape}, tl.int1)")
 
 
 def _in_dtype(spec: KernelSpec, k: int) -> str:

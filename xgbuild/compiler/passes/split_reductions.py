@@ -13,6 +13,13 @@ is fixed by the shapes, so a run gives the same bits every time (no atomics); it
 the one-program order by rounding only. Only float32, float64 and integer inputs: a float16 or
 bfloat16 reduction rounds its result to its dtype, and a rounded partial would add an error.
 
+A reduction along a dim other than the last, of a long static extent (`sum(g, dim=0)` of a
+[8192, 768] gradient: a bias's gradient), has few outputs (768), too few programs to fill the GPU
+however each walks its column. The dim of extent R is split into [R / 64, 64] (a view of a value
+a kernel made) and reduced over the 64 first, then over the R / 64: the first stage has R / 64
+times the outputs, and both run in the row-reduction kernel's column form (`ROWS` adjacent
+outputs a program, loads coalesced along them). Same dtypes, same fixed-order argument.
+
 Needs: a verified graph in program order, shapes static where it splits. Leaves: the same value
 at the reduction's node id.
 """
@@ -41,6 +48,31 @@ def _splits(n: Node, x: Node) -> bool:
     return rows >= MIN_ROWS and rows * shape[-1] >= MIN_NUMEL and shape[-1] > 1
 
 
+COLUMN_CHUNK = 64              # a strided reduction's first stage reduces runs of this many
+MIN_COLUMN = 1024              # below this extent one stage has programs enough
+MAX_COLUMN_OUTPUTS = 1 << 16   # more outputs than this already fill the GPU
+VIEWS = {Op.RESHAPE, Op.TRANSPOSE, Op.INDEX}
+
+
+def _column_split(n: Node, x: Node) -> int | None:
+    """The dim (normalised) of a reduction along a strided dim worth two stages, else None."""
+    dim = n.attr("dim")
+    if n.op not in SPLIT or dim is None or x.dtype not in DTYPES or n.dtype != x.dtype or x.op in VIEWS:
+        return None
+    shape = tuple(x.shape)
+    if not shape:
+        return None
+    d = dim % len(shape)
+    # The split dim must be static; the others may be symbolic (counted as one output each).
+    outputs = 1
+    for k, s in enumerate(shape):
+        outputs *= s if k != d and isinstance(s, int) else 1
+    if d == len(shape) - 1 or not isinstance(shape[d], int) or shape[d] < MIN_COLUMN or shape[d] % COLUMN_CHUNK \
+            or outputs > MAX_COLUMN_OUTPUTS:
+        return None
+    return d
+
+
 def split_reductions(program: Program) -> Program:
     g = program.main
     by_id = g.by_id
@@ -55,6 +87,16 @@ def split_reductions(program: Program) -> Program:
             next_id += 1
             out.append(rows)
             n = replace(n, inputs=(rows.id,))
+        elif n.inputs and (d := _column_split(n, by_id[n.inputs[0]])) is not None:
+            x = by_id[n.inputs[0]]
+            shape = tuple(x.shape)
+            runs = shape[:d] + (shape[d] // COLUMN_CHUNK, COLUMN_CHUNK) + shape[d + 1:]
+            view = Node(next_id, Op.RESHAPE, (x.id,), x.dtype, runs, (), n.src)
+            first = Node(next_id + 1, n.op, (view.id,), n.dtype, runs[:d + 1] + runs[d + 2:],
+                         attrs_of(dim=d + 1, keepdim=False), n.src)
+            next_id += 2
+            out += [view, first]
+            n = replace(n, inputs=(first.id,), attrs=attrs_of(dim=d, keepdim=bool(n.attr("keepdim", False))))
         out.append(n)
     return program.replace_main(g.with_nodes(out, g.output))
 

@@ -54,6 +54,7 @@ class Problem:
     causal: bool = False  # attention: key blocks above the diagonal are skipped
     elem_bytes: int = 4  # bytes per element of the operands (matmul A/B) or of the widest input
     b_transposed: bool = False  # matmul: B stored [N, K] (an `nn.Linear` weight): unit stride along K
+    columns: bool = False  # rowwise: adjacent rows adjacent in memory, the reduced dim strided (sum(g, dim=0))
 
     def __post_init__(self) -> None:
         # The kind is checked where it is looked up (`templates.template`, `for_problem`): this

@@ -1,5 +1,7 @@
 """The row-reduction kernel kind: one program per row of the (permuted) domain, a row held whole
-(`SINGLE`) or walked in BLOCK_N chunks (source in `triton_src.rowwise`), its launch (kept dims,
+(`SINGLE`) or walked in BLOCK_N chunks (source in `triton_src.rowwise`), or `ROWS` adjacent rows a
+program in [BLOCK_N, ROWS] tiles (`triton_src.rowwise_columns`: a reduction along a strided dim
+whose rows are adjacent in memory, as a bias's gradient `sum(g, dim=0)`); its launch (kept dims,
 then reduced ones; row values line up with the kept dims), its config space and its cost model."""
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from ..emitter import Emitted, Emitter
 from ..kernel import Kernel, Schedule
 from ..launch_abi import Frame, Launch, Variant, align
 from ..spec import Binding, KernelSpec
-from ..triton_src import rowwise
+from ..triton_src import columns_fit, rowwise, rowwise_columns
 from .base import Config, KernelTemplate, Problem, make_config, next_pow2
 from .local import build
 from .roofline import (BASE_REGS_PER_THREAD, L1_SPEEDUP, L2_SPEEDUP, SPILL_PENALTY, blocks_per_sm,
@@ -23,6 +25,17 @@ SINGLE_WARPS = (1, 2, 4, 8, 16)
 LOOP_BLOCKS = (256, 512, 1024, 2048, 4096)
 LOOP_WARPS = (2, 4, 8)
 SINGLE_MAX_COLS = 32768
+COLUMN_ROWS = (16, 32, 64)
+COLUMN_BLOCKS = (16, 32, 64)
+COLUMN_WARPS = (2, 4)
+# A strided walk down one column loads one element of each 32-byte sector it touches.
+SECTOR_BYTES = 32
+
+
+def _columns(p: Problem, c: Config, hw: GpuProfile) -> str | None:
+    if c.get("ROWS", 0) and not p.columns:
+        return "ROWS needs a reduction along a strided dim with adjacent rows (columns)"
+    return None
 
 
 def regs_per_thread(config: Config, problem: Problem) -> float:
@@ -52,7 +65,7 @@ def _loop_block(p: Problem, c: Config, hw: GpuProfile) -> str | None:
 
 
 def _threads(p: Problem, c: Config, hw: GpuProfile) -> str | None:
-    per_thread = c["BLOCK_N"] / (32 * c["num_warps"])
+    per_thread = c["BLOCK_N"] * max(1, c.get("ROWS", 0)) / (32 * c["num_warps"])
     # One warp is the least a row can get, even when the row is shorter than 32.
     if per_thread < 1 and c["num_warps"] > 1:
         return (f"{c['num_warps']} warps leave {per_thread:g} elements per thread of "
@@ -71,8 +84,9 @@ class RowwiseTemplate(KernelTemplate):
     # they compile in a fraction of a second each.
     bound_margin = 0.0
     params = ("BLOCK_N", "SINGLE")
+    optional = ("ROWS",)              # the column form: ROWS adjacent rows a program
     sizes = ("rows", "cols", "passes")
-    rules = (_single_fits, _loop_block, _threads)
+    rules = (_single_fits, _loop_block, _threads, _columns)
 
     def joins(self, k: Kernel, shape: tuple, inner: list[int], graph, users: dict) -> bool:
         if k.reduce_dims != (len(k.shape) - 1,):
@@ -107,7 +121,7 @@ class RowwiseTemplate(KernelTemplate):
         return spec, Binding(tuple(operands), written, k.anchor, "input0", perm)
 
     def emit(self, e: Emitter) -> Emitted:
-        return rowwise(e)
+        return rowwise_columns(e) if e.config.get("ROWS", 0) else rowwise(e)
 
     def frame(self, spec: KernelSpec, b: Binding, graph, domain: tuple) -> Frame:
         kdom = tuple(domain[d] for d in b.perm)
@@ -125,7 +139,8 @@ class RowwiseTemplate(KernelTemplate):
         return Frame(kdom, line_up, sizes, kdom, out_perm=b.perm)
 
     def grid(self, config: Config, ints: dict[str, int]) -> tuple[int, int, int]:
-        return (ints["R"], 1, 1)
+        rows = config.get("ROWS", 0)
+        return (-(-ints["R"] // rows) if rows else ints["R"], 1, 1)
 
     def accepts(self, variant: Variant, config: Config, launch: Launch) -> bool:
         return not (variant.single and launch.ints["C"] > config["BLOCK_N"])
@@ -136,7 +151,7 @@ class RowwiseTemplate(KernelTemplate):
                      if n.op in ("sum", "mean", "max", "min", "softmax", "log_softmax"))
         flops = float(work * ints["R"] * max(1, ints["C"]))
         return Problem("rowwise", dtype, flops, moved, rows=ints["R"], cols=ints["C"], passes=passes,
-                       elem_bytes=widest)
+                       elem_bytes=widest, columns=_strided_columns(spec, strides))
 
     def shape_text(self, p: Problem) -> str:
         return f"{p.rows}x{p.cols}"
@@ -149,7 +164,9 @@ class RowwiseTemplate(KernelTemplate):
                   for w in SINGLE_WARPS]
         looped = [make_config(BLOCK_N=b, SINGLE=0, num_warps=w, num_stages=1)
                   for b in LOOP_BLOCKS for w in LOOP_WARPS]
-        return single + looped
+        columns = [make_config(BLOCK_N=b, SINGLE=0, ROWS=r, num_warps=w, num_stages=1)
+                   for r in COLUMN_ROWS for b in COLUMN_BLOCKS for w in COLUMN_WARPS] if p.columns else []
+        return single + looped + columns
 
     def default_config(self, p: Problem) -> Config:
         return make_config(BLOCK_N=1024, SINGLE=0, num_warps=4, num_stages=1)
@@ -160,12 +177,22 @@ class RowwiseTemplate(KernelTemplate):
     def seconds(self, p: Problem, c: Config, hw: GpuProfile, top) -> float:
         threads = 32 * c["num_warps"]
         single = c["SINGLE"] == 1
+        if c.get("ROWS", 0):
+            # ROWS rows a program, their tiles coalesced along the rows: a stream over R / ROWS
+            # programs, each with a [BLOCK_N, ROWS] tile in flight.
+            tile = c["BLOCK_N"] * c["ROWS"]
+            per_sm = blocks_per_sm(hw, threads, BASE_REGS_PER_THREAD + tile / threads)
+            memory = stream_s(p.bytes, -(-p.rows // c["ROWS"]), per_sm, tile * p.elem_bytes, hw, top.bandwidth)
+            return max(memory, p.flops / top.flops)
         regs = BASE_REGS_PER_THREAD + (2 * regs_per_thread(c, p) if single else regs_per_thread(c, p))
         per_sm = blocks_per_sm(hw, threads, regs)
         in_flight = min(c["BLOCK_N"], p.cols) * p.elem_bytes
         memory = stream_s(p.bytes, p.rows, per_sm, in_flight, hw, top.bandwidth)
         if single and regs > hw.max_registers_per_thread:
             memory *= SPILL_PENALTY
+        if p.columns:
+            # Each row walks a strided column: a whole sector moved for each element used.
+            memory *= max(1.0, SECTOR_BYTES / p.elem_bytes)
         if not single:
             # The looped form reads the row again for every pass; cheap only while the rows in
             # progress stay in L1 (on an SM) or L2 (over the whole GPU).
@@ -179,6 +206,18 @@ class RowwiseTemplate(KernelTemplate):
                 speedup = 1.0
             memory += reread / (top.bandwidth * speedup)
         return max(memory, p.flops / top.flops)
+
+
+def _strided_columns(spec: KernelSpec, strides: tuple) -> bool:
+    """Whether a full-level operand has adjacent rows adjacent in memory (unit stride along the
+    last kept dim) and a strided reduced dim, and the spec fits the column form."""
+    if not strides or not columns_fit(spec):
+        return False
+    nrow = spec.row_dims
+    for (dtype, level), st in zip(spec.operands, strides):
+        if level == "full" and len(st) > nrow and st[nrow - 1] == 1 and st[-1] != 1:
+            return True
+    return False
 
 
 TEMPLATE = RowwiseTemplate()
