@@ -76,8 +76,8 @@ def test_dump_after_stops_early() -> None:
     assert len(after_inline.nodes) > len(full.nodes)
     with pytest.raises(ValueError, match="unknown pass"):
         run_pipeline(compile_file(path).lowered, stop_after="nope")
-    assert PASS_NAMES == ["precision", "autodiff", "inline", "const-fold", "simplify", "cse", "sink-reshapes", "dce",
-                          "stage", "shard", "split-reductions"]
+    assert PASS_NAMES == ["precision", "autodiff", "inline", "const-fold", "simplify", "lookups", "cse",
+                          "sink-reshapes", "dce", "stage", "shard", "split-reductions"]
 
 
 def _random(dtype: str, shape: tuple, gen: torch.Generator) -> torch.Tensor:
