@@ -8,6 +8,8 @@ values are cast before the transpose.
   product with one nonzero term of 1 rounds nowhere), read from N rows of the table instead of a
   [N, V] x [V, D] product. GPT-2's token embedding was a 632-GFLOP product with V = 50257 as its
   contraction dim (an odd row stride: 2.8 ms on an H200) and a one-hot kernel writing 823 MB.
+  (A table holding an infinity is where they part: the product gives NaN, 0 x inf, in every row,
+  where the lookup, like `F.embedding`, gives each row's own values.)
   The one-hot stays where something else reads it (the table's gradient, `onehot^T @ g`: a
   product with a fixed order, so training stays deterministic without atomics).
 - `cast(transpose(x))` whose readers are all products is `transpose(cast(x))`: the cast kernel
