@@ -44,6 +44,8 @@ from ..runtime.cuda import KernelBinary
 from ..dtypes import FLOAT_DTYPES, TORCH_DTYPES
 from ..runtime.values import Values
 from .compile_job import binary_of, compile_job
+from .gate import (ILL_CONDITIONED_SLACK, TOLERANCE, EagerError, agrees, disagrees,  # noqa: F401 (re-exported)
+                   gate_dtypes, rel_error)
 from .jobs import Job
 from .policy import Policy
 from .predict import rank
@@ -51,7 +53,6 @@ from .search import Candidate, Search, exhaustive, first_wave
 from .space import candidates, default_config
 
 SPACE_VERSION = 3
-TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "float16": 5e-3, "bfloat16": 2e-2}
 MEASURE_POLICY = {"objective": "median-ms", "warmup": 5, "reps": 50, "l2-flush": True}
 COMPILE_NICE = 10          # compile workers' niceness: the measuring loops (host-bound launches) keep their CPUs
 # Compiles a job keeps queued from the candidate it measures on (those its bound has not ruled
@@ -224,47 +225,6 @@ class JobData:
         return [vals[nid] for nid in binding.outputs]     # on `device`: candidates are checked there
 
 
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| over the reference's finite elements, in float64."""
-    o, r = out.to(ref.device).double(), ref.double()
-    finite = torch.isfinite(r)
-    if not bool(finite.all()):
-        if not finite.any():
-            return 0.0
-        o, r = o[finite], r[finite]
-    num, den = torch.stack([(o - r).norm(), r.norm()]).tolist()
-    return num / max(den, 1e-30)
-
-
-def gate_dtypes(spec) -> list[str]:
-    """The dtype whose tolerance each of a kernel's outputs is held to: a float output, to the least
-    precise float the kernel rounds to anywhere (the float64 reference rounds nowhere, so a bf16
-    product cast to a float32 output, as Llama's residual before its norm, carries bf16's error);
-    any other output, to its own dtype (exact)."""
-    rounded = [n.dtype for n in spec.nodes if n.dtype in TOLERANCE]
-    out = []
-    for k in spec.outputs:
-        dtype = spec.nodes[k].dtype
-        out.append(max([dtype] + rounded, key=TOLERANCE.__getitem__) if dtype in TOLERANCE else dtype)
-    return out
-
-
-def agrees(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> str | None:
-    """None when `out` matches the float64 reference within the dtype's tolerance, else why not."""
-    if tuple(out.shape) != tuple(ref.shape):
-        return f"shape {tuple(out.shape)} != {tuple(ref.shape)}"
-    if dtype in FLOAT_DTYPES:
-        o, r = out.to(ref.device).double(), ref.double()
-        if bool(torch.isnan(o).any() != torch.isnan(r).any()):
-            return "NaN where the reference has none"
-        err = rel_error(o, r)
-        if not math.isfinite(err) or err > TOLERANCE[dtype]:
-            return f"relative error {err:.3g} > {TOLERANCE[dtype]:g}"
-        return None
-    wrong = (out.to(ref.device, ref.dtype) != ref).double().mean().item() if out.numel() else 0.0
-    return None if wrong <= 1e-3 else f"{wrong:.2%} of elements differ"
-
-
 # --- compiling ------------------------------------------------------------------------------------
 
 class Compiler:
@@ -420,29 +380,6 @@ class Compiler:
 
 # --- the tuner ------------------------------------------------------------------------------------
 
-# A candidate off the float64 reference by more than its dtype's tolerance passes when within this
-# factor of eager's own error in the program's dtypes (a kernel's approximate square root and
-# reassociated sums may round differently, on ill-conditioned data as much as eager, not 4x more).
-ILL_CONDITIONED_SLACK = 4.0
-
-
-class _Float32Error:
-    """The error PyTorch eager's float32 (exact products, float32 sums) makes on a job's data:
-    the bar a reduced-precision candidate must clear. Computed once per job, on first use."""
-
-    def __init__(self) -> None:
-        # (the job's data, its errors): the data itself is held, since an id() of data freed
-        # would come back for the next job's and hand it this job's errors
-        self.cache: tuple[Any, list[float]] | None = None
-
-    def __call__(self, data: JobData, ref: list[torch.Tensor], device) -> list[float]:
-        known = self.cache                  # read once: tuning threads may replace it
-        if known is None or known[0] is not data:
-            ref32 = data.reference(device, float64=False)
-            known = self.cache = (data, [rel_error(a, r) for a, r in zip(ref32, ref)])
-        return known[1]
-
-
 class _Fetched(futures.Future):
     """A handed-over wave compile still running in the tuner that handed it (`Tuner.preset`): its
     outcome is fetched when `measure` first needs it, on that thread; when the giver has none
@@ -476,7 +413,7 @@ class Tuner:
         self.measurer = measurer
         self.budget_s = budget_s
         self.compiler = compiler
-        self._float32_error = _Float32Error()
+        self._float32_error = EagerError()
         self._neighbours: Neighbours | None = None
         self._neighbours_lock = threading.Lock()
         self.seeds: dict[str, str] = {}         # kernel name -> this build's first winner (tuners may share it)
@@ -497,23 +434,9 @@ class Tuner:
 
     def _disagrees(self, outs: list[torch.Tensor], ref: list[torch.Tensor], dtypes: list[str],
                    data: JobData) -> str | None:
-        """Why a candidate's outputs are wrong, or None. An output off the float64 reference by
-        more than its dtype's tolerance still passes when eager PyTorch, computing the same ops in
-        the program's dtypes, is nearly as far off (within ILL_CONDITIONED_SLACK of its error): the
-        job's random inputs made the result ill-conditioned (AdamW's update divides by the root of
-        a second moment drawn from randn, near zero somewhere in 38M elements), and no kernel in
-        those dtypes can do better than rounding as eager does."""
-        for i, (o, r, d) in enumerate(zip(outs, ref, dtypes)):
-            why = agrees(o, r, d)
-            if why is None or not why.startswith("relative error"):
-                if why:
-                    return why
-                continue
-            bar = self._float32_error(data, ref, getattr(self.measurer, "device", "cpu"))[i]
-            err = rel_error(o, r)
-            if not err <= ILL_CONDITIONED_SLACK * bar:
-                return f"{why} (eager in the program's dtypes: {bar:.3g})"
-        return None
+        """`gate.disagrees`, eager's errors on this job's data computed only if an output needs them."""
+        device = getattr(self.measurer, "device", "cpu")
+        return disagrees(outs, ref, dtypes, lambda: self._float32_error(data, ref, device))
 
     def _once(self, what: str, job: Job, make: Any) -> Any:
         """`make()` once per job (by ident) and kind of answer: a build asks for a job's search

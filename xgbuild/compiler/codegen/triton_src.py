@@ -7,6 +7,12 @@ from __future__ import annotations
 from .emitter import FLOAT, TL, Emitted, Emitter, compute_dtype, literal
 from .spec import KernelSpec
 
+# Ops whose Triton code reads the element's linear index (an IOTA, counter-based random numbers):
+# the column form computes on [BLOCK_N, ROWS] tiles and has no single linear index to give them.
+INDEXED_OPS = frozenset({"iota", "rand", "randn"})
+REDUCTIONS = frozenset({"sum", "mean", "max", "min"})
+
+
 # --- element-wise --------------------------------------------------------------------------------
 
 def elementwise(e: Emitter) -> Emitted:
@@ -187,7 +193,7 @@ def rowwise(e: Emitter) -> Emitted:
     # recomputed from memory inside each pass over the row.
     reductions: list[tuple[int, str, str]] = []   # (node, "sum" | "mean" | "max" | "min" | "expsum", internal name)
     for k, n in enumerate(spec.nodes):
-        if n.op in ("sum", "mean", "max", "min"):
+        if n.op in REDUCTIONS:
             reductions.append((k, n.op, f"red{k}"))
         elif n.op in ("softmax", "log_softmax"):
             reductions.append((k, "max", f"smax{k}"))
@@ -264,36 +270,22 @@ def rowwise(e: Emitter) -> Emitted:
         t = w.tmp("m")
         w.line(f"{t} = {masked}")
         nan_check = agg_ in ("max", "min") and dt in FLOAT and n.op in ("max", "min")
-        if acc is None:
-            return t
-        if agg_ in ("sum", "mean"):
-            w.line(f"{acc} = {acc} + {t}")
-        else:
-            fn = "tl.maximum" if agg_ == "max" else "tl.minimum"
-            w.line(f"{acc} = {fn}({acc}, {t})")
-            if nan_check:
-                w.line(f"{acc}_nan = {acc}_nan | ({t} != {t})")
+        if acc is not None:
+            _fold(w, acc, agg_, t, nan_check)
         return t
 
     def finish_reduction(k: int, agg: str, name: str, tile_or_acc: str, has_nan: str | None) -> None:
         n = spec.nodes[k]
-        agg_ = "sum" if agg == "expsum" else agg
-        fn = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min"}[agg_]
-        w.line(f"{name} = {fn}({tile_or_acc}, axis=0)")
-        if agg_ == "mean":
-            w.line(f"{name} = {name} / {cols}")
-        if has_nan:
-            w.line(f'{name} = tl.where(tl.max({has_nan}.to(tl.int32), axis=0) > 0, float("nan"), {name})')
-        if n.op in ("sum", "mean", "max", "min"):
+        reduction = n.op in REDUCTIONS          # not softmax's hidden max and sum: those stay float32
+        _finish(w, name, tile_or_acc, "sum" if agg == "expsum" else agg, cols, has_nan,
+                n.dtype if reduction else None)
+        if reduction:
             row_vals[k] = name
-            dt = compute_dtype(n.dtype)
-            if dt not in FLOAT or n.dtype != dt:
-                w.line(f"{name} = {name}.to({TL[n.dtype]}).to({TL[dt]})")
 
     def compute_row_nodes() -> None:
         """Row-level element-wise nodes whose inputs are all available."""
         for k, n in enumerate(spec.nodes):
-            if n.level != "row" or k in row_vals or n.op in ("sum", "mean", "max", "min"):
+            if n.level != "row" or k in row_vals or n.op in REDUCTIONS:
                 continue
             if all(a[0] != "n" or a[1] in row_vals for a in n.args):
                 xs = [row_vals[a[1]] if a[0] == "n" else e.arg(a, {}, row_loader) for a in n.args]
@@ -368,12 +360,6 @@ def rowwise(e: Emitter) -> Emitted:
         if spec.nodes[k].level != "full":
             e.store(i, "row", row_vals[k], None, block=False)
     return e.finish({"BLOCK_N": e.config["BLOCK_N"]})
-
-
-# Ops whose Triton code reads the element's linear index (an IOTA, counter-based random numbers):
-# the column form computes on [BLOCK_N, ROWS] tiles and has no single linear index to give them.
-INDEXED_OPS = frozenset({"iota", "rand", "randn"})
-REDUCTIONS = frozenset({"sum", "mean", "max", "min"})
 
 
 def columns_fit(spec: KernelSpec) -> bool:
@@ -481,23 +467,10 @@ def rowwise_columns(e: Emitter) -> Emitted:
         x = value(a[1]) if a[0] == "n" else load(a[1])
         t = w.tmp("m")
         w.line(f"{t} = tl.where(tmask, {x}, {init})")
-        if agg in ("sum", "mean"):
-            w.line(f"{acc} = {acc} + {t}")
-        else:
-            w.line(f"{acc} = {'tl.maximum' if agg == 'max' else 'tl.minimum'}({acc}, {t})")
-            if nan:
-                w.line(f"{acc}_nan = {acc}_nan | ({t} != {t})")
+        _fold(w, acc, agg, t, nan)
         w.indent -= 1
-        fn = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min"}[agg]
-        name = f"red{k}"
-        w.line(f"{name} = {fn}({acc}, axis=0)")
-        if agg == "mean":
-            w.line(f"{name} = {name} / {cols}")
-        if nan:
-            w.line(f'{name} = tl.where(tl.max({acc}_nan.to(tl.int32), axis=0) > 0, float("nan"), {name})')
-        if dt not in FLOAT or n.dtype != dt:
-            w.line(f"{name} = {name}.to({TL[n.dtype]}).to({TL[dt]})")
-        row_vals[k] = name
+        row_vals[k] = f"red{k}"
+        _finish(w, row_vals[k], acc, agg, cols, f"{acc}_nan" if nan else None, n.dtype)
         compute_row_nodes()
     for i, k in enumerate(spec.outputs):
         e.store(i, "row", row_vals[k], "rmask")
@@ -511,6 +484,32 @@ def _accumulator(w, acc: str, agg: str, dt: str, shape: str, nan: bool) -> None:
     w.line(f"{acc} = tl.full({shape}, {_identity(agg, dt)}, {acc_dt})")
     if nan:
         w.line(f"{acc}_nan = tl.zeros({shape}, tl.int1)")
+
+
+def _fold(w, acc: str, agg: str, tile: str, nan: bool) -> None:
+    """Adds a masked tile into a reduction's accumulator (and its NaN-seen tile for max/min)."""
+    if agg in ("sum", "mean"):
+        w.line(f"{acc} = {acc} + {tile}")
+        return
+    w.line(f"{acc} = {'tl.maximum' if agg == 'max' else 'tl.minimum'}({acc}, {tile})")
+    if nan:
+        w.line(f"{acc}_nan = {acc}_nan | ({tile} != {tile})")
+
+
+def _finish(w, name: str, acc: str, agg: str, cols: str, nan_tile: str | None, out_dtype: str | None) -> None:
+    """`name` = the accumulator reduced over its first axis (a mean divided by the row length, NaN
+    where the NaN-seen tile saw one), rounded to `out_dtype` where that is narrower than the
+    compute dtype or not a float (None: left in the compute dtype)."""
+    fn = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min"}[agg]
+    w.line(f"{name} = {fn}({acc}, axis=0)")
+    if agg == "mean":
+        w.line(f"{name} = {name} / {cols}")
+    if nan_tile:
+        w.line(f'{name} = tl.where(tl.max({nan_tile}.to(tl.int32), axis=0) > 0, float("nan"), {name})')
+    if out_dtype is not None:
+        dt = compute_dtype(out_dtype)
+        if dt not in FLOAT or out_dtype != dt:
+            w.line(f"{name} = {name}.to({TL[out_dtype]}).to({TL[dt]})")
 
 
 def _in_dtype(spec: KernelSpec, k: int) -> str:

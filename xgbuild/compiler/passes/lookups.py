@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ...dtypes import FLOAT_DTYPES
 from ..ir.graph import Node, Op, Program, attrs_of, tree_map
 from ..ir.shapes import infer
-
-INTEGERS = {"int8", "int16", "int32", "int64", "uint8"}
+from ..ops.core import INTEGERS
 
 
 def lookups(program: Program) -> Program:
@@ -96,7 +96,7 @@ def _one_hot_rows(n: Node, by_id: dict[int, Node]) -> tuple[int, int] | None:
     a, table = (by_id[i] for i in n.inputs)
     if len(a.shape) != 2 or len(table.shape) != 2 or a.dtype != table.dtype or n.dtype != table.dtype:
         return None
-    if a.dtype not in ("float16", "bfloat16", "float32", "float64"):
+    if a.dtype not in FLOAT_DTYPES:
         return None
     while a.op is Op.CAST:
         a = by_id[a.inputs[0]]
