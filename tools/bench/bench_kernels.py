@@ -193,6 +193,10 @@ def main() -> int:
     ap.add_argument("--policy", default="measure")
     ap.add_argument("--cache-dir", default=None)
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("error: bench_kernels times GPU kernels and this host has no GPU (torch.cuda.is_available() is "
+              "False); run it on a GPU host", file=sys.stderr)
+        return 1
     from triton.testing import do_bench
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
