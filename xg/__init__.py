@@ -123,9 +123,11 @@ def load_engine(path: Path | str, *, trusted_keys: Path | str | None = None,
 
 
 def run_engine(engine: Engine, external_values: Mapping[str, Any] | None = None, *, device: str = "cpu",
-               check: bool = True, nproc: int = 1) -> RunResult:
+               check: bool = True, nproc: int = 1, wait: bool | None = None) -> RunResult:
     """Run an engine; `result.value` is what `main` returns, `result.metadata` how it ran.
-    `nproc=N` runs its sharding plan on N ranks of this host, like `xgrun --nproc N`."""
+    `nproc=N` runs its sharding plan on N ranks of this host, like `xgrun --nproc N`. On a GPU it
+    returns once the run is queued: reading `result.value` waits for it and its check (`wait`:
+    see `Engine.run`)."""
     from xgbuild.runtime.engine import Engine
     if not isinstance(engine, Engine):
         raise XGError(f"run_engine takes an Engine (from xg.compile_file or xg.load_engine), got {type(engine).__name__}")
@@ -134,4 +136,4 @@ def run_engine(engine: Engine, external_values: Mapping[str, Any] | None = None,
     if nproc > 1:
         from xgbuild.runtime.distributed import run_ranks
         return run_ranks(engine, external_values, nproc, child_env(), device=device, check=check)
-    return engine.run(external_values, device=device, check=check)
+    return engine.run(external_values, device=device, check=check, wait=wait)

@@ -57,6 +57,9 @@ def test_replayed_runs_match_reference_and_never_alias(name: str, monkeypatch) -
         runs.append((inputs, {k: v.clone() for k, v in got.tensors.items()}, got))
     ex = engine.cuda_executor()
     assert ex._captured, "the second run at one signature is captured as a CUDA graph"
+    cap = next(iter(ex._captured.values()))
+    assert not engine.signature or cap.binder is not None and not cap.copied and cap.fresh, \
+        f"replays read the caller's inputs and write fresh outputs, no copies ({ex.rebind_failure})"
     for inputs, snapshot, got in runs:
         ref = engine.run(inputs, device="cpu", float64=True)
         for k, r in ref.tensors.items():
@@ -67,6 +70,17 @@ def test_replayed_runs_match_reference_and_never_alias(name: str, monkeypatch) -
     monkeypatch.setenv("XG_CUDA_GRAPHS", "0")
     plain = runnable(engine_of(compiled, build_kernels(compiled.optimized.main, load_profile(local_target()),
                                                        policy="predict", dims=dims)))
+    # an input changed in place between replays (same address, so no node moves): the new values count
+    inputs = random_inputs(sig, seed=9)
+    held = {k: v.cuda() for k, v in random_inputs(sig, seed=8).items()}
+    engine.run(held, device="cuda").wait()
+    for k, v in held.items():
+        v.copy_(inputs[k])
+    moved = engine.run(held, device="cuda").tensors
+    ref = engine.run(inputs, device="cpu", float64=True)
+    for k, r in ref.tensors.items():
+        if r.dtype.is_floating_point:
+            assert rel(moved[k], r) < (3e-2 if moved[k].dtype == torch.bfloat16 else 1e-4), k
     inputs, snapshot, _ = runs[-1]
     again = plain.run({k: v.cuda() for k, v in inputs.items()}, device="cuda")
     assert not plain.cuda_executor()._captured
@@ -103,14 +117,20 @@ def test_an_out_of_range_token_is_refused_at_every_stage_of_replay() -> None:
     bad[1, 2] = 10 ** 6
     want = engine(good).clone()
     for run in range(4):                    # kernel by kernel, capture, replay, replay
+        engine(bad)                         # queued: the range is read with the run's other checks
         with pytest.raises(InputError, match=r"holds 1000000, outside \[0, "):
-            engine(bad)
+            engine.synchronize()
         assert torch.equal(engine(good), want), run
+        engine(bad)
+        torch.cuda.synchronize()
+        with pytest.raises(InputError, match=r"run #\d+ of this engine, queued earlier.*holds 1000000"):
+            engine(good)                    # the next call reports the finished run's bad input
     assert engine.engine.cuda_executor()._captured
     neg = good.clone()
     neg[0, 0] = -1
+    engine(neg)
     with pytest.raises(InputError, match="holds -1"):
-        engine(neg)
+        engine.synchronize()
 
 
 def test_eager_fallback_ops_run_between_kernels_on_cuda() -> None:

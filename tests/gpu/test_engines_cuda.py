@@ -98,8 +98,34 @@ def test_check_mode_on_cuda_names_the_origin() -> None:
     engine = build(compile_source(src))
     x = torch.full((64,), 10.0, device="cuda")
     with pytest.raises(ExecutionError, match=r"Inf.*`exp`.*line 3"):
-        engine.run({"X": x}, device="cuda")
+        engine.run({"X": x}, device="cuda", wait=True)
     assert engine.run({"X": x}, device="cuda", check=False).tensors["out"].isinf().all()
+
+
+def test_check_mode_on_cuda_is_read_without_stopping_the_gpu() -> None:
+    # A run returns once queued; its check is read when the result is, at the next run, or at
+    # synchronize(): each failure raised once (each time its result is read), good runs unaffected.
+    src = "extern Tensor[float32, N] X\ndef main() {\n    y = exp(X * 100.0)\n    return y + 1.0\n}\n"
+    engine = build(compile_source(src))
+    x = torch.full((64,), 10.0, device="cuda")
+    ok = 0.5 * torch.rand(64, device="cuda")                # exp(50) at most: finite in float32
+    for stage in range(4):                                  # kernel by kernel, capture, replays
+        result = engine.run({"X": x}, device="cuda")        # queued: nothing read yet
+        with pytest.raises(ExecutionError, match=r"Inf.*`exp`.*line 3"):
+            result.value
+        with pytest.raises(ExecutionError, match=r"Inf.*`exp`.*line 3"):
+            result.tensors
+        engine.run({"X": x}, device="cuda", wait=False)
+        torch.cuda.synchronize()
+        with pytest.raises(ExecutionError, match=r"run #\d+ of this engine, queued earlier.*`exp`.*line 3"):
+            engine.run({"X": ok}, device="cuda", wait=False)
+        good = engine.run({"X": ok}, device="cuda")
+        assert torch.allclose(good.value, torch.exp(ok * 100.0) + 1.0, rtol=1e-5), stage
+        engine.synchronize()                                # nothing left to report
+        engine.run({"X": torch.full((64,), 10.0, device="cuda")}, device="cuda", wait=False)
+        with pytest.raises(ExecutionError, match=r"stored by .*line \d.*inputs are gone"):
+            engine.synchronize()                            # the inputs died: the storing kernel is named
+    assert engine.cuda_executor()._captured
 
 
 def test_engine_for_another_arch_is_refused() -> None:

@@ -208,11 +208,11 @@ def main_cmd(
             eng.cuda_executor(check=check)       # a clear refusal before any tensor moves
             values = {k: v.to("cuda") for k, v in values.items()}
         for _ in range(warmup):
-            eng.run(values, device=device, check=check)
+            eng.run(values, device=device, check=check, wait=True)
         profiler = Profiler(device) if profile or trace is not None else None
         walls = []
         for _ in range(iterations):
-            result = eng.run(values, device=device, check=check, profiler=profiler)
+            result = eng.run(values, device=device, check=check, wait=True, profiler=profiler)
             walls.append(result.metadata["timings"]["total_ms"])
     except (XGError, TensorIOError) as exc:
         fail(str(exc))

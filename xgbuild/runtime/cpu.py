@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -95,6 +95,7 @@ def take_rows(n: Node, table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 class RunOutput:
     values: dict[int, torch.Tensor]     # output node id -> value
     timings: list[dict]                 # per node: id, op, line, ms, start_ms (from the run's start)
+    pending: Any = None                 # a GPU run's check on its way to the host (verdicts.Pending)
 
 
 class CpuExecutor:

@@ -325,6 +325,9 @@ class KernelLauncher:
         self._loaded: dict[tuple[str, str], _Loaded] = {}  # (cubin digest, entry name) -> kernel
         self._lock = threading.Lock()  # argument blocks are shared by all threads launching a kernel
         self._current_stream = memory.current_stream
+        # While a list: each launch's (kernel, CUfunction, grid, argument block) is appended to it
+        # (a CUDA graph capture, `rebind.Binder`).
+        self.recording: list | None = None
 
     def _enter(self) -> bool:
         """Makes our context current; True when the caller's must be restored (`_exit`)."""
@@ -419,6 +422,8 @@ class KernelLauncher:
                        f"cuLaunchKernel({k.name})")
             finally:
                 self._exit(pushed)
+            if self.recording is not None:
+                self.recording.append((k, int(loaded.function), grid, loaded.block.raw))
 
     def close(self) -> None:
         """Unloads every module and releases the primary context this launcher retained."""

@@ -11,14 +11,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
 
 from ..compiler.ir.graph import Graph
 from ..compiler.ir.lower import ERROR_CODES
-from ..errors import EngineError, ExecutionError, InputError
+from ..errors import EngineError, ExecutionError, InputError, XGError
 from ..packager.engine_file import EngineFile, save_engine_file
 from ..packager.signing import Envelope, Trust, TrustedKeys
 from ..packager.weights import load_weights
@@ -38,23 +38,51 @@ class ResultValue:
     error: str | None
 
 
-@dataclass
 class RunResult:
-    value: Any                  # what main returns: a tensor, a Python scalar, a tuple, a ResultValue
-    metadata: dict
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict)   # every output leaf, dtype kept:
-    # `out`, or `out_0`, `out_1`, … for tuples, `out_ok` / `out_value` for results
+    """What a run returns: `value` (what main returns: a tensor, a Python scalar, a tuple, a
+    ResultValue), `metadata` (how it ran) and `tensors` (every output leaf, dtype kept: `out`, or
+    `out_0`, `out_1`, ... for tuples, `out_ok` / `out_value` for results).
 
-    def __post_init__(self) -> None:
+    A GPU run that did not wait (the default) is queued when this is returned: reading `value` or
+    `tensors` (or `wait()`) waits for it and for its check, raising the check's error here."""
+
+    def __init__(self, value: Any, metadata: dict, tensors: dict[str, torch.Tensor] | None = None,
+                 settle: Callable[[], Any] | None = None) -> None:
+        self._value = value
         # Still the dict every caller indexes; printed, a short summary (runtime/summary.py).
-        if not isinstance(self.metadata, RunMetadata):
-            self.metadata = RunMetadata(self.metadata)
+        self.metadata = metadata if isinstance(metadata, RunMetadata) else RunMetadata(metadata)
+        self._tensors = tensors if tensors is not None else {}
+        self._settle = settle
+        self._failed: BaseException | None = None
+
+    def wait(self) -> "RunResult":
+        """Wait for the run and its check (an error of the check raises here, every time it is asked)."""
+        if self._failed is not None:
+            raise self._failed
+        if self._settle is not None:
+            try:
+                self._value = self._settle()
+            except XGError as exc:
+                self._failed = exc
+                raise
+            self._settle = None
+        return self
+
+    @property
+    def value(self) -> Any:
+        return self.wait()._value
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return self.wait()._tensors
 
     def __repr__(self) -> str:
-        value = repr(self.value)
+        if self._settle is not None:
+            return f"RunResult(queued, outputs={sorted(self._tensors)})\n{self.metadata}"
+        value = repr(self._value)
         if len(value) > 200:
             value = value[:200] + "…"
-        return f"RunResult(value={value}, outputs={sorted(self.tensors)})\n{self.metadata}"
+        return f"RunResult(value={value}, outputs={sorted(self._tensors)})\n{self.metadata}"
 
 
 @dataclass
@@ -62,9 +90,10 @@ class Engine(EngineView):
     file: EngineFile
     settings: RunSettings = field(default_factory=RunSettings)   # read at the top (CLI, xg), handed in
     _specialised: dict = field(default_factory=dict, repr=False)
-    _cuda: dict = field(default_factory=dict, repr=False)        # arch -> CudaExecutor
+    _cuda: dict = field(default_factory=dict, repr=False)        # arch, ("device", index) -> CudaExecutor
     _weights: dict = field(default_factory=dict, repr=False)     # device -> {name: tensor}
     _fast: dict = field(default_factory=dict, repr=False)        # caller's input shapes -> specialised graph
+    _descriptions: dict = field(default_factory=dict, repr=False)   # see `_described`
     trust: Trust | None = field(default=None, repr=False)        # set when loaded against trusted keys
 
     def __repr__(self) -> str:
@@ -166,12 +195,16 @@ class Engine(EngineView):
 
     # --- running --------------------------------------------------------------------------------
     def run(self, external_values: Mapping[str, Any] | None = None, *, device: str = "cpu", check: bool = True,
-            float64: bool = False, wait: bool = True, profiler: Any = None) -> RunResult:
-        """Runs the engine. On cuda, `wait=False` returns as soon as the work is queued on torch's
-        current stream (as a PyTorch op does); the reported timings are then queueing times, and a
-        scalar output stays a 0-d tensor in `value` (a Python number would be read, a sync).
-        `profiler` (`runtime.profile.Profiler`): this run is one profiled iteration, each kernel
-        (on the CPU, each node) timed on its own; on cuda it runs kernel by kernel and waits."""
+            float64: bool = False, wait: bool | None = None, profiler: Any = None) -> RunResult:
+        """Runs the engine. On cuda the run is queued on torch's current stream and this returns
+        without waiting for the GPU (`wait=None`, the default): reading the result's `value` or
+        `tensors` waits for it and for its check (NaN/Inf flags, index ranges), and raises the
+        check's error there; a failed run nobody reads is reported by the engine's next run or
+        `synchronize()`. `wait=True` waits before returning (its timings are then the run's);
+        `wait=False` never waits, as a PyTorch op: a scalar output stays a 0-d tensor in `value`,
+        and the check is read at the next run or `synchronize()`. On the CPU every run is done when
+        this returns. `profiler` (`runtime.profile.Profiler`): this run is one profiled iteration,
+        each kernel (on the CPU, each node) timed on its own; on cuda it runs kernel by kernel and waits."""
         if device not in ("cpu", "cuda"):
             raise InputError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
         if device == "cuda":
@@ -180,21 +213,23 @@ class Engine(EngineView):
             executor = self.cuda_executor(check=check)     # refuses missing kernels or GPU first
         else:
             executor = CpuExecutor(float64=float64, check=check)
-        pending: list = []
-        inputs = self.prepare_inputs(external_values, device, pending=pending)
+        ranges: list = []
+        inputs = self.prepare_inputs(external_values, device, pending=ranges)
         if profiler is not None:
             if device == "cuda":
                 torch.cuda.synchronize()        # the iteration starts on an idle GPU
             profiler.begin()
+            wait = True
         t0 = time.perf_counter()
         graph, env, cached = self._specialised_fast(inputs, device)
+        pending = None
         if device == "cuda":
             try:
-                out = executor.run(graph, inputs, wait=wait or profiler is not None, profiler=profiler)
+                out = executor.run(graph, inputs, wait=bool(wait), profiler=profiler, ranges=ranges)
             except ExecutionError:
-                check_ranges(pending)       # a bad input index is the cause to name first
+                check_ranges(ranges)        # a bad input index is the cause to name first
                 raise
-            check_ranges(pending)
+            pending = out.pending
         else:
             out = executor.run(graph, inputs)
         total_ms = (time.perf_counter() - t0) * 1e3
@@ -203,7 +238,6 @@ class Engine(EngineView):
             profiler.end()
             if device == "cpu":
                 _profile_ops(profiler, graph, out.timings, iteration)
-        value = _build(graph.output, out.values, scalars=wait or device == "cpu")
         metadata = {
             "target": self.manifest["target"],
             "num_gpu": self.manifest["num_gpu"],
@@ -211,16 +245,48 @@ class Engine(EngineView):
             "device": device,
             "executor": executor.name + ("-float64" if float64 else ""),
             "check": check,
-            "specialization": {"symbols": dict(sorted(env.items())), "cached": cached,
-                               "inputs": {n: {"dtype": XG_NAMES[t.dtype], "shape": list(t.shape)}
-                                          for n, t in inputs.items()}},
+            "specialization": self._described(graph, env, cached, inputs),
             "timings": {"total_ms": total_ms, "ops": out.timings},
         }
-        return RunResult(value, metadata, _flat(graph.output, out.values))
+        tensors = _flat(graph.output, out.values)
+        if device == "cpu" or wait:
+            return RunResult(_build(graph.output, out.values), metadata, tensors)
+        if wait is False:
+            return RunResult(_build(graph.output, out.values, scalars=False), metadata, tensors)
 
+        def settle() -> Any:            # on the first read of the result
+            if pending is not None:
+                executor.settle(pending)
+            value = _build(graph.output, out.values)
+            metadata["timings"]["total_ms"] = (time.perf_counter() - t0) * 1e3   # until the host had it
+            return value
+        return RunResult(None, metadata, tensors, settle=settle)
+
+    def _described(self, graph: Graph, env: dict, cached: bool, inputs: Mapping[str, torch.Tensor]) -> dict:
+        """The metadata's `specialization`: once per specialised graph and input shapes (a run
+        with many weights would describe each of them again)."""
+        key = (id(graph), cached, tuple((n, t.dtype, tuple(t.shape)) for n, t in inputs.items()))
+        known = self._descriptions.get(key)
+        if known is None or known[0] is not graph:
+            if len(self._descriptions) >= 64:
+                self._descriptions.clear()
+            known = self._descriptions[key] = (graph, {
+                "symbols": dict(sorted(env.items())), "cached": cached,
+                "inputs": {n: {"dtype": XG_NAMES[t.dtype], "shape": list(t.shape)} for n, t in inputs.items()}})
+        return known[1]
+
+    def synchronize(self) -> None:
+        """Wait for every queued GPU run of this engine and raise the first failed check among them."""
+        for ex in {id(ex): ex for ex in self._cuda.values()}.values():
+            torch.cuda.synchronize(ex.device)
+            ex.settle()
 
     def cuda_executor(self, check: bool = True):
         """The GPU executor for this engine on torch's current CUDA device (kept between runs)."""
+        ex = self._cuda.get(("device", torch.cuda.current_device())) if torch.cuda.is_initialized() else None
+        if ex is not None:              # (every run: the checks below were made for this device)
+            ex.check = check
+            return ex
         from .cuda import CudaRuntimeError, device_arch
         from .gpu import CudaExecutor
         kernels = self.manifest.get("kernels", [])
@@ -244,7 +310,7 @@ class Engine(EngineView):
             self._cuda[arch] = CudaExecutor(plans_from_manifest(self.manifest, self.file.entries),
                                             graphs=self.settings.cuda_graphs)
             self._cuda[arch].stable = frozenset(self.weights("cuda"))   # cached on the device: read in place
-        ex = self._cuda[arch]
+        ex = self._cuda[("device", torch.cuda.current_device())] = self._cuda[arch]
         ex.check = check
         return ex
 

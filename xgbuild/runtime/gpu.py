@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -25,11 +25,14 @@ from ..compiler.ir.graph import COLLECTIVE, Graph, Node, Op, tree_ids
 from ..compiler.ir.serialize import where as src_text
 from ..dtypes import TORCH_DTYPES
 from ..errors import ExecutionError, XGError
+from .cuda import CudaRuntimeError
 from .cpu import CpuExecutor, RunOutput
 from .lifetimes import computed_gathers, frees, release, shape_only_gathers
 from .native import check_bits, guarded_outputs, made_by, where_of as _where
 from .replay import Replay, record, remember, replay_args
+from .rebind import Binder, TorchTouches
 from .values import Collective, Values
+from .verdicts import Evidence, Mailbox, Pending, Verdicts
 
 MAX_GRAPHS = 4           # captured CUDA graphs kept per executor (each holds its intermediates)
 
@@ -106,7 +109,9 @@ class KernelExecutor:
         # Check mode: a GATHER whose indices the program computed (no input check saw them) has
         # them range-checked after the run (one device sync), where a kernel would read zeros.
         self.check_indices = False
-        self.deferred: tuple | None = None      # set while capturing: the index bounds, checked after each replay
+        # Set to () before a run: after it, the computed indices' bounds (`gather_index_bounds`),
+        # queued on the device for an asynchronous check (verdicts.py) instead of checked here.
+        self.deferred: tuple | None = None
         # Check mode: the kernels that store the engine's floating-point outputs raise one flag word
         # on a NaN or Inf (`flags`, after a run: read it once); `covered(graph)` names the outputs
         # they guard (the rest, made by no kernel, are scanned).
@@ -126,6 +131,7 @@ class KernelExecutor:
         # `runtime.profile.Profiler` while a run is profiled: each launch bracketed by CUDA events,
         # nothing replayed (a replay's launches are not told apart).
         self.profiler = None
+        self.on_alloc: Callable[[list[torch.Tensor]], None] | None = None   # told of each step's outputs (a capture)
 
     def _go(self, index: int, plan: KernelPlan, graph: Graph, launch: Launch, chosen: Compiled, grid: tuple,
             args: list) -> None:
@@ -175,6 +181,8 @@ class KernelExecutor:
                 continue
             shapes = [(tuple(graph.node(nid).shape), TORCH_DTYPES[graph.node(nid).dtype]) for nid in plan.binding.outputs]
             outs = [torch.empty(shape, dtype=dt, device=self.device) for shape, dt in shapes]
+            if self.on_alloc is not None:
+                self.on_alloc(outs)
             launch = bind(plan, graph, value, outs, flags, self._checks(plan, guarded))
             if index in blocked:        # block by block of rows, launches and transfers interleaved
                 self._launch_blocked(index, graph, plan, launch, outs, blocked[index], value)
@@ -198,7 +206,7 @@ class KernelExecutor:
         for nid in list(value.pending):
             value(nid)                  # every rank finishes every collective it issued
         if self.deferred is not None:
-            self.deferred = gather_index_bounds(graph, value, self._verified_in(graph))
+            self.deferred = self._bounds(graph, value)
         elif self.check_indices:
             self._check_indices(graph, value)
         return outputs
@@ -209,6 +217,15 @@ class KernelExecutor:
         17 im2col gathers: a reduction over each one's indices and a sync every call)."""
         known = self._verified.get(id(graph))
         return known[1] if known is not None and known[0] is graph else frozenset()
+
+    def _bounds(self, graph: Graph, value: Values) -> tuple:
+        """`gather_index_bounds` for a deferred check. The shape-only gathers are in it once: their
+        indices are the same every run, so the first run's check speaks for all."""
+        out = gather_index_bounds(graph, value, self._verified_in(graph))
+        known = self._verified.get(id(graph))
+        if known is None or known[0] is not graph:
+            self._verified[id(graph)] = (graph, shape_only_gathers(graph))
+        return out
 
     def _check_indices(self, graph: Graph, value: Values) -> None:
         known = self._verified.get(id(graph))
@@ -403,7 +420,9 @@ class KernelExecutor:
             args = None
             for nid, t in zip(plan.binding.outputs, outs):
                 value[nid] = t
-        if self.check_indices:
+        if self.deferred is not None:
+            self.deferred = self._bounds(graph, value)
+        elif self.check_indices:
             self._check_indices(graph, value)
         return _outputs(graph, value, self._consts)
 
@@ -480,21 +499,28 @@ class Captured:
     graph: Graph
     cuda_graph: Any                     # torch.cuda.CUDAGraph
     inputs: dict[str, torch.Tensor]     # the tensors the graph reads: its own copies, and stable inputs
-    copied: tuple[str, ...]             # inputs copied in before each replay
-    outputs: dict[int, torch.Tensor]    # the graph's output buffers (cloned out after each replay)
+    copied: tuple[str, ...]             # inputs copied in before each replay (the rest: rebound or stable)
+    outputs: dict[int, torch.Tensor]    # the graph's output buffers (the unbound ones cloned out after each replay)
     bounds: tuple = ([], None)          # computed gather indices' tables and [min, max], filled by each replay
     flags: torch.Tensor | None = None   # check mode's NaN/Inf word, zeroed and raised by each replay
+    binder: Any = None                  # rebind.Binder: the nodes pointed at each run's inputs and outputs
+    fresh: dict = field(default_factory=dict)   # output id -> (buffer key, bytes, dtype, shape, stride, offset)
 
 
 class CudaExecutor:
     """An engine's kernels on torch's current CUDA device, launched through the CUDA driver.
 
     An input signature's first run launches kernel by kernel; the second captures the run as a
-    CUDA graph, and later runs replay it: the inputs copied into the graph's buffers, one graph
-    launch, the outputs cloned out (so that results never alias a later run's). `stable` names
-    the inputs whose tensors persist between runs (an engine's weights): the graph reads them in
-    place. Graphs with run-time indices, or whose capture fails, keep launching kernel by kernel.
-    Engines run this way by default (`XG_CUDA_GRAPHS=0` turns capture off; `graphs=` here)."""
+    CUDA graph, and later runs replay it with one launch. The graph reads the caller's inputs and
+    writes outputs the caller then owns, its kernel nodes pointed at this run's tensors
+    (`rebind.Binder`); a buffer that PyTorch operators touch inside the graph is copied in (an
+    input) or cloned out (an output) instead. `stable` names the inputs whose tensors persist
+    between runs (an engine's weights): the graph reads them in place. Graphs with run-time
+    indices, or whose capture fails, keep launching kernel by kernel. Engines run this way by
+    default (`XG_CUDA_GRAPHS=0` turns capture off; `graphs=` here).
+
+    Nothing here waits for the GPU unless asked (`wait`): check mode's evidence is queued to the
+    host behind each run and read later (`verdicts.py`)."""
     name = "cuda"
 
     def __init__(self, plans: list[KernelPlan], check: bool = True, graphs: bool = False) -> None:
@@ -510,52 +536,106 @@ class CudaExecutor:
         self._warm: set[tuple] = set()
         self._uncapturable: set[tuple] = set()
         self.capture_failure: str | None = None     # why the last capture failed (runs then launch kernel by kernel)
+        self.rebind_failure: str | None = None      # why the last capture copies its inputs and clones its outputs
+        self.verdicts = Verdicts()
+        self._box: Mailbox | None | bool = None
 
         def launch(c: Compiled, grid: tuple, args: list) -> None:
             self.launcher.launch(c.handle, grid, args)
         self.kernels = KernelExecutor(plans, launch, self.device, replay=True)
 
-    def run(self, graph: Graph, inputs: dict[str, torch.Tensor], wait: bool = True, profiler=None) -> RunOutput:
-        """Runs the kernels on torch's current stream; `wait` synchronises first (timings are then real).
-        `profiler` (`runtime.profile.Profiler`): time each launch, kernel by kernel (no CUDA graph)."""
+    def run(self, graph: Graph, inputs: dict[str, torch.Tensor], wait: bool = True, profiler=None,
+            ranges: list | None = None) -> RunOutput:
+        """Runs the kernels on torch's current stream; `wait` synchronises first (timings are then
+        real) and reads this run's check. `profiler` (`runtime.profile.Profiler`): time each launch,
+        kernel by kernel (no CUDA graph). `ranges`: the index inputs' (name, lo, hi, [min, max] on
+        the device), checked with the rest. The returned output's `pending` is the run's check."""
         t0 = time.perf_counter()
-        self.kernels.check_indices = self.kernels.check_outputs = self.check
-        if profiler is not None:
-            self.kernels.profiler = profiler
-            try:
-                values, flags = self.kernels.run(graph, inputs), self.kernels.flags
-            finally:
-                self.kernels.profiler = None
-        else:
-            values, flags = self._values(graph, inputs)
-        if self.check:
-            check_outputs(self.kernels, graph, inputs, values, flags)
+        self.verdicts.settle_ready()            # the earlier runs that have finished: their checks
+        self.kernels.check_outputs = self.check
+        self.kernels.check_indices = False
+        self.kernels.deferred = () if self.check else None
+        try:
+            if profiler is not None:
+                self.kernels.profiler = profiler
+                try:
+                    values, flags, bounds = self.kernels.run(graph, inputs), self.kernels.flags, self.kernels.deferred
+                finally:
+                    self.kernels.profiler = None
+            else:
+                values, flags, bounds = self._values(graph, inputs)
+        finally:
+            self.kernels.deferred = None
+        pending = None
+        if self.check or ranges:
+            pending = Pending(graph, inputs, self._evidence(graph, values, flags, bounds, ranges or []),
+                              self._mailbox(), self.launcher._current_stream())
+            self.verdicts.add(pending)
         if wait:
             torch.cuda.synchronize(self.device)
-        return RunOutput(values, [{"op": "kernels", "launches": len(self.plans),
-                                   "ms": (time.perf_counter() - t0) * 1e3}])
+            self.verdicts.settle_through(pending, later=False)
+        out = RunOutput(values, [{"op": "kernels", "launches": len(self.plans), "ms": (time.perf_counter() - t0) * 1e3}])
+        out.pending = pending
+        return out
+
+    def _mailbox(self) -> Mailbox | None:
+        """The pinned slots checks are read through, made at the first checked run (None: the
+        driver refused them; checks then go through torch's pinned memory and events)."""
+        if self._box is None:
+            try:
+                self._box = Mailbox(self.launcher._enter, self.launcher._exit)
+            except CudaRuntimeError:
+                self._box = False
+        return self._box or None
+
+    def settle(self, pending: Pending | None = None) -> None:
+        """Wait for the checks of the runs up to `pending` (every run, when None) and raise the
+        first failure."""
+        self.verdicts.settle_through(pending, later=pending is None)
+
+    def _evidence(self, graph: Graph, values: dict[int, torch.Tensor], flags: torch.Tensor | None, bounds,
+                  ranges: list) -> Evidence:
+        if not self.check:
+            return Evidence(ranges=ranges)
+        _graph, stored, covered = self.kernels._guard(graph)
+
+        def stored_by() -> str:         # (only for a failure's message)
+            by = [_where(graph, p.binding.outputs) for p in self.plans
+                  if not isinstance(p, ExternStep) and any(nid in stored for nid in p.binding.outputs)]
+            return "; ".join(by[:3])
+        return Evidence(flags=flags,
+                        unguarded=[(nid, v) for nid, v in values.items()
+                                   if nid not in covered and v.dtype.is_floating_point and v.numel()],
+                        gathers=bounds or ([], None), ranges=ranges, stored_by=stored_by)
 
     def _values(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> tuple[dict[int, torch.Tensor],
-                                                                                torch.Tensor | None]:
-        """The run's outputs and its check-mode flag word (None with checks off)."""
+                                                                                torch.Tensor | None, tuple | None]:
+        """The run's outputs, its check-mode flag word (None with checks off) and its computed
+        indices' bounds (None: none checked)."""
         key = self.kernels._key(graph, inputs, self.stable) if self.graphs else None
         if key is None:
-            return self.kernels.run(graph, inputs), self.kernels.flags
+            return self.kernels.run(graph, inputs), self.kernels.flags, self.kernels.deferred
         with self._lock:                        # a graph's buffers serve one run at a time
             cap = self._captured.pop(key, None)
             if cap is not None:
                 if cap.graph is graph and all(inputs[n] is cap.inputs[n] or inputs[n].data_ptr() == cap.inputs[n].data_ptr()
-                                              for n in cap.inputs if n not in cap.copied):
+                                              for n in self.stable if n in cap.inputs):
                     self._captured[key] = cap   # most recently used last: evicted last
-                    return self._replay(cap, inputs)
+                    try:
+                        return self._replay(cap, inputs)
+                    except CudaRuntimeError as exc:     # a node could not be pointed at this run's tensors
+                        self.rebind_failure = str(exc)
+                        self._uncapturable.add(key)
+                        del self._captured[key]
+                        return self.kernels.run(graph, inputs), self.kernels.flags, self.kernels.deferred
                 # a stable input moved: capture again (below)
             if key in self._uncapturable or key not in self._warm:
                 self._warm.add(key)             # the first run loads every module: never inside a capture
-                return self.kernels.run(graph, inputs), self.kernels.flags
+                return self.kernels.run(graph, inputs), self.kernels.flags, self.kernels.deferred
             cap = self._capture(graph, inputs)
             if cap is None:
                 self._uncapturable.add(key)
-                return self.kernels.run(graph, inputs), self.kernels.flags
+                return self.kernels.run(graph, inputs), self.kernels.flags, self.kernels.deferred
             if len(self._captured) >= MAX_GRAPHS:
                 old = next(iter(self._captured))
                 del self._captured[old]
@@ -564,14 +644,31 @@ class CudaExecutor:
             return self._replay(cap, inputs)
 
     def _replay(self, cap: Captured, inputs: dict[str, torch.Tensor]) -> tuple[dict[int, torch.Tensor],
-                                                                                torch.Tensor | None]:
+                                                                                torch.Tensor | None, tuple | None]:
         for n in cap.copied:
             cap.inputs[n].copy_(inputs[n])
+        outputs: dict[int, torch.Tensor] = {}
+        if cap.binder is not None:
+            addresses = {("in", n): inputs[n].data_ptr() for n in cap.inputs
+                         if ("in", n) in cap.binder.keys}
+            buffers: dict = {}
+            for nid, (key, nbytes, dtype, shape, stride, offset, whole) in cap.fresh.items():
+                if whole:                       # the output is its buffer: allocated as it is
+                    out = outputs[nid] = torch.empty_strided(shape, stride, dtype=dtype, device=self.device)
+                    addresses[key] = out.data_ptr()
+                    continue
+                buf = buffers.get(key)
+                if buf is None:
+                    buf = buffers[key] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+                    addresses[key] = buf.data_ptr()
+                outputs[nid] = torch.empty(0, dtype=dtype, device=self.device).set_(
+                    buf.untyped_storage(), offset, shape, stride)
+            cap.binder.bind(addresses)
         cap.cuda_graph.replay()
-        outputs = {nid: t.clone() for nid, t in cap.outputs.items()}
-        if self.check:
-            raise_out_of_bounds(*cap.bounds)
-        return outputs, cap.flags
+        for nid, t in cap.outputs.items():
+            if nid not in outputs:
+                outputs[nid] = t.clone()
+        return outputs, cap.flags, cap.bounds if self.check else None
 
     def _capture(self, graph: Graph, inputs: dict[str, torch.Tensor]) -> Captured | None:
         copied = tuple(sorted(n for n in inputs if n not in self.stable))
@@ -579,19 +676,70 @@ class CudaExecutor:
             self.capture_failure = "an input is not 16-byte aligned"
             return None     # the graph's own (aligned) copies could pick other variants than this input's
         static = {n: (t.clone() if n in copied else t) for n, t in inputs.items()}
-        cuda_graph = torch.cuda.CUDAGraph()
+        cuda_graph = torch.cuda.CUDAGraph(keep_graph=True)
         replay, self.kernels.replay = self.kernels.replay, False
+        deferred = self.kernels.deferred
         self.kernels.deferred = ()      # computed indices: their bounds captured too, checked after each replay
+        touches = TorchTouches()
+        self.launcher.recording = launches = []
+        births: dict[int, int] = {}     # storage address -> launches before its latest allocation there
+        self.kernels.on_alloc = lambda outs: births.update((t.untyped_storage().data_ptr(), len(launches)) for t in outs)
         try:
             with torch.cuda.graph(cuda_graph, capture_error_mode="thread_local"):
-                outputs = self.kernels.run(graph, static)
+                with touches:
+                    outputs = self.kernels.run(graph, static)
             bounds = self.kernels.deferred or ([], None)
             flags = self.kernels.flags      # zeroed by the graph itself on every replay
+            cuda_graph.instantiate()
         except (RuntimeError, XGError) as exc:
             torch.cuda.synchronize(self.device)
             self.capture_failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             return None             # something in the run cannot be captured: launch kernel by kernel
         finally:
             self.kernels.replay = replay
-            self.kernels.deferred = None
-        return Captured(graph, cuda_graph, static, copied, outputs, bounds, flags)
+            self.kernels.deferred = deferred
+            self.launcher.recording = None
+            self.kernels.on_alloc = None
+        cap = Captured(graph, cuda_graph, static, copied, outputs, bounds, flags)
+        self._bind(cap, launches, touches.storages, births)
+        return cap
+
+    def _bind(self, cap: Captured, launches: list, touched: set[int], births: dict[int, int]) -> None:
+        """Point `cap`'s graph at each run's own tensors (`rebind.Binder`) where it can: the copied
+        inputs and the outputs that only its kernels touch. An output's buffer is in the capture's
+        memory pool, where an intermediate freed earlier may have lived at the same addresses: only
+        the launches from its allocation on (`births`) are its own."""
+        buffers: dict = {}
+        for n in cap.copied:
+            t = cap.inputs[n]
+            if t.untyped_storage().data_ptr() not in touched and t.is_contiguous():
+                buffers[("in", n)] = (t.data_ptr(), t.untyped_storage().nbytes() - t.storage_offset() * t.element_size(), 0)
+        held = {t.untyped_storage().data_ptr() for t in cap.inputs.values()}
+        for t in cap.outputs.values():      # an output that is (a view of) an input: that input stays copied
+            for n in cap.copied:
+                if cap.inputs[n].untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+                    buffers.pop(("in", n), None)
+        fresh: dict = {}
+        for nid, t in cap.outputs.items():
+            base = t.untyped_storage().data_ptr()
+            if base in touched or base in held or base not in births:
+                continue
+            key = ("out", base)
+            nbytes = t.untyped_storage().nbytes()
+            buffers[key] = (base, nbytes, births[base])
+            fresh[nid] = [key, nbytes, t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
+                          t.storage_offset() == 0 and t.is_contiguous() and t.numel() * t.element_size() == nbytes]
+        shared = [f[0] for f in fresh.values()]
+        for f in fresh.values():            # a buffer two outputs view is allocated once, as bytes
+            f[6] = f[6] and shared.count(f[0]) == 1
+        if not buffers:
+            return
+        binder = Binder.build(cap.cuda_graph, launches, buffers, self.launcher._enter, self.launcher._exit)
+        if isinstance(binder, str):
+            self.rebind_failure = binder
+            return
+        bound = binder.keys
+        cap.binder = binder
+        cap.copied = tuple(n for n in cap.copied if ("in", n) not in bound)
+        cap.fresh = {nid: f for nid, f in fresh.items() if f[0] in bound}
+        self.rebind_failure = None

@@ -58,6 +58,13 @@ class ModelEngine:
         """Write the `.xge` (weights inside); `xgrun` runs it. Returns the bundle digest."""
         return self.engine.save(path)
 
+    def synchronize(self) -> None:
+        """Wait for every queued GPU call and raise the first failed check among them. A call
+        returns its tensors as a PyTorch module does, before the GPU has run it; its check
+        (NaN/Inf, token ids in range) is read as soon as the GPU is done, and a failure is raised
+        by the next call, or here."""
+        self.engine.synchronize()
+
     @property
     def manifest(self) -> dict:
         return self.engine.manifest
@@ -231,6 +238,11 @@ class LazyModelEngine:
             self._calls[key] = (detached, kw)
         self._last = engine
         return engine(*args, **kwargs)
+
+    def synchronize(self) -> None:
+        """`ModelEngine.synchronize` for every signature's engine."""
+        for engine in self._engines.values():
+            engine.synchronize()
 
     def _built(self) -> ModelEngine:
         if self._last is None:

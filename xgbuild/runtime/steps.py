@@ -51,15 +51,15 @@ def run_steps(engine: Any, values: Mapping[str, torch.Tensor], steps: int, *, de
               feedback: Feedback, on_step: Callable[[int], None] | None = None) -> StepsResult:
     """Run `engine` `steps` times from `values` (on `device` already), feeding back as `feedback`
     says. `on_step(k)` is called after step k is queued (a progress bar). The losses are read once,
-    after the last step; check mode (`check`) still reads its NaN/Inf flag word after each step
-    (one sync a step), as every checked run does."""
+    after the last step; check mode's verdicts (`check`) are read as the steps finish, without a
+    sync a step (`verdicts.py`): a step that made a NaN raises at a later step or at the end."""
     if steps < 1:
         raise InputError(f"steps must be at least 1, got {steps}")
     current = dict(values)
     queued: list[dict[str, torch.Tensor]] = []
     result = None
     for k in range(1, steps + 1):
-        result = engine.run(current, device=device, check=check, wait=False)   # queued (unchecked: no sync)
+        result = engine.run(current, device=device, check=check, wait=False)   # queued; its check is read later
         out = result.tensors
         queued.append({name: t for name, t in out.items()
                        if name not in feedback.state_outputs and t.dim() == 0 and t.dtype.is_floating_point})
@@ -69,6 +69,8 @@ def run_steps(engine: Any, values: Mapping[str, torch.Tensor], steps: int, *, de
             current[name] = current[name] + 1
         if on_step is not None:
             on_step(k)
+    if device == "cuda" and hasattr(engine, "synchronize"):
+        engine.synchronize()                # every step's check, read asynchronously while they ran
     # One read of every step's scalars at the end, not a sync a step.
     names = list(queued[0])
     flat = torch.stack([s[n].float() for s in queued for n in names]).tolist() if names else []

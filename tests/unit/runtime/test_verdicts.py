@@ -1,0 +1,109 @@
+"""Check mode's asynchronous verdicts (runtime/verdicts.py), on the host: what each kind of evidence
+reports, in which order, naming which run, and that every failed run is reported once and in order.
+The evidence values stand in for what a GPU run copies back (tests/gpu covers the device side)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from xgbuild.compiler.driver import compile_source
+from xgbuild.compiler.passes.specialize import bind_symbols, specialize
+from xgbuild.errors import ExecutionError, InputError
+from xgbuild.runtime.verdicts import Evidence, Pending, Verdicts
+
+SOURCE = "extern Tensor[float32, N] X\ndef main() {\n    y = log(X)\n    return y * 2.0\n}\n"
+
+
+@pytest.fixture(scope="module")
+def graph():
+    g = compile_source(SOURCE, "v.xg").optimized.main
+    return specialize(g, bind_symbols(g, {"X": (4,)}))
+
+
+def pending(graph, inputs, values, **evidence) -> Pending:
+    p = Pending(graph, inputs, Evidence(**evidence))
+    p.values = list(values)
+    return p
+
+
+def test_clean_evidence_settles_quietly(graph) -> None:
+    p = pending(graph, {"X": torch.rand(4) + 1}, [0], flags=torch.zeros(1, dtype=torch.int32))
+    p.settle(later=False)
+    assert p.settled
+
+
+def test_a_raised_flag_is_traced_on_the_cpu_while_the_inputs_live(graph) -> None:
+    x = torch.tensor([1.0, -1.0, 2.0, 3.0])
+    p = pending(graph, {"X": x}, [1], flags=torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ExecutionError, match=r"NaN.*`log`.*line 3.*traced on the CPU reference"):
+        p.settle(later=False)
+    p.settle(later=False)               # reported once
+
+
+def test_a_raised_flag_whose_inputs_are_gone_names_the_storing_kernels(graph) -> None:
+    p = pending(graph, {"X": torch.tensor([1.0, -1.0, 2.0, 3.0])}, [1], flags=torch.zeros(1, dtype=torch.int32),
+                stored_by="v.xg line 4")
+    with pytest.raises(ExecutionError, match=r"stored by v.xg line 4\); its inputs are gone"):
+        p.settle(later=False)
+
+
+def test_a_later_report_names_the_run(graph) -> None:
+    x = torch.tensor([1.0, -1.0, 2.0, 3.0])
+    p = pending(graph, {"X": x}, [1], flags=torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ExecutionError, match=rf"^run #{p.run} of this engine, queued earlier .*`log`"):
+        p.settle(later=True)
+
+
+def test_an_input_out_of_range_is_named_before_anything_else(graph) -> None:
+    idx = torch.tensor([0, 7])
+    gathers = ([(graph.nodes[-1], 4)], torch.zeros(1, 2))
+    p = pending(graph, {"X": torch.rand(4)}, [1, -3, 9, 0, 7],
+                flags=torch.zeros(1, dtype=torch.int32), gathers=gathers,
+                ranges=[("tokens", 0, 5, torch.stack(torch.aminmax(idx)))])
+    with pytest.raises(InputError, match=r"input `tokens` holds 7, outside \[0, 5\)"):
+        p.settle(later=False)
+
+
+def test_a_computed_index_out_of_bounds(graph) -> None:
+    gathers = ([(graph.nodes[-1], 4)], torch.zeros(1, 2))
+    p = pending(graph, {"X": torch.rand(4)}, [-3, 2], gathers=gathers)
+    with pytest.raises(ExecutionError, match=r"index -3 is out of bounds for a table of 4 rows"):
+        p.settle(later=False)
+
+
+def test_an_unguarded_output_holding_nan(graph) -> None:
+    out = graph.output["t"]
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])            # held: the CPU reference runs on it
+    p = pending(graph, {"X": x}, [1], unguarded=[(out, torch.zeros(4))])
+    with pytest.raises(ExecutionError, match=rf"node %{out}.*not on the CPU reference: the kernels' result is wrong"):
+        p.settle(later=False)
+
+
+def test_verdicts_report_each_failed_run_once_in_order(graph) -> None:
+    bad = torch.tensor([1.0, -1.0, 2.0, 3.0])
+    flags = torch.zeros(1, dtype=torch.int32)
+    queue = Verdicts()
+    runs = [pending(graph, {"X": bad}, [v], flags=flags) for v in (0, 1, 0, 1)]
+    for p in runs:
+        queue.add(p)
+    with pytest.raises(ExecutionError, match=rf"run #{runs[1].run} "):
+        queue.settle_ready()                # the finished runs, oldest first: the first failure
+    assert len(queue) == 2
+    with pytest.raises(ExecutionError, match=rf"run #{runs[3].run} "):
+        queue.settle_through(None, later=True)
+    queue.settle_through(None, later=True)  # nothing left
+    assert len(queue) == 0 and all(p.settled for p in runs)
+
+
+def test_settling_one_run_settles_the_earlier_ones_first(graph) -> None:
+    bad = torch.tensor([1.0, -1.0, 2.0, 3.0])
+    flags = torch.zeros(1, dtype=torch.int32)
+    queue = Verdicts()
+    first, second = pending(graph, {"X": bad}, [1], flags=flags), pending(graph, {"X": bad}, [0], flags=flags)
+    queue.add(first)
+    queue.add(second)
+    with pytest.raises(ExecutionError, match=rf"run #{first.run} "):
+        queue.settle_through(second, later=False)       # the earlier failure is the one to hear of first
+    queue.settle_through(second, later=False)
+    assert second.settled and len(queue) == 0
