@@ -94,6 +94,7 @@ class Engine(EngineView):
     _weights: dict = field(default_factory=dict, repr=False)     # device -> {name: tensor}
     _fast: dict = field(default_factory=dict, repr=False)        # caller's input shapes -> specialised graph
     _descriptions: dict = field(default_factory=dict, repr=False)   # see `_described`
+    _names: tuple | None = field(default=None, repr=False)           # the signature's input names
     trust: Trust | None = field(default=None, repr=False)        # set when loaded against trusted keys
 
     def __repr__(self) -> str:
@@ -181,9 +182,10 @@ class Engine(EngineView):
         """`specialised`, keyed by the caller's inputs alone: the engine's own weights (a hundred
         and more tensors for an imported model) never change shape, so a run does not describe
         them again (host time the GPU would otherwise wait through)."""
-        own = self._weights.get(device, {})
-        key = (device,) + tuple((n, t.dtype, tuple(t.shape)) for n, t in inputs.items()
-                                if own.get(n) is not t)
+        names = self._names
+        if names is None:
+            names = self._names = tuple(s["name"] for s in self.signature)
+        key = (device, *[(n, inputs[n].dtype, inputs[n].shape) for n in names])   # (the weights never change)
         hit = self._fast.get(key)
         if hit is not None:
             return hit[0], hit[1], True
@@ -265,7 +267,8 @@ class Engine(EngineView):
     def _described(self, graph: Graph, env: dict, cached: bool, inputs: Mapping[str, torch.Tensor]) -> dict:
         """The metadata's `specialization`: once per specialised graph and input shapes (a run
         with many weights would describe each of them again)."""
-        key = (id(graph), cached, tuple((n, t.dtype, tuple(t.shape)) for n, t in inputs.items()))
+        names = self._names or ()
+        key = (id(graph), cached, *[(n, inputs[n].dtype, inputs[n].shape) for n in names if n in inputs])
         known = self._descriptions.get(key)
         if known is None or known[0] is not graph:
             if len(self._descriptions) >= 64:
@@ -309,6 +312,7 @@ class Engine(EngineView):
             from .plans import plans_from_manifest
             self._cuda[arch] = CudaExecutor(plans_from_manifest(self.manifest, self.file.entries),
                                             graphs=self.settings.cuda_graphs)
+            self._cuda[arch].kept = self.weights("cuda")
             self._cuda[arch].stable = frozenset(self.weights("cuda"))   # cached on the device: read in place
         ex = self._cuda[("device", torch.cuda.current_device())] = self._cuda[arch]
         ex.check = check

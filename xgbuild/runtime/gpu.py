@@ -30,7 +30,7 @@ from .cpu import CpuExecutor, RunOutput
 from .lifetimes import computed_gathers, frees, release, shape_only_gathers
 from .native import check_bits, guarded_outputs, made_by, where_of as _where
 from .replay import Replay, record, remember, replay_args
-from .rebind import Binder, TorchTouches
+from .rebind import Binder, TorchTouches, plan_buffers
 from .values import Collective, Values
 from .verdicts import Evidence, Mailbox, Pending, Verdicts
 
@@ -361,18 +361,20 @@ class KernelExecutor:
         if dynamic[1]:
             return None                 # run-time indices: the launch depends on their values
         # A GATHER's indices are tensor data its kernel reads: its launches depend on shapes alone.
+        # (In the inputs' own order: an engine's runs list them alike; another order only misses.)
         memo = self._key_parts
         parts = []
-        for name, t in sorted(inputs.items()):
-            known = memo.get(name) if name in stable else None
-            if known is not None and known[0] is t:
-                parts.append(known[1])
-                continue
-            part = (name, tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t.data_ptr() % 16)
+        for name, t in inputs.items():
+            if name in stable:
+                known = memo.get(name)
+                if known is not None and known[0] is t:
+                    parts.append(known[1])
+                    continue
+            part = (name, t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)
             if name in stable:
                 memo[name] = (t, part)
             parts.append(part)
-        return (id(graph), self.check_outputs) + tuple(parts)
+        return (id(graph), self.check_outputs, *parts)
 
     def covered(self, graph: Graph) -> frozenset[int]:
         """The graph's outputs whose values a kernel stores, so check mode's flag word guards them."""
@@ -529,6 +531,7 @@ class CudaExecutor:
         self.check = check
         self.graphs = graphs
         self.stable: frozenset[str] = frozenset()
+        self.kept: dict[str, torch.Tensor] = {}         # the stable inputs' tensors (an engine's weights)
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.launcher = KernelLauncher(self.device.index)
         self._captured: dict[tuple, Captured] = {}      # least recently used first
@@ -569,7 +572,7 @@ class CudaExecutor:
         pending = None
         if self.check or ranges:
             pending = Pending(graph, inputs, self._evidence(graph, values, flags, bounds, ranges or []),
-                              self._mailbox(), self.launcher._current_stream())
+                              self._mailbox(), self.launcher._current_stream(), self.kept)
             self.verdicts.add(pending)
         if wait:
             torch.cuda.synchronize(self.device)
@@ -709,29 +712,7 @@ class CudaExecutor:
         inputs and the outputs that only its kernels touch. An output's buffer is in the capture's
         memory pool, where an intermediate freed earlier may have lived at the same addresses: only
         the launches from its allocation on (`births`) are its own."""
-        buffers: dict = {}
-        for n in cap.copied:
-            t = cap.inputs[n]
-            if t.untyped_storage().data_ptr() not in touched and t.is_contiguous():
-                buffers[("in", n)] = (t.data_ptr(), t.untyped_storage().nbytes() - t.storage_offset() * t.element_size(), 0)
-        held = {t.untyped_storage().data_ptr() for t in cap.inputs.values()}
-        for t in cap.outputs.values():      # an output that is (a view of) an input: that input stays copied
-            for n in cap.copied:
-                if cap.inputs[n].untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
-                    buffers.pop(("in", n), None)
-        fresh: dict = {}
-        for nid, t in cap.outputs.items():
-            base = t.untyped_storage().data_ptr()
-            if base in touched or base in held or base not in births:
-                continue
-            key = ("out", base)
-            nbytes = t.untyped_storage().nbytes()
-            buffers[key] = (base, nbytes, births[base])
-            fresh[nid] = [key, nbytes, t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
-                          t.storage_offset() == 0 and t.is_contiguous() and t.numel() * t.element_size() == nbytes]
-        shared = [f[0] for f in fresh.values()]
-        for f in fresh.values():            # a buffer two outputs view is allocated once, as bytes
-            f[6] = f[6] and shared.count(f[0]) == 1
+        buffers, fresh = plan_buffers(cap.inputs, cap.copied, cap.outputs, touched, births)
         if not buffers:
             return
         binder = Binder.build(cap.cuda_graph, launches, buffers, self.launcher._enter, self.launcher._exit)

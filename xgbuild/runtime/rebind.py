@@ -93,9 +93,8 @@ class Binder:
             kernel = drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
             kernels = [(n, check_call(drv.cuGraphKernelNodeGetParams(n), "cuGraphKernelNodeGetParams"))
                        for n in nodes if check_call(drv.cuGraphNodeGetType(n), "cuGraphNodeGetType") == kernel]
-            spans = sorted((addr, addr + size, key, first) for key, (addr, size, first) in buffers.items() if size)
             sites, at = [], 0
-            for index, (k, func, grid, data) in enumerate(launches):
+            for (k, func, grid, data), slots in zip(launches, pointer_slots(launches, buffers)):
                 while at < len(kernels) and int(kernels[at][1].func) != func:
                     at += 1
                 if at == len(kernels):
@@ -104,13 +103,6 @@ class Binder:
                 at += 1
                 if (params.gridDimX, params.gridDimY, params.gridDimZ) != tuple(grid):
                     return f"the graph node of `{k.name}` has another grid"
-                slots = []
-                for i, _pointee in k.pointer_dtypes:
-                    ptr = struct.unpack_from("<Q", data, 8 * i)[0]
-                    for lo, hi, key, first in spans:
-                        if lo <= ptr < hi and index >= first:
-                            slots.append((8 * i, key, ptr - lo))
-                            break
                 if not slots:
                     continue
                 block = ctypes.create_string_buffer(data, len(data))
@@ -149,6 +141,58 @@ class Binder:
             raise
         finally:
             self._leave(pushed)
+
+
+def pointer_slots(launches: list[tuple], buffers: dict[Any, tuple[int, int, int]]) -> list[list[tuple[int, Any, int]]]:
+    """Per launch (`Binder.build`'s), the pointer arguments that point into a buffer to rebind:
+    (byte offset in its argument block, buffer key, offset into the buffer). A launch before a
+    buffer's first one (its allocation) that points into its addresses meant other memory."""
+    spans = sorted((addr, addr + size, key, first) for key, (addr, size, first) in buffers.items() if size)
+    out = []
+    for index, (k, _func, _grid, data) in enumerate(launches):
+        slots = []
+        for i, _pointee in k.pointer_dtypes:
+            ptr = struct.unpack_from("<Q", data, 8 * i)[0]
+            for lo, hi, key, first in spans:
+                if lo <= ptr < hi and index >= first:
+                    slots.append((8 * i, key, ptr - lo))
+                    break
+        out.append(slots)
+    return out
+
+
+def plan_buffers(inputs: dict[str, torch.Tensor], copied: tuple[str, ...], outputs: dict[int, torch.Tensor],
+                 touched: set[int], births: dict[int, int]) -> tuple[dict, dict]:
+    """Which of a capture's buffers each replay re-points (see the module docstring): (key ->
+    (address, bytes, first launch), output id -> [key, bytes, dtype, shape, stride, offset, whole]).
+    `inputs`: the tensors the capture read (its own copies for `copied`); `outputs`: its output
+    buffers; `touched`: storages PyTorch operators touched in it; `births`: storage address ->
+    launches made before its allocation. An input stays copied when an operator touched it or an
+    output is (a view of) it; an output keeps being cloned when an operator touched it, it is an
+    input's, or no kernel of the capture allocated it. `whole`: the output is its buffer (allocated
+    as itself, not as bytes), and no other output shares it."""
+    buffers: dict = {}
+    aliased = {t.untyped_storage().data_ptr() for t in outputs.values()}
+    for n in copied:
+        t = inputs[n]
+        base = t.untyped_storage().data_ptr()
+        if base not in touched and base not in aliased and t.is_contiguous():
+            buffers[("in", n)] = (t.data_ptr(), t.untyped_storage().nbytes() - t.storage_offset() * t.element_size(), 0)
+    held = {t.untyped_storage().data_ptr() for t in inputs.values()}
+    fresh: dict = {}
+    for nid, t in outputs.items():
+        base = t.untyped_storage().data_ptr()
+        if base in touched or base in held or base not in births:
+            continue
+        key = ("out", base)
+        nbytes = t.untyped_storage().nbytes()
+        buffers[key] = (base, nbytes, births[base])
+        fresh[nid] = [key, nbytes, t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
+                      t.storage_offset() == 0 and t.is_contiguous() and t.numel() * t.element_size() == nbytes]
+    shared = [f[0] for f in fresh.values()]
+    for f in fresh.values():
+        f[6] = f[6] and shared.count(f[0]) == 1
+    return buffers, fresh
 
 
 def _listing(call, handle) -> list:

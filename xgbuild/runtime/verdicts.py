@@ -16,8 +16,10 @@ the kernels that stored the bad values.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import itertools
+import sys
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
@@ -111,15 +113,18 @@ class Pending:
     """One checked run's evidence on its way to the host (see the module docstring)."""
 
     def __init__(self, graph: Graph, inputs: dict[str, torch.Tensor], evidence: Evidence,
-                 mailbox: Mailbox | None = None, stream: int = 0) -> None:
+                 mailbox: Mailbox | None = None, stream: int = 0, kept: dict[str, torch.Tensor] | None = None) -> None:
+        """`kept`: inputs that live as long as the engine (its weights): held, not weakly referenced."""
         self.run = next(_RUNS)
         self.graph = graph
         self.evidence = evidence
         self.settled = False
-        self._inputs = _weak(inputs)
+        self._kept = kept or {}
+        self._inputs = _weak({n: t for n, t in inputs.items() if n not in self._kept} if kept else inputs)
         parts = []
         if evidence.flags is not None:
-            parts.append(evidence.flags.reshape(-1))
+            flags = evidence.flags
+            parts.append(flags if flags.dim() == 1 else flags.reshape(-1))
         if evidence.unguarded:
             ends = torch.stack([torch.stack(torch.aminmax(v)).float() for _, v in evidence.unguarded])
             parts.append((~torch.isfinite(ends).all(dim=1)).to(torch.int32))
@@ -212,7 +217,7 @@ class Pending:
                              "traced: run it again with wait=True to have it named")
 
     def _alive(self) -> dict[str, torch.Tensor] | None:
-        out = {}
+        out = dict(self._kept)
         for name, ref in self._inputs.items():
             t = ref()
             if t is None:
@@ -232,10 +237,13 @@ def _weak(inputs: dict[str, torch.Tensor]) -> dict[str, Callable[[], torch.Tenso
 
 
 class Verdicts:
-    """An executor's checks in flight, oldest first."""
+    """An executor's checks in flight, oldest first. Those still unread when the interpreter
+    exits are read then, and a failure among them is printed (`_report_at_exit`): a script whose
+    last call went wrong is told so."""
 
     def __init__(self) -> None:
         self._queue: deque[Pending] = deque()
+        _LIVE.add(self)
 
     def add(self, pending: Pending) -> None:
         self._queue.append(pending)
@@ -258,3 +266,19 @@ class Verdicts:
             p.settle(later=later or p is not last)
         if last is not None:
             last.settle(later=later)
+
+
+_LIVE: "weakref.WeakSet[Verdicts]" = weakref.WeakSet()
+
+
+@atexit.register
+def _report_at_exit() -> None:
+    for verdicts in list(_LIVE):
+        while True:
+            try:
+                verdicts.settle_through(None, later=True)
+                break
+            except (InputError, ExecutionError) as exc:
+                print(f"xg: a queued GPU run's check failed and nothing read it before exit: {exc}", file=sys.stderr)
+            except Exception:  # noqa: BLE001 (the GPU may be gone this late: nothing left to tell)
+                break

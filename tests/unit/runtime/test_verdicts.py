@@ -107,3 +107,39 @@ def test_settling_one_run_settles_the_earlier_ones_first(graph) -> None:
         queue.settle_through(second, later=False)       # the earlier failure is the one to hear of first
     queue.settle_through(second, later=False)
     assert second.settled and len(queue) == 0
+
+
+def test_a_failure_nobody_read_is_printed_at_exit(tmp_path) -> None:
+    import subprocess
+    import sys
+    script = tmp_path / "unread.py"
+    script.write_text(
+        "import torch\n"
+        "from xgbuild.compiler.driver import compile_source\n"
+        "from xgbuild.compiler.passes.specialize import bind_symbols, specialize\n"
+        "from xgbuild.runtime.verdicts import Evidence, Pending, Verdicts\n"
+        f"g = compile_source({SOURCE!r}, 'v.xg').optimized.main\n"
+        "g = specialize(g, bind_symbols(g, {'X': (4,)}))\n"
+        "x = torch.tensor([1.0, -1.0, 2.0, 3.0])\n"
+        "queue = Verdicts()\n"
+        "p = Pending(g, {'X': x}, Evidence(flags=torch.zeros(1, dtype=torch.int32)))\n"
+        "p.values = [1]\n"
+        "queue.add(p)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0
+    assert "xg: a queued GPU run's check failed and nothing read it before exit" in done.stderr
+    assert "`log`" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_kept_inputs_are_held_and_the_callers_are_not(graph) -> None:
+    # An engine's weights live as long as it does: held, so a trace has them; the caller's inputs
+    # only while the caller holds them.
+    import gc
+    weights = {"W": torch.ones(2)}
+    x = torch.tensor([1.0, -1.0, 2.0, 3.0])
+    p = pending(graph, {"X": x, **weights}, [0], flags=torch.zeros(1, dtype=torch.int32))
+    p2 = Pending(graph, {"X": x, **weights}, Evidence(), kept=weights)
+    assert p2._alive() == {"W": weights["W"], "X": x}
+    del x
+    gc.collect()
+    assert p2._alive() is None and p._alive() is None
