@@ -652,8 +652,7 @@ class CudaExecutor:
             cap.inputs[n].copy_(inputs[n])
         outputs: dict[int, torch.Tensor] = {}
         if cap.binder is not None:
-            addresses = {("in", n): inputs[n].data_ptr() for n in cap.inputs
-                         if ("in", n) in cap.binder.keys}
+            addresses = {("in", n): inputs[n].data_ptr() for n in cap.binder.inputs}
             buffers: dict = {}
             for nid, (key, nbytes, dtype, shape, stride, offset, whole) in cap.fresh.items():
                 if whole:                       # the output is its buffer: allocated as it is

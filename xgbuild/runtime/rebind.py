@@ -72,10 +72,8 @@ class Binder:
         self.current = current           # buffer key -> the address its nodes point at now
         self._enter, self._leave = enter, leave
         self._drv = driver_module()
-
-    @property
-    def keys(self) -> frozenset:
-        return frozenset(self._by_key)
+        self.keys = frozenset(self._by_key)     # the buffers some node reads or writes
+        self.inputs = tuple(key[1] for key in self._by_key if key[0] == "in")   # their input names
 
     @classmethod
     def build(cls, cuda_graph: Any, launches: list[tuple], buffers: dict[Any, tuple[int, int]],

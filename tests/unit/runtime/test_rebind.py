@@ -63,3 +63,16 @@ def test_an_output_no_kernel_allocated_is_cloned() -> None:
     made = torch.empty(4)
     buffers, fresh = plan_buffers({}, (), {3: made}, set(), {})
     assert not buffers and not fresh
+
+
+def test_a_binder_knows_the_buffers_its_nodes_use() -> None:
+    import ctypes
+
+    from xgbuild.runtime.rebind import Binder, _Site
+    block = ctypes.create_string_buffer(16)
+    site = _Site(node=None, params=None, block=block, pointers=None,
+                 slots=[(0, ("in", "X"), 0), (8, ("out", 5000), 64)])
+    binder = Binder(None, [site], {("in", "X"): 1000, ("out", 5000): 5000, ("in", "Y"): 2000},
+                    lambda: False, lambda pushed: None)
+    assert binder.keys == {("in", "X"), ("out", 5000)} and binder.inputs == ("X",)
+    binder.bind({("in", "X"): 1000, ("out", 5000): 5000})     # nothing moved: no driver call at all
