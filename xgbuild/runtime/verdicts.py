@@ -2,11 +2,13 @@
 
 A checked run leaves its evidence on the device: the flag word its kernels raise on a NaN or Inf,
 whether each output no kernel guards is finite, the [min, max] of every index the program computes
-and of every index input. `Pending` queues one copy of that evidence into pinned host memory and
-an event behind the run; nothing waits. The verdict is read when the host next has to know:
-the caller reads the result (`RunResult.value`), the engine runs again (the runs that finished by
-then), `Engine.synchronize()`, or a run asked to wait. A run that failed raises there, naming the
-run, as a CUDA error surfaces in PyTorch; the GPU never idles for a check in between.
+and of every index input. `Pending` queues one copy of that evidence behind the run into a slot
+of pinned host memory (`Mailbox`: a lone flag word needs no event, its slot reads -1 until the copy
+lands); nothing waits. The verdict is read when the host next has to know: the caller reads the
+result (`RunResult.value`), the engine runs again (the runs that finished by then),
+`Engine.synchronize()`, a run asked to wait, or the interpreter's exit (a failure then is printed).
+A run that failed raises there, naming the run, as a CUDA error surfaces in PyTorch; the GPU never
+idles for a check in between.
 
 On a NaN or Inf the program runs again on the CPU reference, op by op, which names the op that
 made the first one and its source line, from the run's own inputs while the caller still holds
@@ -243,9 +245,13 @@ class Verdicts:
 
     def __init__(self) -> None:
         self._queue: deque[Pending] = deque()
+        self._runs = 0
         _LIVE.add(self)
 
     def add(self, pending: Pending) -> None:
+        """Queue `pending`, numbered among this executor's checked runs (the number its error gives)."""
+        self._runs += 1
+        pending.run = self._runs
         self._queue.append(pending)
 
     def __len__(self) -> int:
