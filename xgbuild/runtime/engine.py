@@ -27,6 +27,7 @@ from .cpu import CpuExecutor
 from .extern import admit
 from .native import EngineView, engine_trust, open_engine  # noqa: F401 (engine_trust: part of this module's API)
 from .summary import RunMetadata, engine_summary
+from .verdicts import input_in_range
 from ..dtypes import TORCH_DTYPES, XG_NAMES
 
 
@@ -326,10 +327,7 @@ def check_ranges(checks: list) -> None:
         return
     values = torch.cat([c[3] for c in checks]).tolist()
     for k, (name, lo, hi, _mm) in enumerate(checks):
-        tmin, tmax = values[2 * k], values[2 * k + 1]
-        if tmin < lo or tmax >= hi:
-            bad = tmin if tmin < lo else tmax
-            raise InputError(f"input `{name}` holds {bad}, outside [{lo}, {hi}): it indexes a table of {hi} rows")
+        input_in_range(name, lo, hi, values[2 * k], values[2 * k + 1])
 
 
 def _profile_ops(profiler: Any, graph: Graph, timings: list[dict], iteration: int) -> None:

@@ -22,7 +22,6 @@ from ..compiler.codegen.launch import bind, block_rows, choose, grid_for, rows_o
 from ..compiler.codegen.launch_abi import Compiled, ExternStep, KernelPlan, Launch, arguments
 from ..compiler.codegen.schedule import VIEWS
 from ..compiler.ir.graph import COLLECTIVE, Graph, Node, Op, tree_ids
-from ..compiler.ir.serialize import where as src_text
 from ..dtypes import TORCH_DTYPES
 from ..errors import ExecutionError, XGError
 from .cuda import CudaRuntimeError
@@ -32,7 +31,7 @@ from .native import check_bits, guarded_outputs, made_by, where_of as _where
 from .replay import Replay, record, remember, replay_args
 from .rebind import Binder, TorchTouches, plan_buffers
 from .values import Collective, Values
-from .verdicts import Evidence, Mailbox, Pending, Verdicts
+from .verdicts import Evidence, Mailbox, Pending, Verdicts, index_in_bounds
 
 MAX_GRAPHS = 4           # captured CUDA graphs kept per executor (each holds its intermediates)
 
@@ -68,10 +67,7 @@ def raise_out_of_bounds(checks: list[tuple[Node, int]], bounds: torch.Tensor | N
     if bounds is None:
         return
     for (n, rows), (lo, hi) in zip(checks, bounds.tolist()):
-        if lo < 0 or hi >= rows:
-            line = f" at {src_text(n.src)}" if n.src else ""
-            raise ExecutionError(f"index {lo if lo < 0 else hi} is out of bounds for a table of {rows} rows{line} "
-                                 "(computed by the program; on the GPU the lookup read zeros)")
+        index_in_bounds(n, rows, lo, hi)
 
 
 def check_gather_indices(graph: Graph, value: Values, verified: frozenset[int] = frozenset()) -> None:

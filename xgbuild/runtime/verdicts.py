@@ -58,7 +58,6 @@ class Mailbox:
     def __init__(self, enter: Callable[[], bool], leave: Callable[[bool], None], slots: int = MAX_PENDING + 8) -> None:
         from .cuda import check_call, driver_module
         self._drv, self._check = drv, check = driver_module(), check_call
-        self._enter, self._leave = enter, leave
         pushed = enter()
         try:
             self.base = int(check(drv.cuMemHostAlloc(self.SLOT * slots, 0), "cuMemHostAlloc"))
@@ -191,16 +190,9 @@ class Pending:
         bounds = values[at:at + 2 * len(ev.gathers[0])]
         at += len(bounds)
         for k, (name, lo, hi, _mm) in enumerate(ev.ranges):     # the caller's bad input is the cause to name first
-            tmin, tmax = values[at + 2 * k], values[at + 2 * k + 1]
-            if tmin < lo or tmax >= hi:
-                wrong = tmin if tmin < lo else tmax
-                raise InputError(f"input `{name}` holds {wrong}, outside [{lo}, {hi}): it indexes a table of {hi} rows")
+            input_in_range(name, lo, hi, values[at + 2 * k], values[at + 2 * k + 1])
         for k, (n, rows) in enumerate(ev.gathers[0]):
-            lo, hi = bounds[2 * k], bounds[2 * k + 1]
-            if lo < 0 or hi >= rows:
-                line = f" at {src_text(n.src)}" if n.src else ""
-                raise ExecutionError(f"index {lo if lo < 0 else hi} is out of bounds for a table of {rows} rows{line} "
-                                     "(computed by the program; on the GPU the lookup read zeros)")
+            index_in_bounds(n, rows, bounds[2 * k], bounds[2 * k + 1])
         if not raised and not bad:
             return
         inputs = self._alive()
@@ -226,6 +218,21 @@ class Pending:
                 return None
             out[name] = t
         return out
+
+
+def input_in_range(name: str, lo: int, hi: int, tmin: int, tmax: int) -> None:
+    """An InputError when index input `name`, whose values span [tmin, tmax], leaves [lo, hi)."""
+    if tmin < lo or tmax >= hi:
+        raise InputError(f"input `{name}` holds {tmin if tmin < lo else tmax}, outside [{lo}, {hi}): it indexes a "
+                         f"table of {hi} rows")
+
+
+def index_in_bounds(n: Node, rows: int, lo: int, hi: int) -> None:
+    """An ExecutionError when the indices GATHER `n` computed, spanning [lo, hi], leave its table of `rows`."""
+    if lo < 0 or hi >= rows:
+        line = f" at {src_text(n.src)}" if n.src else ""
+        raise ExecutionError(f"index {lo if lo < 0 else hi} is out of bounds for a table of {rows} rows{line} "
+                             "(computed by the program; on the GPU the lookup read zeros)")
 
 
 def _weak(inputs: dict[str, torch.Tensor]) -> dict[str, Callable[[], torch.Tensor | None]]:
