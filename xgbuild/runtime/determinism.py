@@ -29,7 +29,7 @@ from ..compiler.ir.graph import Graph, Op
 _ATOMIC = re.compile(rb"\b(?:atom|red|cp\.reduce\.async\.bulk)(?:\.[\w:]+)+")
 _FLOAT_TYPES = frozenset({b"f16", b"bf16", b"f16x2", b"bf16x2", b"f32", b"f64"})
 # Kernel kinds XG's codegen emits (compiler/codegen/templates), none of them with atomics.
-ATOMIC_FREE_KINDS = frozenset({"elementwise", "rowwise", "matmul", "attention", "flash", "local"})
+ATOMIC_FREE_KINDS = frozenset({"elementwise", "rowwise", "matmul", "attention", "flash", "scatter", "local"})
 # PyTorch operators whose CUDA kernels accumulate with atomics (torch.use_deterministic_algorithms).
 NONDETERMINISTIC_TORCH = frozenset({
     "index_add", "index_put", "scatter_add", "scatter_reduce", "put", "index_reduce", "embedding_bag",

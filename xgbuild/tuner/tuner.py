@@ -165,7 +165,8 @@ class JobData:
         return any(n.op in (Op.INDEX, Op.UNINDEX) and nid in n.inputs[1:] for n in self.job.graph.nodes)
 
     def _gather_rows(self, nid: int) -> int | None:
-        """The fewest rows among the tables that `nid`, or a view of it, indexes in a `gather`."""
+        """The fewest rows among the tables that `nid`, or a view of it, indexes in a `gather` or a
+        `scatter_add` (its indices spread evenly over the rows, as a vocabulary's tokens are)."""
         graph = self.job.graph
         viewed, rows = {nid}, None
         for n in graph.nodes:                 # topological: a view comes after what it views
@@ -173,6 +174,9 @@ class JobData:
                 viewed.add(n.id)
             elif n.op is Op.GATHER and n.inputs[1] in viewed:
                 r = int(graph.node(n.inputs[0]).shape[0])
+                rows = r if rows is None else min(rows, r)
+            elif n.op is Op.SCATTER_ADD and n.inputs[0] in viewed:
+                r = int(n.attr("rows"))
                 rows = r if rows is None else min(rows, r)
         return rows
 

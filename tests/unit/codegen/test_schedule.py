@@ -67,12 +67,13 @@ def test_unindex_starts_an_elementwise_kernel_that_consumers_join() -> None:
 
 
 def test_every_ir_op_has_a_kernel_path_or_is_a_view() -> None:
-    from xgbuild.compiler.codegen.schedule import ELEMENTWISE, FLASH, GATHERS, ROW_ANCHORS, VIEWS
+    from xgbuild.compiler.codegen.schedule import ELEMENTWISE, FLASH, GATHERS, ROW_ANCHORS, SCATTERS, VIEWS
     # Sources and function-level ops never reach the schedule: inputs and constants are read,
     # PARAM/CALL/PROJ are gone after inlining. EXTERN is a step of its own (PyTorch, between kernels),
-    # and so is each of attention's backward ops (FLASH).
+    # and so is each of attention's backward ops (FLASH) and each scatter-add (SCATTERS).
     assert GATHERS == {Op.UNINDEX, Op.GATHER} and FLASH == {Op.ATTN_LSE, Op.ATTN_GRAD}
-    covered = ELEMENTWISE | ROW_ANCHORS | VIEWS | GATHERS | FLASH | {Op.MATMUL, Op.EXTERN, Op.INPUT, Op.CONST}
+    assert SCATTERS == {Op.SCATTER_ADD}
+    covered = ELEMENTWISE | ROW_ANCHORS | VIEWS | GATHERS | FLASH | SCATTERS | {Op.MATMUL, Op.EXTERN, Op.INPUT, Op.CONST}
     assert set(Op) - covered == {Op.PARAM, Op.CALL, Op.PROJ}
 
 

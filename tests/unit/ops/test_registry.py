@@ -12,7 +12,7 @@ from xgbuild.compiler.ops import Kind, Op, Operands, op_def
 from xgbuild.runtime.cpu import EXECUTOR_OPS
 
 # Ops autodiff cannot differentiate yet (it says so, naming the op): anything else needs a VJP.
-NOT_DIFFERENTIABLE_YET = {Op.GATHER, Op.EXTERN, Op.CALL, Op.PROJ, Op.ATTN_LSE, Op.ATTN_GRAD}
+NOT_DIFFERENTIABLE_YET = {Op.GATHER, Op.SCATTER_ADD, Op.EXTERN, Op.CALL, Op.PROJ, Op.ATTN_LSE, Op.ATTN_GRAD}
 ELEMENTWISE_KINDS = {Kind.UNARY, Kind.BINARY, Kind.SELECT}
 # Ops of function graphs, gone once calls are inlined: no executor ever sees them.
 INLINED_AWAY = {Op.CALL, Op.PROJ, Op.PARAM}

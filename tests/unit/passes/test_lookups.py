@@ -1,9 +1,10 @@
 """passes/lookups.py: a one-hot product (std.nn's `embed`) runs as a table lookup with the same
-values, out-of-range indices included; a cast of a transposed value read by products is cast
+values, out-of-range indices included, and its gradient's product as a scatter-add; a cast of a transposed value read by products is cast
 before the transpose (one cast of a tied table, read as stored)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from xgbuild.compiler.driver import compile_source
@@ -54,10 +55,10 @@ def _users(g, nid: int) -> list:
 
 def test_one_hot_product_is_a_lookup_with_the_same_values() -> None:
     g = compile_source(EMBED).optimized.main
-    # The forward reads rows of the table; the one-hot stays for the gradient's product alone.
+    # The forward reads rows of the table; the gradient adds rows into it; no one-hot is left.
     assert any(n.op is Op.GATHER for n in g.nodes)
-    products = [n for n in g.nodes if n.op is Op.MATMUL]
-    assert len(products) == 1 and g.node(products[0].inputs[0]).op is Op.TRANSPOSE
+    assert [n.attr("rows") for n in g.nodes if n.op is Op.SCATTER_ADD] == [13]
+    assert not any(n.op in (Op.MATMUL, Op.EQ, Op.IOTA) for n in g.nodes)
     gen = torch.Generator().manual_seed(11)
     V, D, T = 13, 6, 40
     # Indices in range, and out of it on both sides: those rows are zeros, as the product gives.
@@ -94,6 +95,9 @@ def test_tied_table_is_cast_once_and_read_as_stored() -> None:
     assert len([c for c in casts if c.inputs[0] == table and not c.attr("remat", 0)]) == 1
     products = [n for n in g.nodes if n.op is Op.MATMUL]
     assert products and all(g.node(i).dtype == "bfloat16" for n in products for i in n.inputs)
+    # The embedding's gradient adds the bfloat16 rows, as the product it replaces read them.
+    (scatter,) = [n for n in g.nodes if n.op is Op.SCATTER_ADD]
+    assert scatter.dtype == "bfloat16" and scatter.attr("rows") == 11
     # The values: float32 master table, bfloat16 products, against autograd under autocast rules.
     gen = torch.Generator().manual_seed(5)
     V, D, T = 11, 8, 16
@@ -116,3 +120,34 @@ def main() {
     g = compile_source(src).optimized.main
     cast = next(n for n in g.nodes if n.op is Op.CAST)
     assert g.node(cast.inputs[0]).op is Op.TRANSPOSE
+
+
+def test_scatter_add_drops_out_of_range_indices_and_sums_in_order() -> None:
+    """The gradient of a lookup whose indices run past the table on both sides: those rows add
+    nothing, as the one-hot's rows of zeros did; repeated indices sum."""
+    g = compile_source(EMBED).optimized.main
+    gen = torch.Generator().manual_seed(3)
+    V, D, T = 13, 5, 64
+    idx = torch.randint(-4, V + 4, (T,), generator=gen)
+    idx[:3] = torch.tensor([V - 1, V - 1, -1])
+    e = torch.randn(V, D, generator=gen, dtype=torch.float64)
+    gr = torch.randn(T, D, generator=gen, dtype=torch.float64)
+    _rows, grad = _run(g, {"I": idx, "E": e, "G": gr})
+    onehot = (idx[:, None] == torch.arange(V)[None, :]).double()
+    torch.testing.assert_close(grad, onehot.T @ gr, rtol=1e-12, atol=1e-14)
+
+
+def test_scatter_add_shape_rule_names_what_is_wrong() -> None:
+    from xgbuild.compiler.ir.graph import Node, attrs_of
+    from xgbuild.compiler.ops import ShapeError, op_def
+
+    rule = op_def(Op.SCATTER_ADD).infer
+    node = Node(0, Op.SCATTER_ADD, (1, 2), "", (), attrs_of(rows=7))
+    assert rule(node, [("int64", (5,)), ("float32", (5, 3))]) == ("float32", (7, 3))
+    for ins, words in ((("float32", (5,)), ("float32", (5, 3))), "integer indices"), \
+            ((("int64", (5,)), ("int64", (5, 3))), "floating-point rows"), \
+            ((("int64", (4,)), ("float32", (5, 3))), "one index per row"):
+        with pytest.raises(ShapeError, match=words):
+            rule(node, list(ins))
+    with pytest.raises(ShapeError, match="positive row count"):
+        rule(Node(0, Op.SCATTER_ADD, (1, 2), "", (), attrs_of(rows=0)), [("int64", (5,)), ("float32", (5, 3))])

@@ -14,7 +14,8 @@ in topological order:
   GATHER (an embedding lookup) starts one too: each output element loads its row's index, then
   the table's element in that row.
 EXTERN (a PyTorch operator run eagerly, `fallback="eager"`) is a step of its own between kernels,
-and so is each of attention's backward ops (`flash`: ATTN_LSE, ATTN_GRAD, templates/flash.py).
+and so is each of attention's backward ops (`flash`: ATTN_LSE, ATTN_GRAD, templates/flash.py) and
+each SCATTER_ADD (`scatter`: an embedding's gradient, templates/scatter.py).
 Views (RESHAPE of a contiguous value, TRANSPOSE, constant INDEX) are not kernels: a kernel reads
 its inputs through their strides. CONST nodes are folded into the kernels that read them. Every
 other node must land in a kernel: an op with no kernel path is an error, never a CPU fallback.
@@ -41,6 +42,8 @@ VIEWS = {Op.RESHAPE, Op.TRANSPOSE, Op.INDEX, *COLLECTIVE}
 GATHERS = {Op.UNINDEX, Op.GATHER}
 # Attention's backward ops (passes/flash.py): a kernel each, recomputing the scores.
 FLASH = {Op.ATTN_LSE, Op.ATTN_GRAD}
+# Rows added into a table at run-time indices: a kernel each (templates/scatter.py).
+SCATTERS = {Op.SCATTER_ADD}
 
 
 # Attention: operand and score dtypes the fused kernel takes (tl.dot in float32 accumulators).
@@ -351,6 +354,9 @@ def schedule(graph: Graph) -> Schedule:
             continue
         if n.op in FLASH:
             new_kernel(Kernel("flash", n.id, [n.id], tuple(n.shape)), n)
+            continue
+        if n.op in SCATTERS:
+            new_kernel(Kernel("scatter", n.id, [n.id], tuple(n.shape)), n)
             continue
         if n.op in GATHERS:
             # Reads an input at other positions than its own: never fused after that input.

@@ -175,6 +175,18 @@ def _gather(node: Node, ins: list[Node], n: int | None) -> list[Rule]:
     return rules
 
 
+def _scatter_add(node: Node, ins: list[Node], n: int | None) -> list[Rule]:
+    """SCATTER_ADD is linear in its rows: rows split with their indices give each rank partial sums
+    of the whole table; a split of the columns carries over."""
+    _idx, src = ins
+    rules: list[Rule] = [((R, R), R), ((R, P), P)]
+    if shardable(src.shape[0], n):
+        rules.append(((S(0), S(0)), P))
+    if shardable(src.shape[1], n):
+        rules.append(((R, S(1)), S(1)))
+    return rules
+
+
 def _whole(item, size) -> bool:
     if item[0] != "s":
         return False
@@ -208,6 +220,8 @@ def rules(node: Node, ins: list[Node], n: int | None) -> list[Rule]:
         return _index(node, ins, n)
     if op is Op.GATHER:
         return _gather(node, ins, n)
+    if op is Op.SCATTER_ADD:
+        return _scatter_add(node, ins, n)
     if op in (Op.ATTN_LSE, Op.ATTN_GRAD):
         # Attention's backward: every tensor operand split alike along one batch dim (the scale whole).
         batch = len(ins[0].shape) - 2

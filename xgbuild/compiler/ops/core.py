@@ -47,6 +47,8 @@ class Op(str, Enum):
     INDEX = "index"            # attrs: items; extra inputs are run-time indices
     UNINDEX = "unindex"        # attrs: items: zeros of the node's shape with the input placed where INDEX read
     GATHER = "gather"          # table, idx: table rows at integer indices: [*idx.shape, *table.shape[1:]]
+    SCATTER_ADD = "scatter_add"  # idx [N], src [N, D]; attrs: rows: [rows, D], row r the sum of the src
+                               # rows whose index is r (GATHER's transpose: an embedding's gradient)
     EXTERN = "extern"          # attrs: call, args (JSON), output: a PyTorch operator run eagerly (fallback="eager")
     # attention's backward pass, flash-style (ops/attention.py; made by passes/flash.py, never written)
     ATTN_LSE = "attn_lse"      # q, kT, scale; attrs: causal, fill: each query row's log-sum-exp
@@ -78,6 +80,7 @@ class Kind(str, Enum):
     NORMALIZE = "normalize"    # softmax-like: a reduction broadcast back over its row
     VIEW = "view"              # moves or picks elements, computes nothing
     GATHER = "gather"          # rows of a table at run-time indices
+    SCATTER = "scatter"        # rows added into a table at run-time indices, in a fixed order
     ATTENTION = "attention"    # softmax(scores) @ v's backward pass, recomputing the scores
     HOST = "host"              # run outside XG's kernels (a PyTorch operator)
     FUNCTION = "function"      # calls, before inlining

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .core import (INTEGERS, NO_GRADIENT, Kind, Op, OpDef, Shape, ShapeError, TritonCtx, attrs_of, broadcast,
+from .core import (FLOATS, INTEGERS, NO_GRADIENT, Kind, Op, OpDef, Shape, ShapeError, TritonCtx, attrs_of, broadcast,
                    dim_expr)
 
 
@@ -129,6 +129,20 @@ def _gather(node, ins):
     if idx_dtype not in INTEGERS:
         raise ShapeError(f"`gather` indices must be integers, got {idx_dtype}")
     return dtype, tuple(idx) + tuple(table[1:])
+
+
+def _scatter_add(node, ins):
+    (idx_dtype, idx), (dtype, src) = ins
+    rows = node.attr("rows")
+    if idx_dtype not in INTEGERS or len(idx) != 1:
+        raise ShapeError(f"`scatter_add` needs integer indices [N], got {idx_dtype}{list(idx)}")
+    if dtype not in FLOATS or len(src) != 2:
+        raise ShapeError(f"`scatter_add` needs floating-point rows [N, D] to add, got {dtype}{list(src)}")
+    if src[0] != idx[0]:
+        raise ShapeError(f"`scatter_add` needs one index per row: {list(idx)} indices for rows {list(src)}")
+    if not (isinstance(rows, str) or (isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1)):
+        raise ShapeError(f"`scatter_add` needs a positive row count, got {rows!r}")
+    return dtype, (rows, src[1])
 
 
 # --- VJPs (A: passes/autodiff.py's adjoint builder) ------------------------------------------------
@@ -255,6 +269,20 @@ def _cpu_iota(node, args, dt):
     return torch.arange(node.shape[0], dtype=dt)
 
 
+def _cpu_scatter_add(node, args, dt):
+    """Each row of src added into row idx[i] of zeros [rows, D], in the order of i; an index outside
+    [0, rows) adds nothing (as a one-hot product's row of zeros). Sums in float32 (float64 for
+    float64 rows), rounded once to the rows' dtype, as the kernel does."""
+    import torch
+    idx, src = args
+    rows = int(node.attr("rows"))
+    acc = torch.float64 if src.dtype == torch.float64 else torch.float32
+    idx = idx.to(torch.int64)
+    keep = (idx >= 0) & (idx < rows)
+    out = torch.zeros((rows, src.shape[1]), dtype=acc, device=src.device)
+    return out.index_add_(0, idx[keep], src[keep].to(acc)).to(src.dtype)
+
+
 def _cpu_matmul(node, args, dt):
     import torch
     return torch.matmul(args[0], args[1])
@@ -362,6 +390,8 @@ DEFS = (
     OpDef(Op.INDEX, Kind.VIEW, None, _index, attrs=("items",), vjp=_vjp_index),
     OpDef(Op.UNINDEX, Kind.VIEW, None, _unindex, attrs=("items",), vjp=_vjp_unindex),
     OpDef(Op.GATHER, Kind.GATHER, 2, _gather),
+    # Made by passes/lookups.py from a one-hot product's transpose, after autodiff: no VJP yet.
+    OpDef(Op.SCATTER_ADD, Kind.SCATTER, 2, _scatter_add, attrs=("rows",), cpu=_cpu_scatter_add),
     OpDef(Op.EXTERN, Kind.HOST, None, _declared, attrs=("call", "args")),
     OpDef(Op.CALL, Kind.FUNCTION, None, _declared, attrs=("func",)),
     OpDef(Op.PROJ, Kind.FUNCTION, 1, _declared, attrs=("index",)),

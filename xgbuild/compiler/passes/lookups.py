@@ -10,8 +10,14 @@ values are cast before the transpose.
   contraction dim (an odd row stride: 2.8 ms on an H200) and a one-hot kernel writing 823 MB.
   (A table holding an infinity is where they part: the product gives NaN, 0 x inf, in every row,
   where the lookup, like `F.embedding`, gives each row's own values.)
-  The one-hot stays where something else reads it (the table's gradient, `onehot^T @ g`: a
-  product with a fixed order, so training stays deterministic without atomics).
+- `transpose(onehot) @ g` (the table's gradient, autodiff's transpose of that product) adds row
+  `i` of `g` into row `idx[i]` of zeros [V, D]: `scatter_add(idx, g, rows=V)`, whose kernel
+  (codegen/templates/scatter.py) sums each table row's tokens in a fixed order, so training stays
+  deterministic without atomics, and skips the token blocks with no index in its rows. GPT-2's
+  token embedding had a 823 MB one-hot [8192, 50257] written and then read by a 632-GFLOP
+  product with M = 50257. The values are the product's (a sum of the same terms in float32,
+  rounded once), except where `g` holds an infinity or NaN: the product spreads it as NaN
+  (0 x inf) to every row, the scatter, like `F.embedding`'s gradient, only to its own row.
 - `cast(transpose(x))` whose readers are all products is `transpose(cast(x))`: the cast kernel
   then writes in `x`'s order and the product reads the transposed view (either order is a tile
   load for it). A tied LM head's `x @ transpose(wte)` under a bfloat16 policy cast the transposed
@@ -73,6 +79,12 @@ def lookups(program: Program) -> Program:
             picked = add(Op.GATHER, (n.inputs[1], clamped), src)
             alias[n.id] = add(Op.WHERE, (inside, picked, const(0, n.dtype, src)), src)
             continue
+        if n.op is Op.MATMUL and (hit := _one_hot_columns(n, by_id)) is not None:
+            idx, rows = hit                     # A is transpose(onehot): [V, N], idx [N, 1]
+            src = n.src
+            flat = add(Op.RESHAPE, (idx,), src, shape=(by_id[idx].shape[0],))
+            alias[n.id] = add(Op.SCATTER_ADD, (flat, n.inputs[1]), src, rows=rows)
+            continue
         if n.op is Op.CAST and by_id[n.inputs[0]].op is Op.TRANSPOSE and _read_by_products(n.id, users):
             t = by_id[n.inputs[0]]
             cast = add(Op.CAST, (t.inputs[0],), n.src, n.dtype, **dict(n.attrs))
@@ -96,7 +108,28 @@ def _one_hot_rows(n: Node, by_id: dict[int, Node]) -> tuple[int, int] | None:
     a, table = (by_id[i] for i in n.inputs)
     if len(a.shape) != 2 or len(table.shape) != 2 or a.dtype != table.dtype or n.dtype != table.dtype:
         return None
-    if a.dtype not in FLOAT_DTYPES:
+    hit = _one_hot(a, by_id)
+    return hit if hit is not None and tuple(table.shape)[0] == hit[1] else None
+
+
+def _one_hot_columns(n: Node, by_id: dict[int, Node]) -> tuple[int, int] | None:
+    """(idx, V) when `n` is `transpose(onehot) @ g` (casts on either side of the transpose), the
+    one-hot [N, V] as `_one_hot` reads it and g [N, D] of the product's dtype; else None."""
+    a, g = (by_id[i] for i in n.inputs)
+    if len(a.shape) != 2 or len(g.shape) != 2 or a.dtype != g.dtype or n.dtype != g.dtype:
+        return None
+    while a.op is Op.CAST and a.dtype in FLOAT_DTYPES:
+        a = by_id[a.inputs[0]]
+    if a.op is not Op.TRANSPOSE or len(a.shape) != 2:
+        return None
+    hit = _one_hot(by_id[a.inputs[0]], by_id)
+    return hit if hit is not None and tuple(g.shape)[0] == tuple(by_id[hit[0]].shape)[0] else None
+
+
+def _one_hot(a: Node, by_id: dict[int, Node]) -> tuple[int, int] | None:
+    """(idx, V) when `a` is `cast*(idx == iota(V))` in a floating-point dtype: an integer [N, 1]
+    value compared with a [1, V] IOTA (reshaped), V static; else None."""
+    if len(a.shape) != 2 or a.dtype not in FLOAT_DTYPES:
         return None
     while a.op is Op.CAST:
         a = by_id[a.inputs[0]]
@@ -110,8 +143,7 @@ def _one_hot_rows(n: Node, by_id: dict[int, Node]) -> tuple[int, int] | None:
         iota = yi
         while iota.op is Op.RESHAPE:
             iota = by_id[iota.inputs[0]]
-        if iota.op is Op.IOTA and tuple(iota.shape) == (cols,) and iota.dtype == xi.dtype \
-                and isinstance(cols, int) and tuple(table.shape)[0] == cols:
+        if iota.op is Op.IOTA and tuple(iota.shape) == (cols,) and iota.dtype == xi.dtype and isinstance(cols, int):
             return x, cols
     return None
 

@@ -11,7 +11,7 @@ from ..emitter import Emitted, Emitter
 from ..kernel import Kernel, Schedule
 from ..launch_abi import Variant
 from ..spec import Binding, KernelSpec
-from . import attention, elementwise, flash, matmul, rowwise
+from . import attention, elementwise, flash, matmul, rowwise, scatter
 from .base import KernelTemplate, Problem
 
 TEMPLATES: dict[str, KernelTemplate] = {t.kind: t for t in (
@@ -20,6 +20,7 @@ TEMPLATES: dict[str, KernelTemplate] = {t.kind: t for t in (
     matmul.TEMPLATE,
     attention.TEMPLATE,
     flash.TEMPLATE,
+    scatter.TEMPLATE,
 )}
 KINDS = tuple(TEMPLATES)
 
