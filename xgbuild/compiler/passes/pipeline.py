@@ -16,6 +16,7 @@ from .const_fold import const_fold
 from .autodiff import autodiff
 from .cse import cse
 from .dce import dce
+from .fork_casts import fork_casts
 from .inline import inline
 from .lookups import lookups
 from .precision import precision
@@ -40,6 +41,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("stage", stage),
     ("shard", shard),
     ("split-reductions", split_reductions),
+    ("fork-casts", fork_casts),
 ]
 PASS_NAMES = [name for name, _ in PIPELINE]
 

@@ -1,0 +1,61 @@
+"""A widening cast is recomputed by each kernel that reads it, never written to memory for them.
+
+`cast(x)` from a narrower float (bfloat16, float16) to a wider one is exact and one instruction;
+reading `x` costs half the bytes of reading the cast's value, and not writing that value saves as
+much again. When one cast has several element-wise or row-reduction readers, the scheduler puts
+it in one kernel and the others read its output from memory: GPT-2's cross-entropy wrote its
+[8192, 50257] logits as float32 (1.6 GB) for the log-sum-exp kernel to read back. Here each such
+reader gets a cast of its own (the first keeps the original), so each kernel starts from the
+narrow value. Readers that take no prologue (products, views, attention, gathers, scatters,
+PyTorch operators) keep reading the original.
+
+Needs: a graph after CSE (which would merge the copies back). Leaves: the same values; more
+nodes, each cast read by at most one fusable reader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ...dtypes import ITEMSIZE
+from ..ir.graph import Node, Op, Program
+from ..ops import Kind, op_def
+
+FUSABLE = (Kind.UNARY, Kind.BINARY, Kind.SELECT, Kind.REDUCE, Kind.NORMALIZE)
+FLOATS = ("bfloat16", "float16", "float32", "float64")
+
+
+def _widening(n: Node, by_id: dict[int, Node]) -> bool:
+    if n.op is not Op.CAST or not n.shape:
+        return False
+    src = by_id[n.inputs[0]]
+    return src.dtype in FLOATS and n.dtype in FLOATS and ITEMSIZE[src.dtype] < ITEMSIZE[n.dtype]
+
+
+def fork_casts(program: Program) -> Program:
+    g = program.main
+    by_id = g.by_id
+    readers: dict[int, list[int]] = {}
+    for n in g.nodes:
+        if op_def(n.op).kind in FUSABLE:
+            for i in dict.fromkeys(n.inputs):
+                if _widening(by_id[i], by_id):
+                    readers.setdefault(i, []).append(n.id)
+    forks = {c: users[1:] for c, users in readers.items() if len(users) > 1}
+    if not forks:
+        return program
+    next_id = max(by_id) + 1
+    copy_for: dict[tuple[int, int], int] = {}       # (cast, reader) -> its own cast
+    out: list[Node] = []
+    for n in g.nodes:
+        if any((i, n.id) in copy_for for i in n.inputs):
+            n = replace(n, inputs=tuple(copy_for.get((i, n.id), i) for i in n.inputs))
+        out.append(n)
+        for reader in forks.get(n.id, ()):
+            out.append(replace(n, id=next_id))
+            copy_for[(n.id, reader)] = next_id
+            next_id += 1
+    return program.replace_main(g.with_nodes(out, g.output))
+
+
+__all__ = ["fork_casts"]
