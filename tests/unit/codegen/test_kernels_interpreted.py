@@ -159,6 +159,20 @@ def main() {
             sum(Z, dim=0), min(Z, dim=1))
 }
 """),
+    # Attention's head split differentiated: each head gradient placed in its third of the fused
+    # qkv gradient as a [B, T, 3, H, DH] unindex read through the transpose's strides.
+    "head_grads": (None, """extern Tensor[float32, 16, 36] QKV
+extern Tensor[float32, 2, 3, 8, 4] G
+def heads(Tensor[float32, 16, 12] x) -> Tensor[float32, 2, 3, 8, 4] {
+    return transpose(reshape(x, [2, 8, 3, 4]), dim0=1, dim1=2)
+}
+def f(Tensor[float32, 16, 36] qkv, Tensor[float32, 2, 3, 8, 4] g) -> float32 {
+    return sum(heads(qkv[:, 0:12]) * g) + sum(exp(heads(qkv[:, 12:24]) * 0.1) * g) + sum(heads(qkv[:, 24:36]) * g * g)
+}
+def main() {
+    return grad(f, wrt=(qkv))(QKV, G)
+}
+"""),
     "batched": (None, """extern Tensor[float32, B, T, D] X
 extern Tensor[float32, D, F] W
 extern Tensor[float32, F] C

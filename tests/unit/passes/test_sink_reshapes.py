@@ -145,3 +145,56 @@ def test_a_broadcast_operand_follows_the_reshape_only_where_it_is_1_across_the_g
 def test_a_broadcast_operand_against_symbolic_sizes_stays_where_it_is():
     from xgbuild.compiler.passes.sink_reshapes import _broadcast_in
     assert _broadcast_in((1, 16, 1), ("B", 16, "T"), ("B", 16, "T", 1)) is None
+
+
+HEADS = """B = 2
+T = 8
+H = 3
+DH = 4
+D = 12
+extern Tensor[float32, 16, 36] QKV
+extern Tensor[float32, B, H, T, DH] G
+def heads(Tensor[float32, 16, D] x) -> Tensor[float32, B, H, T, DH] {
+    return transpose(reshape(x, [B, T, H, DH]), dim0=1, dim1=2)
+}
+def f(Tensor[float32, 16, 36] qkv, Tensor[float32, B, H, T, DH] g) -> float32 {
+    q = heads(qkv[:, 0:D])
+    k = heads(qkv[:, D:2 * D])
+    v = heads(qkv[:, 2 * D:36])
+    return sum(q * g) + sum(exp(k * 0.1) * g) + sum(v * v * g)
+}
+def main() {
+    return grad(f, wrt=(qkv))(QKV, G)
+}
+"""
+
+
+def test_head_gradients_are_placed_without_merging_copies() -> None:
+    """The gradient of attention's head split: each head gradient, [B, H, T, DH] transposed to
+    [B, T, H, DH], merged to [N, D] (not a view: a copy) and placed in its third of [N, 3D], is
+    placed instead at its index of [B, T, 3, H, DH] read through its strides; the [N, 3D] result
+    is a view of that. The values are autograd's."""
+    from xgbuild.compiler.driver import compile_source
+    from xgbuild.compiler.ir.graph import tree_ids
+    from xgbuild.compiler.passes.specialize import bind_symbols, specialize
+    from xgbuild.runtime.cpu import CpuExecutor
+
+    g = compile_source(HEADS).optimized.main
+    unindex = [n for n in g.nodes if n.op is Op.UNINDEX]
+    assert len(unindex) == 3 and all(tuple(n.shape) == (2, 8, 3, 3, 4) for n in unindex)
+    assert sorted(n.attr("items")[2] for n in unindex) == [("i", 0), ("i", 1), ("i", 2)]
+    merged = [n for n in g.nodes if n.op is Op.RESHAPE and g.node(n.inputs[0]).op is Op.TRANSPOSE]
+    assert not merged
+    gen = torch.Generator().manual_seed(8)
+    qkv = torch.randn(16, 36, generator=gen, dtype=torch.float64)
+    gr = torch.randn(2, 3, 8, 4, generator=gen, dtype=torch.float64)
+    sg = specialize(g, bind_symbols(g, {"QKV": (16, 36), "G": (2, 3, 8, 4)}))
+    out = CpuExecutor(float64=True, check=False).run(sg, {"QKV": qkv, "G": gr}).values
+    (got,) = [out[i] for i in tree_ids(sg.output)]
+    x = qkv.clone().requires_grad_()
+
+    def heads(t):
+        return t.reshape(2, 8, 3, 4).transpose(1, 2)
+    q, k, v = heads(x[:, 0:12]), heads(x[:, 12:24]), heads(x[:, 24:36])
+    ((q * gr).sum() + (torch.exp(k * 0.1) * gr).sum() + (v * v * gr).sum()).backward()
+    torch.testing.assert_close(got, x.grad, rtol=1e-12, atol=1e-12)

@@ -111,3 +111,27 @@ def test_strided_reductions_split_into_runs_then_the_rest() -> None:
     for have, ref in zip([got[i] for i in _out_ids(sg)][:3], want):
         assert tuple(have.shape) == tuple(ref.shape)
         torch.testing.assert_close(have.double(), ref, rtol=1e-12, atol=1e-12)
+
+
+def test_a_reshape_of_a_kernels_value_splits_and_a_transpose_does_not() -> None:
+    """A reduction of a reshape of a value a kernel made (the fused qkv bias gradient, read as
+    [N, 3D] from its [B, T, 3, H, DH] sum) splits as that value would: its [R / 64, 64, ...]
+    reshape is a view too. A transpose's is not, so a reduction of one stays one op."""
+    src = """extern Tensor[float32, 8, 512, 3, 4, 16] X
+extern Tensor[float32, 192, 4096] Y
+def main() {
+    return sum(reshape(X * 2.0, [4096, 192]), dim=0), sum(transpose(Y * 2.0), dim=0)
+}
+"""
+    g = compile_source(src).optimized.main
+    split, whole = (g.node(i) for i in _out_ids(g))
+    first = g.node(split.inputs[0])
+    assert first.op is Op.SUM and tuple(first.shape) == (64, 192)
+    assert tuple(g.node(first.inputs[0]).shape) == (64, 64, 192)
+    assert g.node(whole.inputs[0]).op is Op.TRANSPOSE
+    gen = torch.Generator().manual_seed(3)
+    inputs = {"X": torch.randn(8, 512, 3, 4, 16, generator=gen), "Y": torch.randn(192, 4096, generator=gen)}
+    sg = specialize(g, bind_symbols(g, {k: tuple(v.shape) for k, v in inputs.items()}))
+    got = [CpuExecutor(float64=True, check=False).run(sg, inputs).values[i] for i in _out_ids(sg)]
+    torch.testing.assert_close(got[0], (2 * inputs["X"].double()).reshape(4096, 192).sum(0), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got[1], (2 * inputs["Y"].double()).T.sum(0), rtol=1e-12, atol=1e-12)

@@ -26,9 +26,10 @@ is still read (the moved nodes' old ids name the reshapes back); no reshape that
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
-from ..ir.graph import BINARY, COLLECTIVE, UNARY, Node, Op, Program, tree_ids, tree_map
+from ..ir.graph import BINARY, COLLECTIVE, UNARY, Node, Op, Program, attrs_of, tree_ids, tree_map
 
 ELEMENTWISE = UNARY | BINARY | {Op.WHERE}          # (the scheduler's element-wise ops that read tensors)
 VIEWS = {Op.RESHAPE, Op.TRANSPOSE, Op.INDEX, *COLLECTIVE}
@@ -69,6 +70,14 @@ def sink_reshapes(program: Program) -> Program:
             add(n)
             reshaped[n.id] = (n.inputs[0], tuple(node(n.inputs[0]).shape))
             continue
+        if n.op is Op.UNINDEX and (below := _unindex_below(n, reshaped, node, dense)) is not None:
+            items, shape, base = below
+            moved = replace(n, id=next_id, inputs=(base,), shape=shape, attrs=attrs_of(items=items))
+            next_id += 1
+            add(moved)
+            add(Node(n.id, Op.RESHAPE, (moved.id,), n.dtype, n.shape, (), n.src))
+            reshaped[n.id] = (moved.id, shape)
+            continue
         target = _target(n, reshaped, node)
         if target is None or not all(_keeps(i, target, reshaped, node) or dense(i) for i in n.inputs
                                      if tuple(node(i).shape) == tuple(n.shape)):
@@ -102,6 +111,38 @@ def sink_reshapes(program: Program) -> Program:
             live.update(n.inputs)
     out = [n for n in out if n.id in live or n.op is not Op.RESHAPE]
     return program.replace_main(g.with_nodes(out, output))
+
+
+WHOLE = ("s", None, None, None)
+
+
+def _unindex_below(n: Node, reshaped: dict, node, dense) -> tuple[tuple, tuple, int] | None:
+    """(items, shape, input) of the unindex that `n` becomes below its input's reshape, or None.
+
+    `n` places a [N, D] value, a reshape of a strided view y (attention's head gradients:
+    transpose(dq), [B, T, H, DH], merged to [N, D], a copy), in columns [a, a + D) of [N, C]
+    (their share of the fused qkv projection's gradient), a and C multiples of D. Run as y placed
+    at index a / D of a [*y's rows, C / D, *y's columns] value, which is [N, C] row-major, it reads
+    y through its strides and no copy is made; the reshape back to [N, C] is a view."""
+    if len(n.inputs) != 1 or len(n.shape) != 2 or n.inputs[0] not in reshaped:
+        return None
+    base, shape = reshaped[n.inputs[0]]
+    rows, cols = node(n.inputs[0]).shape
+    N, C = n.shape
+    if dense(base) or not all(isinstance(d, int) for d in (*shape, rows, cols, N, C)):
+        return None                                     # the reshape is a view already, or sizes unknown
+    first, second = n.attr("items")
+    if first != WHOLE or second[0] != "s" or second[3] not in (None, 1):
+        return None
+    lo = second[1] or 0
+    hi = C if second[2] is None else second[2]
+    if lo < 0 or hi - lo != cols or lo % cols or C % cols or rows != N:
+        return None
+    split = next((k for k in range(1, len(shape)) if math.prod(shape[:k]) == N and math.prod(shape[k:]) == cols), None)
+    if split is None:
+        return None
+    items = (WHOLE,) * split + (("i", lo // cols),) + (WHOLE,) * (len(shape) - split)
+    return items, shape[:split] + (C // cols,) + shape[split:], base
 
 
 def _keeps(i: int, target: tuple, reshaped: dict, node) -> bool:

@@ -54,10 +54,17 @@ MAX_COLUMN_OUTPUTS = 1 << 16   # more outputs than this already fill the GPU
 VIEWS = {Op.RESHAPE, Op.TRANSPOSE, Op.INDEX}
 
 
-def _column_split(n: Node, x: Node) -> int | None:
+def _dense(x: Node, by_id: dict[int, Node]) -> bool:
+    """A value a kernel made (or an input), or reshapes of one: any reshape of it is a view."""
+    while x.op is Op.RESHAPE:
+        x = by_id[x.inputs[0]]
+    return x.op not in VIEWS
+
+
+def _column_split(n: Node, x: Node, by_id: dict[int, Node]) -> int | None:
     """The dim (normalised) of a reduction along a strided dim worth two stages, else None."""
     dim = n.attr("dim")
-    if n.op not in SPLIT or dim is None or x.dtype not in DTYPES or n.dtype != x.dtype or x.op in VIEWS:
+    if n.op not in SPLIT or dim is None or x.dtype not in DTYPES or n.dtype != x.dtype or not _dense(x, by_id):
         return None
     shape = tuple(x.shape)
     if not shape:
@@ -87,7 +94,7 @@ def split_reductions(program: Program) -> Program:
             next_id += 1
             out.append(rows)
             n = replace(n, inputs=(rows.id,))
-        elif n.inputs and (d := _column_split(n, by_id[n.inputs[0]])) is not None:
+        elif n.inputs and (d := _column_split(n, by_id[n.inputs[0]], by_id)) is not None:
             x = by_id[n.inputs[0]]
             shape = tuple(x.shape)
             runs = shape[:d] + (shape[d] // COLUMN_CHUNK, COLUMN_CHUNK) + shape[d + 1:]
