@@ -20,7 +20,8 @@ from xgbuild.compiler.ir.shapes import infer
 from xgbuild.compiler.ir.verify import verify
 from xgbuild.runtime import interpret
 
-TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int32": torch.int32, "int64": torch.int64}
+TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64, "int32": torch.int32,
+         "int64": torch.int64}
 
 
 class Builder:

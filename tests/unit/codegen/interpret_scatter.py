@@ -14,14 +14,10 @@ import sys
 
 import torch
 
-from interpret_gather import Builder, generic_plans
+from interpret_gather import Builder, generic_plans, inputs
 from xgbuild.build.interpreted import check_graph
 from xgbuild.compiler.ir.graph import Graph, Op
 from xgbuild.runtime import interpret
-
-TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64,
-         "int32": torch.int32, "int64": torch.int64}
-
 
 def case(name: str) -> tuple[Graph, dict[str, tuple[str, tuple]], int]:
     """A graph, its signature and the table rows its indices spread over."""
@@ -44,18 +40,6 @@ def case(name: str) -> tuple[Graph, dict[str, tuple[str, tuple]], int]:
 
 
 CASES = ("embed_grad", "strided", "float64")
-
-
-def inputs(sig: dict, dims: dict[str, int], rows: int, seed: int) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, (dtype, shape) in sig.items():
-        shape = tuple(dims[d] if isinstance(d, str) else d for d in shape)
-        if dtype.startswith("int"):
-            out[name] = torch.randint(0, rows, shape, generator=gen).to(TORCH[dtype])
-        else:
-            out[name] = torch.randn(shape, generator=gen).to(TORCH[dtype])
-    return out
 
 
 def out_of_range() -> dict:

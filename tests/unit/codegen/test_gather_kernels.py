@@ -26,12 +26,18 @@ REPO = HERE.parents[2]
 TOL = {"float32": 1e-6, "bfloat16": 0.0}      # a gather copies; float32 adds round once
 
 
-def _interpret(arg: str):
+def run_script(script: str, arg: str):
+    """The last line of `script` (beside this file, run in a fresh process so that it can turn
+    Triton's interpreter on before importing it) as JSON."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, str(HERE / "interpret_gather.py"), arg], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(HERE / script), arg], capture_output=True, text=True,
                           env=env, timeout=600, cwd=str(HERE))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _interpret(arg: str):
+    return run_script("interpret_gather.py", arg)
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -6,15 +6,10 @@ space and cost model, and a cross-compile for sm_90."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from interpret_scatter import CASES, case
+from test_gather_kernels import run_script
 from xgbuild.compiler.codegen.schedule import schedule
 from xgbuild.compiler.codegen.templates import template
 from xgbuild.compiler.ir.graph import Op
@@ -25,18 +20,12 @@ from xgbuild.tuner.link import build_kernels
 from xgbuild.tuner.predict import predict_ms
 from xgbuild.tuner.space import candidates
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
 # Sums in float32 (float64 for float64 rows), rounded once to the rows' dtype.
 TOL = {"bfloat16": 4e-3, "float32": 1e-6, "float64": 1e-12}
 
 
 def _interpret(arg: str):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, str(HERE / "interpret_scatter.py"), arg], capture_output=True, text=True,
-                          env=env, timeout=600, cwd=str(HERE))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_script("interpret_scatter.py", arg)
 
 
 @pytest.mark.parametrize("name", CASES)
