@@ -149,5 +149,6 @@ def test_scatter_add_shape_rule_names_what_is_wrong() -> None:
             ((("int64", (4,)), ("float32", (5, 3))), "one index per row"):
         with pytest.raises(ShapeError, match=words):
             rule(node, list(ins))
-    with pytest.raises(ShapeError, match="positive row count"):
-        rule(Node(0, Op.SCATTER_ADD, (1, 2), "", (), attrs_of(rows=0)), [("int64", (5,)), ("float32", (5, 3))])
+    for rows in (0, "V", True):
+        with pytest.raises(ShapeError, match="positive static row count"):
+            rule(Node(0, Op.SCATTER_ADD, (1, 2), "", (), attrs_of(rows=rows)), [("int64", (5,)), ("float32", (5, 3))])

@@ -17,15 +17,14 @@ embedding (V = 50257, 8192 tokens) 10 to 30%, so most of the one-hot product is 
 from __future__ import annotations
 
 from .emitter import TL, Emitted, Emitter
-
-FLOATS = ("bfloat16", "float16", "float32", "float64")
+from .spec import FLOAT
 
 
 def scatter(e: Emitter) -> Emitted:
     spec, w, cfg = e.spec, e.w, e.config
     e.pointer_params()
     src_dt = spec.operands[1][0]
-    if src_dt not in FLOATS:
+    if src_dt not in FLOAT:
         raise NotImplementedError(f"no GPU scatter_add of {src_dt} rows")
     e.int_param("M")
     e.int_param("N", hint16=True)

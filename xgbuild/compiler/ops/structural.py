@@ -140,8 +140,8 @@ def _scatter_add(node, ins):
         raise ShapeError(f"`scatter_add` needs floating-point rows [N, D] to add, got {dtype}{list(src)}")
     if src[0] != idx[0]:
         raise ShapeError(f"`scatter_add` needs one index per row: {list(idx)} indices for rows {list(src)}")
-    if not (isinstance(rows, str) or (isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1)):
-        raise ShapeError(f"`scatter_add` needs a positive row count, got {rows!r}")
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+        raise ShapeError(f"`scatter_add` needs a positive static row count, got {rows!r}")
     return dtype, (rows, src[1])
 
 

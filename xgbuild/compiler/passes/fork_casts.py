@@ -17,19 +17,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...dtypes import ITEMSIZE
+from ...dtypes import FLOAT_DTYPES, ITEMSIZE
 from ..ir.graph import Node, Op, Program
 from ..ops import Kind, op_def
 
 FUSABLE = (Kind.UNARY, Kind.BINARY, Kind.SELECT, Kind.REDUCE, Kind.NORMALIZE)
-FLOATS = ("bfloat16", "float16", "float32", "float64")
 
 
 def _widening(n: Node, by_id: dict[int, Node]) -> bool:
     if n.op is not Op.CAST or not n.shape:
         return False
     src = by_id[n.inputs[0]]
-    return src.dtype in FLOATS and n.dtype in FLOATS and ITEMSIZE[src.dtype] < ITEMSIZE[n.dtype]
+    return src.dtype in FLOAT_DTYPES and n.dtype in FLOAT_DTYPES and ITEMSIZE[src.dtype] < ITEMSIZE[n.dtype]
 
 
 def fork_casts(program: Program) -> Program:

@@ -28,13 +28,23 @@ STAGES = (1, 2)
 MAX_ACC_REGS_PER_THREAD = 128
 
 
+def smem_bytes(c: Config, elem_bytes: int) -> int:
+    """Shared memory one program asks for: the pipelined one-hot and src tiles plus headroom."""
+    tile = c["BLOCK_M"] * c["BLOCK_K"] + c["BLOCK_K"] * c["BLOCK_N"]
+    return tile * elem_bytes * max(1, c["num_stages"]) + SMEM_HEADROOM_BYTES
+
+
+def acc_regs_per_thread(c: Config, p: Problem) -> float:
+    """32-bit registers per thread holding the accumulator (float64 accumulators take two)."""
+    return c["BLOCK_M"] * c["BLOCK_N"] * (2 if p.dtype == "float64" else 1) / (32 * c["num_warps"])
+
+
 def _smem(p: Problem, c: Config, hw: GpuProfile) -> str | None:
-    tile = (c["BLOCK_M"] * c["BLOCK_K"] + c["BLOCK_K"] * c["BLOCK_N"]) * p.elem_bytes * max(1, c["num_stages"])
-    return over_smem(tile + SMEM_HEADROOM_BYTES, hw)
+    return over_smem(smem_bytes(c, p.elem_bytes), hw)
 
 
 def _regs(p: Problem, c: Config, hw: GpuProfile) -> str | None:
-    acc = c["BLOCK_M"] * c["BLOCK_N"] * (2 if p.dtype == "float64" else 1) / (32 * c["num_warps"])
+    acc = acc_regs_per_thread(c, p)
     if acc > MAX_ACC_REGS_PER_THREAD:
         return f"accumulator takes {acc:g} registers per thread > {MAX_ACC_REGS_PER_THREAD}"
     if acc < MIN_ACC_ELEMENTS_PER_THREAD:
@@ -123,9 +133,8 @@ class ScatterTemplate(KernelTemplate):
         blocks that hold one of its rows (`hit_rate`), their src blocks read through L2."""
         bm, bn, bk = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]
         threads = 32 * c["num_warps"]
-        regs = bm * bn / threads + BASE_REGS_PER_THREAD
-        smem = (bm * bk + bk * bn) * p.elem_bytes * max(1, c["num_stages"]) + SMEM_HEADROOM_BYTES
-        per_sm = blocks_per_sm(hw, threads, regs, smem)
+        regs = acc_regs_per_thread(c, p) + BASE_REGS_PER_THREAD
+        per_sm = blocks_per_sm(hw, threads, regs, smem_bytes(c, p.elem_bytes))
         programs = math.ceil(p.m / bm) * math.ceil(p.n / bn)
         steps = math.ceil(p.k / bk)
         hits = hit_rate(p, bm, bk) * steps
