@@ -381,12 +381,20 @@ def rowwise_columns(e: Emitter) -> Emitted:
     spec, w = e.spec, e.w
     e.pointer_params()
     nrow, rank = spec.row_dims, spec.rank
-    rows = e.int_param("R")
     cols = e.int_param("C", hint16=True)
-    w.line(f"row = tl.program_id(0).to({e.idx}) * ROWS + tl.arange(0, ROWS)")
-    w.line(f"rmask = row < {rows}")
+    # A program takes ROWS rows along the last kept dim (`L` long) of one index of the others,
+    # `outer`: those rows are contiguous, so their loads vectorise, and the outer index is one
+    # scalar (grid: cdiv(L, ROWS) programs per outer index; `RowwiseTemplate.grid`).
+    last = e.int_param("L", hint16=True)
+    w.line(f"pid = tl.program_id(0).to({e.idx})")
+    w.line(f"blocks = tl.cdiv({last}, ROWS)")
+    w.line("outer = pid // blocks")
+    w.line("lane = (pid % blocks) * ROWS + tl.arange(0, ROWS)")
+    w.line(f"row = outer * {last} + lane")
+    w.line(f"rmask = lane < {last}")
     w.line("lanes = tl.arange(0, BLOCK_N)")
-    e.unravel("row", 0, nrow, "ri")
+    e.unravel("outer", 0, nrow - 1, "ri")
+    w.line(f"ri{nrow - 1} = lane")
     tiled = [j for j, (_dt, level) in enumerate(spec.operands) if level != "scalar"]
     for j in tiled:
         if e.layout(j) == "dense":

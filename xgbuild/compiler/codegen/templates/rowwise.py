@@ -25,16 +25,26 @@ SINGLE_WARPS = (1, 2, 4, 8, 16)
 LOOP_BLOCKS = (256, 512, 1024, 2048, 4096)
 LOOP_WARPS = (2, 4, 8)
 SINGLE_MAX_COLS = 32768
-COLUMN_ROWS = (16, 32, 64)
-COLUMN_BLOCKS = (16, 32, 64)
-COLUMN_WARPS = (2, 4)
+COLUMN_ROWS = (32, 64, 128, 256)
+COLUMN_BLOCKS = (8, 16, 32, 64)
+COLUMN_WARPS = (2, 4, 8)
+# A column tile's elements per thread: at least 4 (a 16-byte load of float32), at most 32 (the
+# accumulator and the tile being loaded stay in registers).
+COLUMN_PER_THREAD = (4, 32)
 # A strided walk down one column loads one element of each 32-byte sector it touches.
 SECTOR_BYTES = 32
 
 
 def _columns(p: Problem, c: Config, hw: GpuProfile) -> str | None:
-    if c.get("ROWS", 0) and not p.columns:
+    rows = c.get("ROWS", 0)
+    if rows and not p.columns:
         return "ROWS needs a reduction along a strided dim with adjacent rows (columns)"
+    if rows:
+        per_thread = c["BLOCK_N"] * rows / (32 * c["num_warps"])
+        low, high = COLUMN_PER_THREAD
+        if not low <= per_thread <= high:
+            return (f"a [{c['BLOCK_N']}, {rows}] tile over {c['num_warps']} warps is {per_thread:g} "
+                    f"elements per thread, outside {low}..{high}")
     return None
 
 
@@ -134,13 +144,21 @@ class RowwiseTemplate(KernelTemplate):
                 return align(t, rows)
             return align(t, domain).permute(b.perm)
 
+        column_form = columns_fit(spec)
+
         def sizes(_tensors: dict) -> dict[str, int]:
-            return {"R": math.prod(rows), "C": math.prod(kdom[spec.row_dims:])}
+            out = {"R": math.prod(rows), "C": math.prod(kdom[spec.row_dims:])}
+            if column_form:         # the last kept dim, along which the column form takes its rows
+                out["L"] = rows[-1]
+            return out
         return Frame(kdom, line_up, sizes, kdom, out_perm=b.perm)
 
     def grid(self, config: Config, ints: dict[str, int]) -> tuple[int, int, int]:
         rows = config.get("ROWS", 0)
-        return (-(-ints["R"] // rows) if rows else ints["R"], 1, 1)
+        if not rows:
+            return (ints["R"], 1, 1)
+        last = ints["L"]
+        return (-(-last // rows) * (ints["R"] // last) if last else 0, 1, 1)
 
     def accepts(self, variant: Variant, config: Config, launch: Launch) -> bool:
         return not (variant.single and launch.ints["C"] > config["BLOCK_N"])

@@ -1,0 +1,68 @@
+"""The row-reduction kernel's column form (`ROWS` rows a program along the last kept dim) under
+Triton's interpreter (CPU) against the float64 reference, every such job forced to each of a few
+column configs: one kept dim (a bias's gradient), two and three (a split reduction's first stage),
+a last kept dim that no ROWS divides, a transposed operand, max with a NaN, bfloat16 rows. Prints,
+as JSON, each case's errors under each config and the configs the column jobs ran. A script, not a
+test: TRITON_INTERPRET must be set before Triton is imported, so the test runs it in a fresh
+process.
+
+    python tests/unit/codegen/interpret_columns.py
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from xgbuild.build.interpreted import check_graph
+from xgbuild.runtime import interpret
+
+CASES = {   # name: (source, input shapes and dtypes, the sizes it is tuned at)
+    "bias": ("extern Tensor[float32, T, D] Y\ndef main() {\n    return sum(Y * 2.0, dim=0)\n}\n",
+             {"Y": ((50, 37), torch.float32)}, {"T": 50, "D": 37}),
+    "split": ("extern Tensor[float32, B, S, D] Z\ndef main() {\n    return sum(Z, dim=1), mean(exp(Z * 0.5), dim=1)\n}\n",
+              {"Z": ((5, 24, 37), torch.float32)}, {"B": 5, "S": 24, "D": 37}),
+    "three": ("extern Tensor[float32, A, S, B, D] X\ndef main() {\n    return max(X, dim=1), min(X, dim=1)\n}\n",
+              {"X": ((3, 9, 4, 40), torch.float32)}, {"A": 3, "S": 9, "B": 4, "D": 40}),
+    "transposed": ("extern Tensor[float32, T, D] Y\ndef main() {\n    return sum(transpose(Y, 0, 1) * 3.0, dim=1)\n}\n",
+                   {"Y": ((33, 70), torch.float32)}, {"T": 33, "D": 70}),
+    "bf16": ("extern Tensor[bfloat16, T, D] H\ndef main() {\n    return sum(cast(H, float32), dim=0)\n}\n",
+             {"H": ((64, 48), torch.bfloat16)}, {"T": 64, "D": 48}),
+}
+CONFIGS = [{"BLOCK_N": 8, "ROWS": 16, "SINGLE": 0, "num_warps": 2, "num_stages": 1},
+           {"BLOCK_N": 16, "ROWS": 32, "SINGLE": 0, "num_warps": 4, "num_stages": 1},
+           {"BLOCK_N": 4, "ROWS": 64, "SINGLE": 0, "num_warps": 2, "num_stages": 1}]
+
+
+def main() -> None:
+    interpret.enable()
+    from xgbuild.compiler.driver import compile_source
+    launched: list[dict] = []
+    run = interpret.launch
+
+    def launch(c, grid, args):          # every rowwise launch's config, as it ran
+        if "ROWS" in c.config or "SINGLE" in c.config:
+            launched.append(c.config)
+        run(c, grid, args)
+    interpret.launch = launch
+    report = {}
+    for name, (src, shapes, dims) in CASES.items():
+        graph = compile_source(src, f"{name}.xg").optimized.main
+        g = torch.Generator().manual_seed(len(report))
+        values = {k: torch.randn(s, generator=g).to(dt) for k, (s, dt) in shapes.items()}
+        if name == "three":
+            values["X"][1, 4, 2, 7] = float("nan")
+        for i, cfg in enumerate(CONFIGS):
+            def choose(job, config, cfg=cfg):
+                return cfg if job.spec.kind == "rowwise" and job.problem.columns else config
+
+            launched.clear()
+            out = check_graph(graph, values, dims, choose=choose)
+            report[f"{name} {i}"] = {"errors": [r["rel_err"] for r in out],
+                                     "rowwise": [c.get("ROWS", 0) for c in launched]}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
