@@ -14,6 +14,9 @@ Where B is stored [N, K], the search space pairs every 16-bit tile config with a
 twin (`templates/matmul.py`): on an H200 it ran an `nn.Linear` 4096x3072x2048 12% faster than the
 pointer kernel (0.0768 ms, cuBLAS 0.0720) and GPT-2's 50257-wide tied LM head 10% faster, while
 with B stored [K, N] the pointer kernel stayed ahead (docs/codegen.md); measurement picks per job.
+- `SUBTILES`: the epilogue runs over that many column slices of the tile, one after another
+  (the accumulator halved with `tl.split`), so a long epilogue's temporaries are live for one
+  slice at a time; the space sets it for heavy epilogues only (`templates/matmul.py`).
 - `TF32X3` (float32 operands): three TF32 tensor-core products (hi*hi + hi*lo + lo*hi) instead of
   exact-product FMA. The tuner admits it only where its error is no worse than float32's own
   (see tuner.py's correctness gate).
@@ -65,7 +68,7 @@ def matmul(e: Emitter) -> Emitted:
         _tile(e, nb, tma, integer, a_dt, (sam, sak), (sbk, sbn))
         w.indent -= 1
         e.check_mode = "branch"
-        for z, i in e.carried:
+        for z, i in dict.fromkeys(e.carried):      # (one sum per output, however many slices)
             w.lines.insert(top, "    " * w.indent + f"{z} = tl.zeros((BLOCK_M,), dtype=tl.float32)")
             top += 1
             w.line(f"tl.store(flags, 1, mask=(tl.sum({z}) != tl.sum({z})) & (((checks >> {i}) & 1) != 0))")
@@ -199,8 +202,32 @@ def _dot(w, a_dt: str, cfg: dict) -> None:
 
 
 def _epilogue(e: Emitter, nb: int, batch_offset) -> None:
+    """The tile's element-wise epilogue and stores; with `SUBTILES` > 1, once per column slice of
+    the accumulator (split in halves, `tl.split`), so that a long epilogue's temporaries are live
+    for one slice at a time: GELU's backward over a 128x128 fp32 tile spilled 2 KB a thread on
+    sm_90 whole."""
+    w, cfg = e.w, e.config
+    parts = cfg.get("SUBTILES", 0) or 1
+    if parts == 1:
+        w.line("mask = (rm[:, None] < M) & (rn[None, :] < N)")
+        _epilogue_part(e, nb, batch_offset, "acc", "rn", "mask")
+        return
+    names, width = ["acc"], cfg["BLOCK_N"]
+    while len(names) < parts:
+        halves = []
+        for name in names:
+            w.line(f"{name}0, {name}1 = tl.split(tl.permute(tl.reshape({name}, (BLOCK_M, 2, {width // 2})), (0, 2, 1)))")
+            halves += [f"{name}0", f"{name}1"]
+        names, width = halves, width // 2
+    for h, name in enumerate(names):
+        w.line(f"rn_{h} = pid_n.to({e.idx}) * BLOCK_N + {h * width} + tl.arange(0, {width})")
+        w.line(f"mask_{h} = (rm[:, None] < M) & (rn_{h}[None, :] < N)")
+        _epilogue_part(e, nb, batch_offset, name, f"rn_{h}", f"mask_{h}")
+
+
+def _epilogue_part(e: Emitter, nb: int, batch_offset, acc: str, rn: str, mask: str) -> None:
+    """The epilogue over the columns `rn` of the tile, their product `acc`, stores masked by `mask`."""
     spec, w = e.spec, e.w
-    w.line("mask = (rm[:, None] < M) & (rn[None, :] < N)")
     loaded: dict[int, str] = {}
 
     def load(j: int) -> str:
@@ -210,18 +237,18 @@ def _epilogue(e: Emitter, nb: int, batch_offset) -> None:
             if level == "scalar":
                 w.line(f"{t} = {e.load(j, '0', None)}")
             elif e.layout(j) == "dense":
-                w.line(f"{t} = {e.load(j, 'bid * M * N + rm[:, None] * N + rn[None, :]', 'mask')}")
+                w.line(f"{t} = {e.load(j, f'bid * M * N + rm[:, None] * N + {rn}[None, :]', mask)}")
             else:
                 sm, sn = e.stride(j, nb), e.stride(j, nb + 1)
                 base = batch_offset(j)
                 if sm == "0" and sn == "0":
                     w.line(f"{t} = {e.load(j, base, None)}")
                 elif sm == "0":       # a row vector (bias): one load along N, broadcast down the tile
-                    w.line(f"{t} = {e.load(j, f'{base} + rn * {sn}', 'rn < N')}[None, :]")
+                    w.line(f"{t} = {e.load(j, f'{base} + {rn} * {sn}', f'{rn} < N')}[None, :]")
                 elif sn == "0":       # a column vector
                     w.line(f"{t} = {e.load(j, f'{base} + rm * {sm}', 'rm < M')}[:, None]")
                 else:
-                    w.line(f"{t} = {e.load(j, f'{base} + rm[:, None] * {sm} + rn[None, :] * {sn}', 'mask')}")
+                    w.line(f"{t} = {e.load(j, f'{base} + rm[:, None] * {sm} + {rn}[None, :] * {sn}', mask)}")
             loaded[j] = t
         return loaded[j]
 
@@ -230,13 +257,13 @@ def _epilogue(e: Emitter, nb: int, batch_offset) -> None:
         if n.op == "matmul":
             # The product rounds to its dtype before any epilogue reads it, as on the CPU.
             if n.dtype in ("bfloat16", "float16"):
-                w.line(f"acc = acc.to({TL[n.dtype]}).to(tl.float32)")
+                w.line(f"{acc} = {acc}.to({TL[n.dtype]}).to(tl.float32)")
             elif n.dtype in INTS and n.dtype != "int64":
-                w.line(f"acc = acc.to({TL[n.dtype]})")
-            vals[k] = "acc"
+                w.line(f"{acc} = {acc}.to({TL[n.dtype]})")
+            vals[k] = acc
             continue
         t = w.tmp("v")
         w.line(f"{t} = {e.op(n, [e.arg(a, vals, load) for a in n.args])}")
         vals[k] = t
     for i, k in enumerate(spec.outputs):
-        e.store(i, "bid * M * N + rm[:, None] * N + rn[None, :]", vals[k], "mask")
+        e.store(i, f"bid * M * N + rm[:, None] * N + {rn}[None, :]", vals[k], mask)

@@ -43,6 +43,14 @@ MAX_ACC_REGS_PER_THREAD = 128
 MAX_K_SLICE_BYTES = 128
 # Operand dtypes whose configs get a persistent TMA twin (`full_space`).
 PERSISTENT_DTYPES = ("bfloat16", "float16")
+# An epilogue of at least this many element-wise ops per output runs over column slices of the
+# tile (`SUBTILES`, `triton_matmul._epilogue`), each slice at most SLICE_ELEMENTS_PER_THREAD
+# accumulator elements a thread. GELU's backward (47 ops) spilled on sm_90 at every tile whole
+# (128x128 over 8 warps: 2.1 KB a thread; ptxas -v); in slices of 16 a thread none did, 128x256
+# included (242 registers), and on an H200 the whole-tile kernel's best was 0.25 ms against
+# 0.069 ms for the bare product.
+HEAVY_EPILOGUE_OPS = 8
+SLICE_ELEMENTS_PER_THREAD = 16
 
 
 def smem_bytes(config: Config, elem_bytes: int) -> int:
@@ -119,10 +127,27 @@ def _ab_bytes(p: Problem, c: Config, hw: GpuProfile, slots: int) -> float:
     return max(a_bytes + b_bytes, waves * (group_rows * panel_a + group_cols * panel_b))
 
 
+def epilogue_ops(p: Problem) -> float:
+    """Element-wise ops per output element of the product's epilogue (from the problem's flops)."""
+    outputs = p.batch * p.m * p.n
+    return (p.flops - 2.0 * outputs * p.k) / outputs if outputs else 0.0
+
+
+def _slices(p: Problem, bm: int, bn: int, warps: int) -> dict[str, int]:
+    """`SUBTILES` for a tile: {} for a light epilogue, else the fewest halvings of the tile's
+    columns that bring a slice to SLICE_ELEMENTS_PER_THREAD accumulator elements a thread."""
+    if epilogue_ops(p) < HEAVY_EPILOGUE_OPS:
+        return {}
+    parts = 1
+    while bm * bn / (32 * warps * parts) > SLICE_ELEMENTS_PER_THREAD and bn // (2 * parts) >= 16:
+        parts *= 2
+    return {"SUBTILES": parts} if parts > 1 else {}
+
+
 class MatmulTemplate(KernelTemplate):
     kind = "matmul"
     params = ("BLOCK_K", "BLOCK_M", "BLOCK_N", "GROUP_M", "TF32X3")
-    optional = ("PROGRAMS", "TMA")      # a persistent TMA kernel (`triton_matmul.py`)
+    optional = ("PROGRAMS", "TMA", "SUBTILES")      # a persistent TMA kernel, an epilogue in slices (`triton_matmul.py`)
     sizes = ("batch", "m", "n", "k")
     tiled = True
     rules = (_tf32x3, _tile_vs_problem, _k_slice, _smem, _regs)
@@ -243,7 +268,7 @@ class MatmulTemplate(KernelTemplate):
         # MLP build's time, so they are left out.
         x3s = (0, 1) if p.dtype == "float32" else (0,)
         plain = [make_config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, TF32X3=x3,
-                             num_warps=w, num_stages=s)
+                             num_warps=w, num_stages=s, **_slices(p, bm, bn, w))
                  for x3 in x3s for bm in BLOCK_M for bn in BLOCK_N for bk in BLOCK_K
                  for w in WARPS for s in STAGES]
         if hw is None or p.dtype not in PERSISTENT_DTYPES or not p.b_transposed:
