@@ -19,6 +19,7 @@ from .dce import dce
 from .fork_casts import fork_casts
 from .inline import inline
 from .lookups import lookups
+from .pad_products import pad_products
 from .precision import precision
 from .shard import shard
 from .simplify import simplify
@@ -41,6 +42,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("stage", stage),
     ("shard", shard),
     ("split-reductions", split_reductions),
+    ("pad-products", pad_products),
     ("fork-casts", fork_casts),
 ]
 PASS_NAMES = [name for name, _ in PIPELINE]
