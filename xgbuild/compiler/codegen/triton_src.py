@@ -20,15 +20,36 @@ def elementwise(e: Emitter) -> Emitted:
     e.pointer_params()
     rank = spec.rank
     numel = e.int_param("numel", hint16=True)
-    w.line(f"lin = tl.program_id(0).to({e.idx}) * BLOCK + tl.arange(0, BLOCK)")
-    w.line(f"mask = lin < {numel}")
+    rows = e.config.get("ROWBLOCK", 0) and rank >= 2
+    if rows:
+        # Row blocks: a program takes BLOCK elements of one index of the leading dims (`outer`)
+        # along the last (`L` long): no division per element, the leading indices are scalars
+        # (a row-broadcast operand is one address), the last is contiguous (`col`).
+        last = e.int_param("L", hint16=True)
+        w.line(f"pid = tl.program_id(0).to({e.idx})")
+        w.line(f"blocks = tl.cdiv({last}, BLOCK)")
+        w.line("outer = pid // blocks")
+        w.line("col = (pid % blocks) * BLOCK + tl.arange(0, BLOCK)")
+        w.line(f"lin = outer * {last} + col")
+        w.line(f"mask = col < {last}")
+    else:
+        w.line(f"lin = tl.program_id(0).to({e.idx}) * BLOCK + tl.arange(0, BLOCK)")
+        w.line(f"mask = lin < {numel}")
     unravelled = False
 
     def unravel() -> None:
         nonlocal unravelled
         if not unravelled:
             unravelled = True
-            e.unravel("lin", 0, rank, "i")
+            if rows:
+                # The leading indices from the scalar `outer`, then given the block's shape (loads
+                # and index arithmetic take blocks; every lane holds the same value, no division).
+                e.unravel("outer", 0, rank - 1, "i")
+                for d in range(rank - 1):
+                    w.line(f"i{d} = tl.full([BLOCK], 0, {e.idx}) + i{d}")
+                w.line(f"i{rank - 1} = col")
+            else:
+                e.unravel("lin", 0, rank, "i")
 
     loaded: dict[int, str] = {}
 

@@ -44,7 +44,7 @@ class Problem:
     bytes: float         # fewest bytes: every input read once, every output written once
     numel: int = 0       # elementwise: elements of the domain
     rows: int = 0        # rowwise: number of rows
-    cols: int = 0        # rowwise: reduced length of each row
+    cols: int = 0        # rowwise: reduced length of each row; elementwise: the last dim (0: flat only)
     passes: int = 1      # rowwise: reductions needing the whole row before the next
     batch: int = 1       # matmul, attention (m = T queries, n = S keys, k = D head dim)
     m: int = 0
