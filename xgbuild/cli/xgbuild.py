@@ -4,6 +4,7 @@ its build-system steps `jobs` and `tune-shard`); `keygen`, `sign` and `verify` (
 from __future__ import annotations
 
 import sys
+import textwrap
 from pathlib import Path
 from typing import Optional
 
@@ -101,7 +102,11 @@ def inspect(
                   + ", ".join(f"{p['output']} -> {p['input']}" for p in state[:4])
                   + (f", … {len(state) - 4} more" if len(state) > 4 else "")
                   + (f"; counters {', '.join(counters)}" if counters else "") + "\n")
-    out.write(f"program     {len(eng.graph.nodes)} nodes after {', '.join(m['program']['passes'])}\n")
+    # The passes wrapped under the label, so that no line runs past a terminal's width.
+    passes = textwrap.wrap(", ".join(m["program"]["passes"]), 100)
+    out.write(f"program     {len(eng.graph.nodes)} nodes after the passes {passes[0] if passes else '(none)'}\n")
+    for line in passes[1:]:
+        out.write(f"            {line}\n")
     out.write(f"kernels     {len(m['kernels'])} ({len(m.get('launches', []))} launches)\n")
     out.write(f"determinism {verdict.line()}\n")
     for k in m["kernels"]:
