@@ -25,11 +25,7 @@ def elementwise(e: Emitter) -> Emitted:
         # Row blocks: a program takes BLOCK elements of one index of the leading dims (`outer`)
         # along the last (`L` long): no division per element, the leading indices are scalars
         # (a row-broadcast operand is one address), the last is contiguous (`col`).
-        last = e.int_param("L", hint16=True)
-        w.line(f"pid = tl.program_id(0).to({e.idx})")
-        w.line(f"blocks = tl.cdiv({last}, BLOCK)")
-        w.line("outer = pid // blocks")
-        w.line("col = (pid % blocks) * BLOCK + tl.arange(0, BLOCK)")
+        last = _row_blocks(e, "BLOCK", "col")
         w.line(f"lin = outer * {last} + col")
         w.line(f"mask = col < {last}")
     else:
@@ -89,6 +85,19 @@ def elementwise(e: Emitter) -> Emitted:
             value = f"tl.full([BLOCK], {value}, {TL[compute_dtype(spec.nodes[out].dtype)]})"
         e.store(i, "lin", value, "mask")
     return e.finish({"BLOCK": e.config["BLOCK"]})
+
+
+def _row_blocks(e: Emitter, block: str, lane: str) -> str:
+    """Program ids over blocks of `block` positions along a last dim `L` (a launch size), for each
+    index of the dims before it: `outer` (that index, linear, a scalar) and `lane` (the block's
+    positions along L, contiguous: its loads vectorise). Returns L's parameter; the grid is
+    `templates.base.row_blocks_grid`."""
+    last = e.int_param("L", hint16=True)
+    e.w.line(f"pid = tl.program_id(0).to({e.idx})")
+    e.w.line(f"blocks = tl.cdiv({last}, {block})")
+    e.w.line("outer = pid // blocks")
+    e.w.line(f"{lane} = (pid % blocks) * {block} + tl.arange(0, {block})")
+    return last
 
 
 def unindex_params(k: int, items: tuple, shape: tuple, index) -> dict[str, int]:
@@ -406,11 +415,7 @@ def rowwise_columns(e: Emitter) -> Emitted:
     # A program takes ROWS rows along the last kept dim (`L` long) of one index of the others,
     # `outer`: those rows are contiguous, so their loads vectorise, and the outer index is one
     # scalar (grid: cdiv(L, ROWS) programs per outer index; `RowwiseTemplate.grid`).
-    last = e.int_param("L", hint16=True)
-    w.line(f"pid = tl.program_id(0).to({e.idx})")
-    w.line(f"blocks = tl.cdiv({last}, ROWS)")
-    w.line("outer = pid // blocks")
-    w.line("lane = (pid % blocks) * ROWS + tl.arange(0, ROWS)")
+    last = _row_blocks(e, "ROWS", "lane")
     w.line(f"row = outer * {last} + lane")
     w.line(f"rmask = lane < {last}")
     w.line("lanes = tl.arange(0, BLOCK_N)")

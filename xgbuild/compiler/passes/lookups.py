@@ -33,9 +33,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...dtypes import FLOAT_DTYPES
-from ..ir.graph import Node, Op, Program, attrs_of, tree_map
-from ..ir.shapes import infer
+from ..ir.graph import Node, Op, Program, tree_map
 from ..ops.core import INTEGERS
+from .rewrite import Inserter
 
 
 def lookups(program: Program) -> Program:
@@ -45,26 +45,10 @@ def lookups(program: Program) -> Program:
     for n in g.nodes:
         for i in n.inputs:
             users.setdefault(i, []).append(n)
-    next_id = max(by_id, default=-1) + 1
     out: list[Node] = []
     alias: dict[int, int] = {}
-
-    def add(op: Op, inputs: tuple[int, ...], src, dtype: str = "", shape: tuple = (), **attrs) -> int:
-        """A new node before the one being rewritten, its dtype and shape inferred (a CAST's
-        dtype, a RESHAPE's shape and a CONST's both, given)."""
-        nonlocal next_id
-        node = Node(next_id, op, inputs, dtype, shape, attrs_of(**attrs), src)
-        if op is not Op.CONST:
-            dtype, shape = infer(node, [(by_id[i].dtype, by_id[i].shape) for i in inputs])
-            node = replace(node, dtype=dtype, shape=tuple(shape))
-        next_id += 1
-        by_id[node.id] = node
-        out.append(node)
-        return node.id
-
-    def const(value, dtype: str, src) -> int:
-        value = int(value) if dtype in INTEGERS else (bool(value) if dtype == "bool" else float(value))
-        return add(Op.CONST, (), src, dtype, value=value)
+    new = Inserter(by_id, out)         # nodes before the one being rewritten
+    add, const = new.add, new.const
 
     for n in g.nodes:
         n = replace(n, inputs=tuple(alias.get(i, i) for i in n.inputs))

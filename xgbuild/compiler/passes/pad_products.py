@@ -31,10 +31,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...dtypes import FLOAT_DTYPES, ITEMSIZE
-from ..ir.graph import Node, Op, Program, attrs_of, tree_ids, tree_map
-from ..ir.shapes import infer
+from ..ir.graph import Node, Op, Program, tree_ids, tree_map
 from ..ops import BINARY, UNARY
 from .dce import dce
+from .rewrite import Inserter
 
 ELEMENTWISE = UNARY | BINARY | {Op.WHERE}
 
@@ -56,22 +56,12 @@ def _padded(size: int, itemsize: int) -> int:
 def pad_products(program: Program) -> Program:
     g = program.main
     by_id: dict[int, Node] = dict(g.by_id)
-    next_id = max(by_id, default=-1) + 1
     out: list[Node] = []
     alias: dict[int, int] = {}
     padded: dict[tuple[int, tuple], int] = {}       # (value, its padded shape) -> the padded value
     users = g.users()
-
-    def add(op: Op, inputs: tuple[int, ...], src, shape: tuple = (), dtype: str = "", **attrs) -> int:
-        """A new node, its dtype and shape inferred (a CAST's dtype and an UNINDEX's shape given)."""
-        nonlocal next_id
-        node = Node(next_id, op, inputs, dtype, shape, attrs_of(**attrs), src)
-        dtype, shape = infer(node, [(by_id[i].dtype, by_id[i].shape) for i in inputs])
-        node = replace(node, dtype=dtype, shape=tuple(shape))
-        next_id += 1
-        by_id[node.id] = node
-        out.append(node)
-        return node.id
+    new = Inserter(by_id, out)
+    add = new.add
 
     def pad(x: int, shape: tuple[int, int], src) -> int:
         """`x` (2-D) zero-padded to `shape`; a transpose is padded below itself, and an
@@ -135,10 +125,9 @@ def pad_products(program: Program) -> Program:
             iota = add(Op.IOTA, (), src, shape=(b,), dtype="int64")
             dims = tuple(b if e == d else 1 for e in range(len(shape)))
             lane = add(Op.RESHAPE, (iota,), src, shape=dims)
-            below = add(Op.LT, (lane, add(Op.CONST, (), src, dtype="int64", value=a)), src)
+            below = add(Op.LT, (lane, new.const(a, "int64", src)), src)
             inside = below if inside is None else add(Op.AND, (inside, below), src)
-        zero = add(Op.CONST, (), src, dtype=by_id[x].dtype, value=0.0 if by_id[x].dtype in FLOAT_DTYPES else 0)
-        return add(Op.WHERE, (inside, widened(x), zero), src)
+        return add(Op.WHERE, (inside, widened(x), new.const(0, by_id[x].dtype, src)), src)
 
     for n in g.nodes:
         if n.id in alias:               # a cast already taken into a padded product's epilogue

@@ -33,6 +33,12 @@ from ..spec import Binding, KernelSpec
 Config = dict[str, int]  # keys sorted; always includes num_warps and num_stages
 
 
+def row_blocks_grid(total: int, last: int, block: int) -> tuple[int, int, int]:
+    """The grid of programs that each take `block` positions along a last dim of `last` for one
+    index of the dims before it, `total` positions in all (`triton_src._row_blocks`)."""
+    return (-(-last // block) * (total // last) if last else 0, 1, 1)
+
+
 @dataclass(frozen=True)
 class Problem:
     """One kernel's work: its kind, operand dtype and sizes, its useful FLOPs and fewest bytes.

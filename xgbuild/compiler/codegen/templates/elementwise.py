@@ -16,7 +16,7 @@ from ..kernel import Kernel, Schedule
 from ..launch_abi import Frame, Launch, Variant, align
 from ..spec import Binding, KernelSpec
 from ..triton_src import elementwise, unindex_params
-from .base import Config, KernelTemplate, Problem, make_config, next_pow2
+from .base import Config, KernelTemplate, Problem, make_config, next_pow2, row_blocks_grid
 from .local import build, domain_level
 from .roofline import BASE_REGS_PER_THREAD, SPILL_PENALTY, blocks_per_sm, scalar_peak, stream_s
 
@@ -119,8 +119,7 @@ class ElementwiseTemplate(KernelTemplate):
 
     def grid(self, config: Config, ints: dict[str, int]) -> tuple[int, int, int]:
         if config.get("ROWBLOCK", 0):
-            last = ints["L"]
-            return (-(-last // config["BLOCK"]) * (ints["numel"] // last) if last else 0, 1, 1)
+            return row_blocks_grid(ints["numel"], ints["L"], config["BLOCK"])
         return (-(-ints["numel"] // config["BLOCK"]), 1, 1)
 
     def accepts(self, variant: Variant, config: Config, launch: Launch) -> bool:

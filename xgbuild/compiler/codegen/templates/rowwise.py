@@ -16,7 +16,7 @@ from ..kernel import Kernel, Schedule
 from ..launch_abi import Frame, Launch, Variant, align
 from ..spec import Binding, KernelSpec
 from ..triton_src import columns_fit, rowwise, rowwise_columns
-from .base import Config, KernelTemplate, Problem, make_config, next_pow2
+from .base import Config, KernelTemplate, Problem, make_config, next_pow2, row_blocks_grid
 from .local import build
 from .roofline import (BASE_REGS_PER_THREAD, L1_SPEEDUP, L2_SPEEDUP, SPILL_PENALTY, blocks_per_sm,
                        scalar_peak, stream_s)
@@ -157,8 +157,7 @@ class RowwiseTemplate(KernelTemplate):
         rows = config.get("ROWS", 0)
         if not rows:
             return (ints["R"], 1, 1)
-        last = ints["L"]
-        return (-(-last // rows) * (ints["R"] // last) if last else 0, 1, 1)
+        return row_blocks_grid(ints["R"], ints["L"], rows)
 
     def accepts(self, variant: Variant, config: Config, launch: Launch) -> bool:
         return not (variant.single and launch.ints["C"] > config["BLOCK_N"])
