@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from ..dtypes import FLOAT_DTYPES, ITEMSIZE
+from ..compiler.ir.strides import contiguous_strides, view_strides
 from .cuda import CudaRuntimeError, check_call, driver_module
 
 MAX_COPY_CALLS = 1 << 12        # a strided copy made of more launches than this is refused
@@ -277,14 +278,6 @@ class DeviceArray:
         return f"DeviceArray({self.dtype}{list(self.shape)}, strides={list(self._strides)}, {self.device_ref})"
 
 
-def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    out, acc = [], 1
-    for size in reversed(shape):
-        out.append(acc)
-        acc *= max(int(size), 1)
-    return tuple(reversed(out))
-
-
 def _dense_ignoring_ones(shape: Sequence[int], strides: Sequence[int]) -> bool:
     """torch's rule: contiguous when the dims of size > 1 have the row-major strides (any numel 0)."""
     if math.prod(shape) == 0:
@@ -316,30 +309,6 @@ def _infer(old: Sequence[int], new: Sequence[int]) -> tuple[int, ...]:
     if math.prod(new) != numel:
         raise ValueError(f"cannot reshape {list(old)} ({numel} elements) to {list(new)}")
     return tuple(new)
-
-
-def view_strides(old: Sequence[int], strides: Sequence[int], new: Sequence[int]) -> tuple[int, ...] | None:
-    """The strides of `new` viewing memory laid out as (`old`, `strides`), or None where no view
-    can (ATen's `computeStride`: dims of `new` must split or merge runs of `old` whose strides chain)."""
-    if math.prod(old) == 0 or not old:
-        return contiguous_strides(new)
-    out = [0] * len(new)
-    view_d = len(new) - 1
-    chunk = strides[-1]
-    tensor_numel = view_numel = 1
-    for d in range(len(old) - 1, -1, -1):
-        tensor_numel *= old[d]
-        if d == 0 or (old[d - 1] != 1 and strides[d - 1] != tensor_numel * chunk):
-            while view_d >= 0 and (view_numel < tensor_numel or new[view_d] == 1):
-                out[view_d] = view_numel * chunk
-                view_numel *= new[view_d]
-                view_d -= 1
-            if view_numel != tensor_numel:
-                return None
-            if d > 0:
-                chunk = strides[d - 1]
-                tensor_numel = view_numel = 1
-    return tuple(out) if view_d == -1 else None
 
 
 class CudaDevice:

@@ -1,7 +1,8 @@
 """The row-reduction kernel's column form (`ROWS` rows a program along the last kept dim) under
 Triton's interpreter (CPU) against the float64 reference, every such job forced to each of a few
 column configs: one kept dim (a bias's gradient), two and three (a split reduction's first stage),
-a last kept dim that no ROWS divides, a transposed operand, max with a NaN, bfloat16 rows. Prints,
+a last kept dim that no ROWS divides, a transposed operand, max with a NaN, bfloat16 rows (also
+widened through a view, the cast the kernel's prologue). Prints,
 as JSON, each case's errors under each config and the configs the column jobs ran. A script, not a
 test: TRITON_INTERPRET must be set before Triton is imported, so the test runs it in a fresh
 process.
@@ -29,6 +30,11 @@ CASES = {   # name: (source, input shapes and dtypes, the sizes it is tuned at)
                    {"Y": ((33, 70), torch.float32)}, {"T": 33, "D": 70}),
     "bf16": ("extern Tensor[bfloat16, T, D] H\ndef main() {\n    return sum(cast(H, float32), dim=0)\n}\n",
              {"H": ((64, 48), torch.bfloat16)}, {"T": 64, "D": 48}),
+    # A widened bfloat16 value summed through a view (a split reduction's first stage): the cast
+    # moves below the view (passes/cast_views.py) and is the column kernel's prologue.
+    "bf16t": ("B = 4\nS = 16\nD = 48\nextern Tensor[bfloat16, 64, D] H\ndef main() {\n"
+              "    return sum(reshape(cast(H, float32), [B, S, D]), dim=1)\n}\n",
+              {"H": ((64, 48), torch.bfloat16)}, {}),
 }
 CONFIGS = [{"BLOCK_N": 8, "ROWS": 16, "SINGLE": 0, "num_warps": 2, "num_stages": 1},
            {"BLOCK_N": 16, "ROWS": 32, "SINGLE": 0, "num_warps": 4, "num_stages": 1},

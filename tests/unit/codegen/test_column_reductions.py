@@ -24,14 +24,25 @@ def report() -> dict:
     return interpreted_report(HERE / "interpret_columns.py")
 
 
-@pytest.mark.parametrize("case", ["bias", "split", "three", "transposed", "bf16"])
+@pytest.mark.parametrize("case", ["bias", "split", "three", "transposed", "bf16", "bf16t"])
 @pytest.mark.parametrize("config", [0, 1, 2])
 def test_column_form_matches_float64(report, case, config):
     got = report[f"{case} {config}"]
     # Every row reduction ran in the column form at the forced config, none in the one-row form.
     assert got["rowwise"] and all(rows == CONFIGS[config]["ROWS"] for rows in got["rowwise"]), got
-    tol = 1e-2 if case == "bf16" else 1e-6
+    tol = 1e-2 if case.startswith("bf16") else 1e-6
     assert all(err < tol for err in got["errors"]), got
+
+
+@pytest.mark.parametrize("case", ["bf16", "bf16t"])
+def test_a_widened_input_is_one_column_kernel_loading_bfloat16(case):
+    from interpret_columns import CASES
+    from xgbuild.compiler.codegen.schedule import schedule
+    from xgbuild.compiler.driver import compile_source
+    g = compile_source(CASES[case][0]).optimized.main
+    sched = schedule(g)
+    assert [k.kind for k in sched.kernels] == ["rowwise"]
+    assert [g.node(i).dtype for i in sched.inputs(sched.kernels[0])] == ["bfloat16"]
 
 
 def test_column_grid_covers_each_outer_index_in_blocks_of_rows():

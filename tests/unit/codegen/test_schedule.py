@@ -88,3 +88,62 @@ def test_reduction_over_other_dims_is_a_kernel_of_its_own(dim: str, reduced: tup
     src = f"extern Tensor[float32, 4, 6] X\ndef main() {{\n    return sum(exp(X){', ' + dim if dim else ''})\n}}\n"
     s = schedule(compile_source(src).optimized.main)
     assert [(k.kind, k.reduce_dims) for k in s.kernels] == [("elementwise", ()), ("rowwise", reduced)]
+
+
+def test_a_widening_cast_is_a_strided_reductions_prologue() -> None:
+    # Only a lone widening cast: exp stays an element-wise kernel of its own (above).
+    src = "extern Tensor[bfloat16, 4, 6] X\ndef main() {\n    return sum(cast(X, float32), dim=0)\n}\n"
+    g = compile_source(src).optimized.main
+    s = schedule(g)
+    assert [(k.kind, k.reduce_dims) for k in s.kernels] == [("rowwise", (0,))]
+    assert [g.node(i).dtype for i in s.inputs(s.kernels[0])] == ["bfloat16"]
+
+
+def test_a_cast_only_products_read_joins_the_epilogue_of_a_product_written_anyway() -> None:
+    # h is written for its column sum (a bias's gradient) and read, as bfloat16, by two products:
+    # the epilogue writes both, no kernel reads h back to cast it.
+    src = """extern Tensor[bfloat16, 64, 32] A
+extern Tensor[bfloat16, 32, 48] B
+extern Tensor[float32, 48] C
+extern Tensor[bfloat16, 48, 16] W
+def main() {
+    h = cast(A @ B, float32) * C
+    hb = cast(h, bfloat16)
+    return sum(h, dim=0), hb @ W, transpose(A, dim0=0, dim1=1) @ hb
+}
+"""
+    g = compile_source(src).optimized.main
+    s = schedule(g)
+    first = s.kernels[0]
+    assert first.kind == "matmul" and sorted(g.node(i).dtype for i in s.outputs(first)) == ["bfloat16", "float32"]
+    assert not any(k.kind == "elementwise" for k in s.kernels)
+    # A cast with another reader that is not a product stays out (that reader's kernel takes it).
+    other = src.replace("hb @ W, ", "hb @ W, hb * hb, ")
+    g = compile_source(other).optimized.main
+    assert [g.node(i).dtype for i in schedule(g).outputs(schedule(g).kernels[0])] == ["float32"]
+
+
+def test_an_attentions_gradient_is_two_flash_kernels_beside_the_forward_one() -> None:
+    """The forward attention kernel writes the log-sum-exp its gradient reads; dk and dv are one
+    kernel; dq another."""
+    src = """extern Tensor[bfloat16, 2, 16, 8] Q
+extern Tensor[bfloat16, 2, 16, 8] K
+extern Tensor[bfloat16, 2, 16, 8] V
+def f(Tensor[bfloat16, 2, 16, 8] q, Tensor[bfloat16, 2, 16, 8] k, Tensor[bfloat16, 2, 16, 8] v) -> float32 {
+    keep = reshape(arange(16), [16, 1]) >= reshape(arange(16), [1, 16])
+    p = softmax(where(keep, cast(q @ transpose(k), float32) * 0.25, -1e9), dim=2)
+    return sum(cast(cast(p, bfloat16) @ v, float32))
+}
+def main() {
+    return grad(f, wrt=(q, k, v))(Q, K, V)
+}
+"""
+    g = compile_source(src).optimized.main
+    s = schedule(g)
+    ops = {k.kind: [] for k in s.kernels}
+    for k in s.kernels:
+        ops[k.kind].append(sorted(g.node(i).attr("wrt") or g.node(i).op.value for i in k.nodes
+                                  if g.node(i).op in (Op.ATTN_GRAD, Op.ATTN_LSE)))
+    assert ops["attention"] == [["attn_lse"]] and sorted(ops["flash"]) == [["k", "v"], ["q"]]
+    attention = next(k for k in s.kernels if k.kind == "attention")
+    assert sorted(g.node(i).op.value for i in s.outputs(attention)) == ["attn_lse", "matmul"]

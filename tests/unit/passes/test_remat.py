@@ -97,17 +97,18 @@ class _Plan:
         self.binding = binding
 
 
-def test_the_training_step_holds_a_quarter() -> None:
+def test_the_training_step_holds_under_a_third() -> None:
     """models/train.xg at its real size (GPT-2 small, 8 x 1024 tokens, bf16 products): the kernel
-    outputs alive at once. Kept to the end of the run (what an H200 held: 53 GB), then dropped
-    after their last reader (23.3 GB before recomputation), also recomputed (12.4 GB), and with
-    attention's probabilities recomputed by its gradient (5.7 GB; torch.compile's measured 8.8)."""
+    outputs alive at once. Kept to the end of the run (what an H200 held: 53 GB; 18 GB once casts
+    moved across views left no float32 copies of attention's operands), then dropped after their
+    last reader (23.3 GB before recomputation), also recomputed (12.4 GB), and with attention's
+    probabilities recomputed by its gradient (5.7 GB, then 5.3 GB; torch.compile's measured 8.8)."""
     graph = compile_source((REPO / "models" / "train.xg").read_text(), "train.xg").optimized.main
     _jobs, launches = plan(graph, tuning_env(graph, {}))
     plans = [ExternStep(b) if ident == "extern" else _Plan(b) for ident, b in launches]
     made = made_by(plans)
     kept, dropped = peak_bytes(graph, plans, made, None), peak_bytes(graph, plans, made, frees(graph, plans, made))
-    assert dropped < 6.5e9 and dropped < kept / 4, (kept, dropped)
+    assert dropped < 6e9 and dropped < kept / 3, (kept, dropped)
 
 
 def test_gelu_terms_are_recomputed_in_the_gradient_products_epilogue() -> None:

@@ -14,7 +14,8 @@ in topological order:
   GATHER (an embedding lookup) starts one too: each output element loads its row's index, then
   the table's element in that row.
 EXTERN (a PyTorch operator run eagerly, `fallback="eager"`) is a step of its own between kernels,
-and so is each of attention's backward ops (`flash`: ATTN_LSE, ATTN_GRAD, templates/flash.py) and
+and so is each of attention's backward ops (`flash`: ATTN_LSE, ATTN_GRAD, templates/flash.py; the
+gradients of k and v of one attention share a kernel) and
 each SCATTER_ADD (`scatter`: an embedding's gradient, templates/scatter.py).
 Views (RESHAPE of a contiguous value, TRANSPOSE, constant INDEX) are not kernels: a kernel reads
 its inputs through their strides. CONST nodes are folded into the kernels that read them. Every
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 from ..ir.graph import BINARY, COLLECTIVE, UNARY, Graph, Node, Op, tree_ids
 from ..ir.shapes import index_axis
+from ..passes.flash import find_attention
 from .kernel import Kernel, Schedule, ScheduleError
 from .templates import KernelTemplate, template
 
@@ -46,6 +48,9 @@ FLASH = {Op.ATTN_LSE, Op.ATTN_GRAD}
 SCATTERS = {Op.SCATTER_ADD}
 
 
+# Float dtypes a widening cast starts from, which a strided reduction's prologue may load.
+FLOAT_NARROW = {"bfloat16", "float16", "float32"}
+
 # Attention: operand and score dtypes the fused kernel takes (tl.dot in float32 accumulators).
 ATTENTION_DTYPES = {"bfloat16", "float16", "float32"}
 # Element-wise ops on the score tile. RAND/RANDN number elements by the domain's linear index,
@@ -53,6 +58,42 @@ ATTENTION_DTYPES = {"bfloat16", "float16", "float32"}
 SCORE_OPS = UNARY | BINARY | {Op.WHERE}
 # Ops of an index expression evaluated in the kernel (a causal mask: IOTAs compared).
 INDEX_OPS = UNARY | BINARY | {Op.WHERE, Op.FULL}
+
+
+def _lse_key(graph: Graph, x) -> tuple:
+    """What identifies one attention's scores: q, kT, the scale (its node, or its value for a
+    constant), the causal fill and the scores' dtype; of an `Attention` (passes/flash.py) or of an
+    `attn_lse` node."""
+    if isinstance(x, Node):
+        q, kt, scale = x.inputs
+        causal, fill = bool(x.attr("causal", False)), x.attr("fill")
+    else:
+        q, kt, scale, causal, fill = x.q, x.kt, x.scale, x.causal, x.fill
+    if scale is None:
+        scale_key: tuple = ("c", 1.0)
+    else:
+        s = graph.node(scale)
+        scale_key = ("c", float(s.attr("value"))) if s.op is Op.CONST and tuple(s.shape) == () else ("n", scale)
+    return q, kt, scale_key, causal, fill if causal else None, x.dtype
+
+
+def _operand_cast(graph: Graph, users: dict, n: Node, outputs: set[int]) -> bool:
+    """A cast read only by products (through views): no kernel downstream could compute it, so a
+    matmul's epilogue writes it beside the value it casts, which is written anyway (the GELU
+    gradient: float32 for its bias's column sum, bfloat16 for the next products)."""
+    if n.op is not Op.CAST or n.id in outputs:
+        return False
+
+    def products_only(nid: int) -> bool:
+        return bool(users[nid]) and all(
+            graph.node(u).op is Op.MATMUL or (graph.node(u).op in VIEWS and u not in outputs and products_only(u))
+            for u in users[nid])
+    return products_only(n.id)
+
+
+def _flash_key(n: Node) -> tuple:
+    """What a dk and a dv `attn_grad` share when one kernel may make both."""
+    return n.inputs, tuple((k, v) for k, v in n.attrs if k != "wrt")
 
 
 def _is_last_dim_reduction(n: Node, x: Node) -> bool:
@@ -239,7 +280,8 @@ def schedule(graph: Graph) -> Schedule:
         if n.attr("remat") and any(not graph.node(x).attr("remat") for x in k.nodes):
             return False        # a value recomputed for the backward pass stays out of earlier kernels
         inner = [i for i in n.inputs if owner.get(i) == owner_index(k)]
-        fits = rules.joins(k, tuple(n.shape), inner, graph, users)
+        fits = rules.joins(k, tuple(n.shape), inner, graph, users) or (
+            k.kind == "matmul" and tuple(n.shape) == tuple(k.shape) and _operand_cast(graph, users, n, out_ids))
         # Joining must not make the kernel read a value that itself needs this kernel (a cycle).
         return fits and not any(reaches(p, owner_index(k)) for p in producers(n, owner_index(k)))
 
@@ -298,6 +340,12 @@ def schedule(graph: Graph) -> Schedule:
         owner[n.id] = idx
         deps[idx] = producers(n, idx)
 
+    out_ids = set(tree_ids(graph.output))
+    flash_k: dict[tuple, int] = {}      # a dk kernel by its operands and attributes (`_flash_key`)
+    # Attentions whose gradient recomputes the log-sum-exp (passes/flash.py), by output; their
+    # kernels by what an `attn_lse` of the same scores reads (`_lse_key`).
+    differentiated = find_attention(graph) if any(n.op is Op.ATTN_LSE for n in graph.nodes) else {}
+    attention_of: dict[tuple, int] = {}
     for n in graph.nodes:
         if n.op in (Op.INPUT, Op.CONST) or n.id in inlined or n.id in reserved:
             continue
@@ -305,6 +353,8 @@ def schedule(graph: Graph) -> Schedule:
             p = pattern_at[n.id]
             kernels.append(Kernel("attention", n.id, list(p.nodes), tuple(n.shape), inlined=list(p.tree)))
             idx = len(kernels) - 1
+            if n.id in differentiated and differentiated[n.id].dtype == "float32":
+                attention_of[_lse_key(graph, differentiated[n.id])] = idx
             deps[idx] = set()
             for nid in p.nodes:
                 owner[nid] = idx
@@ -325,7 +375,17 @@ def schedule(graph: Graph) -> Schedule:
                 raise ScheduleError(f"`{n.op.value}` over a dimension other than the last has no GPU kernel yet"
                                     + (f" (line {n.src[0]})" if n.src else ""))
             if not _is_last_dim_reduction(n, x) or len(x.shape) == 0:
-                # A reduction over other dims (or all of them): its own kernel, reading through strides.
+                # A reduction over other dims (or all of them): its own kernel, reading through
+                # strides. A lone widening cast of its input is its prologue (casts.py moved it
+                # there from a view: the kernel loads the narrow value).
+                pidx = owner.get(x.id)
+                prod = kernels[pidx] if pidx is not None else None
+                if prod is not None and prod.kind == "elementwise" and prod.nodes == [x.id] and x.op is Op.CAST \
+                        and users[x.id] == [n.id] and x.id not in out_ids and len(x.shape) > 0 \
+                        and graph.node(x.inputs[0]).dtype in FLOAT_NARROW and x.dtype in ("float32", "float64"):
+                    kernels[pidx] = Kernel("rowwise", n.id, [x.id, n.id], tuple(x.shape), dims)
+                    owner[n.id] = pidx
+                    continue
                 new_kernel(Kernel("rowwise", n.id, [n.id], tuple(x.shape), dims), n)
                 continue
             pidx = owner.get(x.id)
@@ -352,8 +412,22 @@ def schedule(graph: Graph) -> Schedule:
         if n.op is Op.EXTERN:
             new_kernel(Kernel("extern", n.id, [n.id], tuple(n.shape)), n)
             continue
+        if n.op is Op.ATTN_LSE and _lse_key(graph, n) in attention_of:
+            # The forward attention kernel computed each row's log-sum-exp: it writes it too.
+            idx = attention_of[_lse_key(graph, n)]
+            kernels[idx].nodes.append(n.id)
+            owner[n.id] = idx
+            continue
         if n.op in FLASH:
+            # dv beside dk: one program per key block walks the query blocks once for both.
+            pair = flash_k.get(_flash_key(n)) if n.op is Op.ATTN_GRAD and n.attr("wrt") == "v" else None
+            if pair is not None:
+                kernels[pair].nodes.append(n.id)
+                owner[n.id] = pair
+                continue
             new_kernel(Kernel("flash", n.id, [n.id], tuple(n.shape)), n)
+            if n.op is Op.ATTN_GRAD and n.attr("wrt") == "k":
+                flash_k[_flash_key(n)] = len(kernels) - 1
             continue
         if n.op in SCATTERS:
             new_kernel(Kernel("scatter", n.id, [n.id], tuple(n.shape)), n)
@@ -380,7 +454,6 @@ def schedule(graph: Graph) -> Schedule:
     # An element-wise kernel whose values one matmul's epilogue alone reads (the backward pass's
     # recomputed GELU terms, read by the gradient product's epilogue) is computed in that
     # epilogue, from its own inputs at the product's tile, instead of going to memory.
-    out_ids = set(tree_ids(graph.output))
     for ei, e in enumerate(kernels):
         if e is None or e.kind != "elementwise" or any(graph.node(x).op in GATHERS for x in e.nodes):
             continue

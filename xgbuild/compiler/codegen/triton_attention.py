@@ -23,6 +23,9 @@ of the program, so the skipped keys are accounted for in closed form after the l
 times exp(fill - max) joins the softmax's sum, and only if that weight is not 0 for some row (a
 finite fill such as -1e9 above a row's kept scores, never with -inf) are their v rows read and
 added. The result is the unfused program's. Programs run the longest rows first.
+
+When the attention is differentiated (passes/flash.py), its gradient's `attn_lse` of the same
+scores is a second output: each row's max plus the log of its sum, as the loop ends with them.
 """
 
 from __future__ import annotations
@@ -245,6 +248,7 @@ def attention(e: Emitter) -> Emitted:
         w.line("alpha = tl.where(n_skip > 0, tl.exp(m_i - m_fin), 1.0)")
         w.line("w_f = tl.where(n_skip > 0, tl.exp(f - m_fin), 0.0)")
         w.line("l_i = l_i * alpha + n_skip.to(tl.float32) * w_f")
+        w.line("m_i = m_fin")
         w.line("acc = acc * alpha[:, None]")
         w.line("if tl.max(w_f, axis=0) > 0:")
         w.indent += 1
@@ -264,6 +268,11 @@ def attention(e: Emitter) -> Emitted:
     else:
         w.line("out = tl.where(N > 0, acc / l_i[:, None], 0.0)     # no keys at all: an empty sum, as torch")
     e.store(0, "bid * M * DV + rm[:, None] * DV + rv[None, :]", "out", "m_ok[:, None] & v_ok[None, :]")
+    if any(n.op == "attn_lse" for n in spec.nodes):
+        # Each row's log-sum-exp of the scores, for the gradient (ops/attention.py `attn_lse`):
+        # -inf for a row with no weight; written by the programs of the first block of v's columns.
+        w.line('lse = tl.where(l_i > 0, m_i + tl.log(l_i), float("-inf"))')
+        e.store(1, "bid * M + rm", "lse", "m_ok & (pid_v == 0)")
     return e.finish({"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_D": cfg["BLOCK_D"],
                      "BLOCK_DV": cfg["BLOCK_DV"]})
 

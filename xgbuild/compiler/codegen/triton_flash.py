@@ -9,7 +9,8 @@ score blocks from q and kT in registers; nothing of size [T, S] is read or writt
   p = exp(t - lse), dp = dO @ v^T, ds = p * (dp - delta) where the score was kept, times scale,
   rounded to q's dtype; dq += ds @ k.
 - `attn_grad` of k and of v: one program per block of BLOCK_N keys walks the query blocks from the
-  diagonal down: dkT += q^T @ ds, dv += p^T @ dO (p rounded to v's dtype). The query rows above
+  diagonal down: dkT += q^T @ ds, dv += p^T @ dO (p rounded to v's dtype). The two of one
+  attention are one kernel ("kv"): each block's scores and probabilities computed once for both. The query rows above
   the diagonal see these keys masked: they add nothing to dk, and to dv only their fill's weight
   exp(fill - lse) (0 unless the fill is close to the row's scores: computed, then added only if
   some row's is not 0).
@@ -25,9 +26,9 @@ from .spec import KernelSpec
 
 
 def role(spec: KernelSpec) -> str:
-    """"lse", or which operand's gradient the kernel makes: "q", "k" or "v"."""
+    """"lse", or which operands' gradients the kernel makes: "q", "k", "v" or "kv" (both)."""
     n = spec.nodes[0]
-    return "lse" if n.op == "attn_lse" else dict(n.attrs)["wrt"]
+    return "lse" if n.op == "attn_lse" else "".join(dict(m.attrs)["wrt"] for m in spec.nodes)
 
 
 def _dot(a: str, b: str, acc: str | None, dtype: str) -> str:
@@ -176,26 +177,28 @@ def flash(e: Emitter) -> Emitted:
         return e.finish({"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_D": cfg["BLOCK_D"],
                          "BLOCK_DV": cfg["BLOCK_DV"]})
 
-    # dk, dv: one program per key block, down the query blocks from the diagonal.
+    # dk, dv (or both, "kv"): one program per key block, down the query blocks from the diagonal.
+    # `acc` is dk's accumulator (transposed, as kT), `acc_v` dv's.
     rows_block("rn", f"pid.to({e.idx}) * BLOCK_N", "BLOCK_N", "N")
     load_kt("rn")
-    if what == "k":
+    wants_k, wants_v = "k" in what, "v" in what
+    if wants_k:
         load_vt("rn")
         w.line(f"acc = tl.zeros([BLOCK_D, BLOCK_N], {AT})")
-    else:
-        w.line(f"acc = tl.zeros([BLOCK_N, BLOCK_DV], {AT})")
+    if wants_v:
+        w.line(f"acc_v = tl.zeros([BLOCK_N, BLOCK_DV], {AT})")
     w.line("lo = " + ("tl.minimum(pid * BLOCK_N, M) // BLOCK_M * BLOCK_M" if causal else "0"))
     w.line("for m0 in range(lo, M, BLOCK_M):")
     w.indent += 1
     rows_block("rm", "m0", "BLOCK_M", "M")
     load_q("rm")
     scores("rm", "rn", True)
-    row_stats("rm", what == "k")
+    row_stats("rm", wants_k)
     w.line("p = tl.where(rm_ok[:, None] & rn_ok[None, :], tl.exp(t - lse[:, None]), 0.0)")
     load_do("rm")
-    if what == "v":
-        w.line(f"acc = {_dot(f'tl.trans(p.to({TL[vdt]}))', 'do', 'acc', vdt)}")
-    else:
+    if wants_v:
+        w.line(f"acc_v = {_dot(f'tl.trans(p.to({TL[vdt]}))', 'do', 'acc_v', vdt)}")
+    if wants_k:
         ds_block("rm", "rn")
         w.line(f"acc = {_dot('tl.trans(q)', 'ds', 'acc', qdt)}")
     w.indent -= 1
@@ -208,7 +211,7 @@ def flash(e: Emitter) -> Emitted:
         row_stats("rm", False)
         w.line(f"wt = tl.where(rm_ok, tl.exp({fill_lit} - lse), 0.0).to({TL[vdt]}).to({AT})")
 
-    if what == "v" and finite_fill:
+    if wants_v and finite_fill:
         # Query rows above the diagonal block see every key here masked: weight exp(fill - lse),
         # the same for each key; added (as the forward's product reads it, rounded to v's dtype)
         # only when some row's is not 0.
@@ -223,11 +226,12 @@ def flash(e: Emitter) -> Emitted:
         load_do("rm")
         w.line(f"vsum += tl.sum(wt[:, None] * do.to({AT}), axis=0)")
         w.indent -= 1
-        w.line("acc += vsum[None, :]")
+        w.line("acc_v += vsum[None, :]")
         w.indent -= 1
-    if what == "v":
-        e.store(0, "bid * N * DV + rn[:, None] * DV + rv[None, :]", "acc", "rn_ok[:, None] & rv_ok[None, :]")
-    else:
+    if wants_k:
         e.store(0, "bid * K * N + rd[:, None] * N + rn[None, :]", "acc", "rd_ok[:, None] & rn_ok[None, :]")
+    if wants_v:
+        e.store(1 if wants_k else 0, "bid * N * DV + rn[:, None] * DV + rv[None, :]", "acc_v",
+                "rn_ok[:, None] & rv_ok[None, :]")
     return e.finish({"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_D": cfg["BLOCK_D"],
                      "BLOCK_DV": cfg["BLOCK_DV"]})

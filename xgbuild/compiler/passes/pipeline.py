@@ -14,6 +14,7 @@ from ..ir.graph import Program, renumber
 from ..ir.verify import verify
 from .const_fold import const_fold
 from .autodiff import autodiff
+from .cast_views import cast_views
 from .cse import cse
 from .dce import dce
 from .fork_casts import fork_casts
@@ -42,6 +43,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("stage", stage),
     ("shard", shard),
     ("split-reductions", split_reductions),
+    ("cast-views", cast_views),
     ("pad-products", pad_products),
     ("fork-casts", fork_casts),
 ]

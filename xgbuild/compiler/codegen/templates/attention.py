@@ -180,9 +180,14 @@ class AttentionTemplate(KernelTemplate):
             return add(nid, LocalNode(n.op.value, tuple(side(i) for i in n.inputs), n.dtype, "full", attrs))
 
         mm: list[int] = []
+        lse: list[int] = []
         for pos, nid in enumerate(k.nodes):
             n = g.node(nid)
-            if n.op is Op.MATMUL and pos == 0:
+            if n.op is Op.ATTN_LSE:
+                # The gradient's log-sum-exp of these scores (schedule.py): each row's, written too.
+                add(nid, LocalNode("attn_lse", (), n.dtype, "row"))
+                lse.append(nid)
+            elif n.op is Op.MATMUL and pos == 0:
                 a, b = operand(n.inputs[0], "q"), operand(n.inputs[1], "k")
                 mm += [a[1], b[1]]
                 add(nid, LocalNode("matmul", (), n.dtype, "full"))
@@ -194,8 +199,10 @@ class AttentionTemplate(KernelTemplate):
                 args = tuple(("n", local[i]) if i in inside else side(i) for i in n.inputs)
                 attrs = (("safe", True),) if n.op is Op.SOFTMAX and n.attr("safe", False) else ()
                 add(nid, LocalNode(n.op.value, args, n.dtype, "full", attrs))
-        spec = KernelSpec("attention", out_rank, tuple(operands), tuple(nodes), (local[k.anchor],), 0, tuple(mm))
-        return spec, Binding(tuple(operand_nodes), (k.anchor,), k.anchor, "shape")
+        outs = [k.anchor] + lse
+        spec = KernelSpec("attention", out_rank, tuple(operands), tuple(nodes), tuple(local[i] for i in outs), 0,
+                          tuple(mm))
+        return spec, Binding(tuple(operand_nodes), tuple(outs), k.anchor, "shape")
 
     def emit(self, e: Emitter) -> Emitted:
         return attention(e)

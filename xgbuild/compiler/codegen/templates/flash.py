@@ -1,5 +1,5 @@
 """The flash kernel kind: attention's backward ops (`attn_lse`, `attn_grad`, ops/attention.py),
-one op a kernel, each recomputing its blocks of scores from q and kT (source in
+one op a kernel (the gradients of k and v of one attention: one kernel), each recomputing its blocks of scores from q and kT (source in
 `triton_flash.py`): its launch (every operand in its own shape, the batch dims shared), its config
 space and pruning rules, and its cost model (a matmul whose k-steps are score blocks)."""
 
@@ -40,11 +40,19 @@ def smem_bytes(c: Config, elem_bytes: int) -> int:
     return (loop + bm * bn) * elem_bytes + SMEM_HEADROOM_BYTES
 
 
-def regs_per_thread(c: Config, elem_bytes: int = 2) -> float:
-    """The score block and dp (fp32), the accumulator (one head wide) and the resident tiles."""
+def regs_per_thread(c: Config, elem_bytes: int = 2, both: bool = False) -> float:
+    """The score block and dp (fp32), the accumulator (one head wide; dk's and dv's for `both`)
+    and the resident tiles."""
     bm, bn, bd, bdv = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_D"], c["BLOCK_DV"]
     resident = max(bm, bn) * (bd + bdv) * elem_bytes / 4
-    return (2 * bm * bn + max(bm, bn) * max(bd, bdv) + resident) / (32 * c["num_warps"])
+    acc = bn * (bd + bdv) if both else max(bm, bn) * max(bd, bdv)
+    return (2 * bm * bn + acc + resident) / (32 * c["num_warps"])
+
+
+def _both(p: Problem) -> bool:
+    """The kernel makes dk and dv: its products are 2 (D + DV) wide per score (`problem`)."""
+    per = p.flops / max(1.0, 2.0 * p.batch * p.m * p.n * (0.5 if p.causal else 1.0))
+    return abs(per - 2 * (p.k + p.dv)) < 0.5
 
 
 # The smallest score block is 32: a block past a short T or S is pruned only above that.
@@ -56,7 +64,7 @@ def _smem(p: Problem, c: Config, hw: GpuProfile) -> str | None:
 
 
 def _regs(p: Problem, c: Config, hw: GpuProfile) -> str | None:
-    regs = regs_per_thread(c, p.elem_bytes)
+    regs = regs_per_thread(c, p.elem_bytes, _both(p))
     limit = hw.max_registers_per_thread - BASE_REGS_PER_THREAD
     if regs > limit:
         return (f"scores, accumulator and tiles take {regs:g} registers per thread > {limit} "
@@ -90,10 +98,15 @@ class FlashTemplate(KernelTemplate):
             args.append(("o", len(operands)))
             operands.append((src.dtype, "scalar" if pos == len(n.inputs) - 1 else "full"))
             nodes.append(i)
-        attrs = tuple(sorted((key, value) for key, value in n.attrs if key in ("wrt", "causal", "fill")))
-        local = LocalNode(n.op.value, tuple(args), n.dtype, "full", attrs)
-        spec = KernelSpec("flash", len(n.shape) + (1 if n.op is Op.ATTN_LSE else 0), tuple(operands), (local,), (0,))
-        return spec, Binding(tuple(nodes), (n.id,), n.id, "shape")
+        # One local node per op: the gradient of k alone, or of k and then v (schedule.py pairs them).
+        local = []
+        for nid in k.nodes:
+            m = g.node(nid)
+            attrs = tuple(sorted((key, value) for key, value in m.attrs if key in ("wrt", "causal", "fill")))
+            local.append(LocalNode(m.op.value, tuple(args), m.dtype, "full", attrs))
+        spec = KernelSpec("flash", len(n.shape) + (1 if n.op is Op.ATTN_LSE else 0), tuple(operands), tuple(local),
+                          tuple(range(len(local))))
+        return spec, Binding(tuple(nodes), tuple(k.nodes), n.id, "shape")
 
     def emit(self, e: Emitter) -> Emitted:
         return flash(e)
@@ -110,7 +123,7 @@ class FlashTemplate(KernelTemplate):
         def lined(j: int, _level: str, t):
             return t.unsqueeze(-1) if t.dim() == len(batch) + 1 else t
 
-        keys = 1 if role(spec) in ("k", "v") else 0
+        keys = 1 if role(spec) in ("k", "v", "kv") else 0
 
         def sizes(_tensors: dict) -> dict[str, int]:
             return {"M": T, "N": S, "K": D, "DV": DV, "batch": math.prod(batch), "KEYS": keys}
@@ -129,7 +142,7 @@ class FlashTemplate(KernelTemplate):
         b, t, s, d, dv = ints["batch"], ints["M"], ints["N"], ints["K"], ints["DV"]
         what = role(spec)
         causal = bool(dict(spec.nodes[0].attrs).get("causal", False))
-        per = {"lse": d, "q": 2 * d + dv, "k": 2 * d + dv, "v": d + dv}[what]
+        per = {"lse": d, "q": 2 * d + dv, "k": 2 * d + dv, "v": d + dv, "kv": 2 * d + 2 * dv}[what]
         flops = 2.0 * b * t * s * per * (0.5 if causal else 1.0)
         return Problem("flash", spec.operands[0][0], flops, moved, batch=b, m=t, n=s, k=d, dv=dv,
                        causal=causal, elem_bytes=ITEMSIZE[spec.operands[0][0]])
@@ -160,7 +173,7 @@ class FlashTemplate(KernelTemplate):
         bm, bn, bd, bdv, stages = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_D"], c["BLOCK_DV"], c["num_stages"]
         threads = 32 * c["num_warps"]
         smem = smem_bytes(c, p.elem_bytes)
-        regs = regs_per_thread(c, p.elem_bytes) + BASE_REGS_PER_THREAD
+        regs = regs_per_thread(c, p.elem_bytes, _both(p)) + BASE_REGS_PER_THREAD
         per_sm = blocks_per_sm(hw, threads, regs, smem)
         keys = p.flops / max(1.0, 2.0 * p.batch * p.m * p.n * (0.5 if p.causal else 1.0))   # head widths of products
         # Programs over query blocks (lse, dq) or key blocks (dk, dv): the model sees the larger count.

@@ -121,12 +121,15 @@ class RowwiseTemplate(KernelTemplate):
         kept = [d for d in range(rank) if d not in k.reduce_dims]
         perm = tuple(kept + list(k.reduce_dims))
 
+        # A reduction over other dims takes only a prologue (a widening cast, schedule.py).
+        prologue = set(k.nodes[:k.nodes.index(k.anchor)]) if not fused_row else set()
+
         def level_of(n: Node) -> str:
             if n.op in (Op.SUM, Op.MEAN, Op.MAX, Op.MIN):
                 return "row"
             if n.op in (Op.SOFTMAX, Op.LOG_SOFTMAX):
                 return "full"
-            return "full" if tuple(n.shape) == domain and fused_row else "row"
+            return "full" if tuple(n.shape) == domain and (fused_row or n.id in prologue) else "row"
         spec, operands, written = build(sched, k, level_of, perm, len(kept))
         return spec, Binding(tuple(operands), written, k.anchor, "input0", perm)
 
