@@ -108,3 +108,18 @@ def test_profile_lists_where_a_step_goes(tmp_path) -> None:
     prof = xg_row["profile"]
     assert prof["launches"] > 0 and 0 < len(prof["rows"]) <= 15
     assert all(r["p50_ms"] >= 0 for r in prof["rows"])
+
+
+def test_table_shows_each_rows_spread(capsys) -> None:
+    """A noisy peer (repeats 25-31 ms around a 28 ms median) is visible in the printed table."""
+    module = _module("bench_train_table", BENCH)
+    row = {"impl": "compile", "step_ms": 28.2, "step_ms_runs": [28.2, 30.6, 25.1, 29.7, 27.4], "tokens_per_s": 1.0,
+           "peak_bytes": 2**30, "first_step_s": 1.0, "loss": [11.0, 10.5], "loss_rel_diff_vs_eager_10": 7e-5}
+    report = {"config": {"L": 1, "D": 8, "H": 2, "V": 16, "B": 1, "T": 4}, "params": 1e6, "dtype_policy": "p",
+              "lr": 1e-3, "args": {"steps": 2}, "device": "cpu", "torch": "x",
+              "rows": [row, {"impl": "eager", "skipped": "--no-eager"}]}
+    module.print_table(report)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    assert "| runs min - max |" in lines[0]
+    assert lines[2].startswith("| compile | 28.200 | 25.10 - 30.60 |")
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
