@@ -35,12 +35,12 @@ from dataclasses import replace
 from ...dtypes import FLOAT_DTYPES, ITEMSIZE
 from ..ir.graph import Node, Op, Program, tree_ids, tree_map
 from ..ir.strides import contiguous_strides, view_strides
-from ..ops import Kind, op_def
+from ..ops import op_def
+from .fork_casts import FUSABLE
 from .rewrite import Inserter
 
 STRIDED = (Op.RESHAPE, Op.TRANSPOSE, Op.INDEX)          # read through strides by any kernel
 VIEWLIKE = STRIDED + (Op.UNINDEX,)
-FUSABLE = (Kind.UNARY, Kind.BINARY, Kind.SELECT, Kind.REDUCE, Kind.NORMALIZE)
 
 
 def _is_view(n: Node, kinds=VIEWLIKE) -> bool:
