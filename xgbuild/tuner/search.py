@@ -14,7 +14,8 @@ stops as soon as no unmeasured candidate can still win by its predicted bound:
   little), and a candidate that failed (compile error, wrong result) counts for nothing;
 - the margin is the kernel kind's (`KernelTemplate.bound_margin`): 0.85 for matmul and 0.75 for
   attention, where the model ranks tile configs, 0 (measure all) for memory-bound kinds, whose
-  candidates all sit within noise of the bandwidth floor where the model's ratios scatter.
+  candidates all sit within noise of the bandwidth floor where the model's ratios scatter, and for
+  the flash kernels, whose model ranks their tiles no better.
 
 `exhaustive=True` (`XG_TUNE_EXHAUSTIVE=1`) measures everything, as before this module existed.
 `tests/unit/tuner/test_search.py` holds the rule to recorded H100 and H200 timings of every

@@ -2,7 +2,7 @@
 Triton's interpreter (CPU) against the float64 reference, every such job forced to each of a few
 column configs: one kept dim (a bias's gradient), two and three (a split reduction's first stage),
 a last kept dim that no ROWS divides, a transposed operand, max with a NaN, bfloat16 rows (also
-widened through a view, the cast the kernel's prologue). Prints,
+widened through a view, the cast the kernel's prologue), short rows reduced along the last dim. Prints,
 as JSON, each case's errors under each config and the configs the column jobs ran. A script, not a
 test: TRITON_INTERPRET must be set before Triton is imported, so the test runs it in a fresh
 process.
@@ -35,6 +35,12 @@ CASES = {   # name: (source, input shapes and dtypes, the sizes it is tuned at)
     "bf16t": ("B = 4\nS = 16\nD = 48\nextern Tensor[bfloat16, 64, D] H\ndef main() {\n"
               "    return sum(reshape(cast(H, float32), [B, S, D]), dim=1)\n}\n",
               {"H": ((64, 48), torch.bfloat16)}, {}),
+    # Short rows (attention's sum(dO * O, dim=-1) over heads of DH): many rows a program, one
+    # operand read through a transpose, rows of 20 and a last kept dim of 37 that no ROWS divides.
+    "short": ("B = 2\nT = 37\nH = 3\nDH = 20\nextern Tensor[bfloat16, B, T, H, DH] G\n"
+              "extern Tensor[bfloat16, B, H, T, DH] O\ndef main() {\n"
+              "    return sum(cast(transpose(G, 1, 2), float32) * cast(O, float32), dim=3)\n}\n",
+              {"G": ((2, 37, 3, 20), torch.bfloat16), "O": ((2, 3, 37, 20), torch.bfloat16)}, {}),
 }
 CONFIGS = [{"BLOCK_N": 8, "ROWS": 16, "SINGLE": 0, "num_warps": 2, "num_stages": 1},
            {"BLOCK_N": 16, "ROWS": 32, "SINGLE": 0, "num_warps": 4, "num_stages": 1},
@@ -61,7 +67,8 @@ def main() -> None:
             values["X"][1, 4, 2, 7] = float("nan")
         for i, cfg in enumerate(CONFIGS):
             def choose(job, config, cfg=cfg):
-                return cfg if job.spec.kind == "rowwise" and job.problem.columns else config
+                column = job.problem.columns or job.problem.short_rows
+                return cfg if job.spec.kind == "rowwise" and column else config
 
             launched.clear()
             out = check_graph(graph, values, dims, choose=choose)

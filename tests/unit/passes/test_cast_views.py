@@ -193,3 +193,41 @@ def test_strided_follows_torch_view_rules(shape, chain, ok) -> None:
         assert ok
     except RuntimeError:
         assert not ok
+
+
+STACKED = """L = 3
+extern Tensor[bfloat16, 8, 4] X
+extern Tensor[float32, L, 4, 4] W
+def main() {
+    x = X
+    for l in range(L) {
+        x = x @ cast(W[l], bfloat16)
+    }
+    return x, W * 0.5
+}
+"""
+
+
+def test_a_stacked_weight_is_cast_once_for_all_its_slices() -> None:
+    g = compile_source(STACKED).optimized.main
+    casts = [n for n in g.nodes if n.op is Op.CAST and n.dtype == "bfloat16"]
+    # One cast of the whole [L, 4, 4] weight; each layer's product reads its slice of it, and the
+    # other reader (the scaled weight) reads the float32 value.
+    assert len(casts) == 1 and tuple(casts[0].shape) == (3, 4, 4)
+    assert g.node(casts[0].inputs[0]).op is Op.INPUT
+    users = g.users()
+    assert {g.node(u).op for u in users[casts[0].id]} == {Op.INDEX}
+    sched = schedule(g)
+    assert sum(1 for k in sched.kernels if all(g.node(n).op is Op.CAST for n in k.nodes)) == 1
+    _bitwise_as_before(STACKED)
+
+
+@pytest.mark.parametrize("body", [
+    "x = x @ cast(W[l], bfloat16)",                                   # l < L - 1: slices left out
+    "x = cast(cast(x, float32) @ W[l], bfloat16)",                    # a slice read wide
+])
+def test_slices_cast_apart_where_the_whole_cast_would_do_more(body: str) -> None:
+    src = STACKED.replace("x = x @ cast(W[l], bfloat16)", body).replace("range(L)", "range(L - 1)" if "@ cast(W" in body else "range(L)")
+    g = compile_source(src).optimized.main
+    assert not any(n.op is Op.CAST and n.dtype == "bfloat16" and tuple(n.shape) == (3, 4, 4) for n in g.nodes)
+    _bitwise_as_before(src)

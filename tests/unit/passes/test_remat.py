@@ -102,37 +102,61 @@ def test_the_training_step_holds_under_a_third() -> None:
     outputs alive at once. Kept to the end of the run (what an H200 held: 53 GB; 18 GB once casts
     moved across views left no float32 copies of attention's operands), then dropped after their
     last reader (23.3 GB before recomputation), also recomputed (12.4 GB), and with attention's
-    probabilities recomputed by its gradient (5.7 GB, then 5.3 GB; torch.compile's measured 8.8)."""
+    probabilities recomputed by its gradient (5.7 GB, then 5.3 GB; torch.compile's measured 8.8).
+    The residual adds kept in their products' shape took it to 4.0 GB; values that a clone would
+    write for a product, moving more bytes than they free (each layer's weight casts, LayerNorm
+    outputs, GELU outputs), kept instead of recomputed: 4.7 GB of 13.4."""
     graph = compile_source((REPO / "models" / "train.xg").read_text(), "train.xg").optimized.main
     _jobs, launches = plan(graph, tuning_env(graph, {}))
     plans = [ExternStep(b) if ident == "extern" else _Plan(b) for ident, b in launches]
     made = made_by(plans)
     kept, dropped = peak_bytes(graph, plans, made, None), peak_bytes(graph, plans, made, frees(graph, plans, made))
-    assert dropped < 6e9 and dropped < kept / 3, (kept, dropped)
+    assert dropped < 5e9 and dropped < kept * 0.4, (kept, dropped)
 
 
-def test_gelu_terms_are_recomputed_in_the_gradient_products_epilogue() -> None:
-    """The tanh GELU's terms its gradient reads are cloned apart from its bfloat16 output cloned
-    for the weight gradient, and computed in the gradient product's epilogue (no element-wise
-    kernel writes them); kernels' numbers: test_kernels_interpreted's "gelu_grad" program."""
-    src = """COMPUTE = bfloat16
+# A tanh-GELU MLP's weight gradients in bfloat16 products; `pre` computes `a_in`, the product's input.
+GELU_MLP = """COMPUTE = bfloat16
 extern Tensor[float32, 256, 64] X
 extern Tensor[float32, 64, 256] W1
 extern Tensor[float32, 256, 64] W2
-def f(Tensor[float32, 256, 64] x, Tensor[float32, 64, 256] w1, Tensor[float32, 256, 64] w2) -> float32 {
-    a = x @ w1
+def f(Tensor[float32, 256, 64] x, Tensor[float32, 64, 256] w1, Tensor[float32, 256, 64] w2) -> float32 {{
+    {pre}a = {a_in} @ w1
     g = 0.5 * a * (1.0 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
     return sum((g @ w2) * (g @ w2))
-}
-def main() {
+}}
+def main() {{
     return grad(f, wrt=(w1, w2))(X, W1, W2)
-}
+}}
 """
-    g = compile_source(src).optimized.main
+
+
+def test_gelu_terms_are_recomputed_in_one_kernel_with_the_gelu_gradient() -> None:
+    """The tanh GELU's terms its gradient reads are recomputed in the kernel that applies them to
+    the gradient product's output, never written: an element-wise kernel, since the 40-odd ops
+    are over schedule.MAX_EPILOGUE (in the product's epilogue they spilled: 0.214 ms against
+    0.06 + 0.05 on an H200); kernels' numbers: test_kernels_interpreted's "gelu_grad" program."""
+    g = compile_source(GELU_MLP.format(pre="", a_in="x")).optimized.main
     s = schedule(g)
-    epilogues = [k for k in s.kernels if k.kind == "matmul" and any(g.node(n).op is Op.TANH for n in k.nodes)]
-    assert len(epilogues) == 1
-    for k in s.kernels:
-        if k.kind == "elementwise":
-            wide = [n for n in s.outputs(k) if g.node(n).dtype == "float32" and tuple(g.node(n).shape) == (256, 256)]
-            assert not wide, [g.node(n).op for n in k.nodes]
+    assert not any(g.node(n).op is Op.TANH for k in s.kernels if k.kind == "matmul" for n in k.nodes)
+    (backward,) = [k for k in s.kernels if any(g.node(n).op is Op.TANH and g.node(n).attr("remat") for n in k.nodes)]
+    assert backward.kind == "elementwise"
+    assert any(g.node(n).op is Op.MATMUL for i in s.inputs(backward) for n in [i])
+    assert [g.node(n).dtype for n in s.outputs(backward)] == ["bfloat16"]
+
+
+def test_a_value_only_products_read_again_is_kept_not_recomputed() -> None:
+    """A clone a product reads is written to memory by a kernel of its own: for the weights' and
+    the normalised rows' bfloat16 copies that kernel moves more bytes (the float32 value read, the
+    copy written) than keeping the copy holds, so they are kept. The GELU's float32 terms, fused
+    into the gradient product's epilogue, are still recomputed."""
+    g = compile_source(GELU_MLP.format(pre="h = x * rsqrt(mean(x * x, dim=1, keepdim=true) + 1e-5)\n    ",
+                                       a_in="h")).optimized.main
+    clones = [n for n in g.nodes if n.attr("remat")]
+    assert any(n.op is Op.TANH for n in clones)
+    users = g.users()
+    for n in clones:
+        read_by = {g.node(u).op for u in users.get(n.id, ())}
+        assert not (n.op is Op.CAST and n.dtype == "bfloat16" and read_by <= {Op.MATMUL, Op.TRANSPOSE}), n
+    # Each weight is cast once, read by its forward product and its backward one.
+    narrow = [n for n in g.nodes if n.op is Op.CAST and n.dtype == "bfloat16" and g.node(n.inputs[0]).op is Op.INPUT]
+    assert len(narrow) == 2, narrow

@@ -198,3 +198,41 @@ def test_head_gradients_are_placed_without_merging_copies() -> None:
     q, k, v = heads(x[:, 0:12]), heads(x[:, 12:24]), heads(x[:, 24:36])
     ((q * gr).sum() + (torch.exp(k * 0.1) * gr).sum() + (v * v * gr).sum()).backward()
     torch.testing.assert_close(got, x.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_an_add_of_a_product_stays_in_the_products_shape() -> None:
+    """A training program's residual stream: the first residual is [B, T, D] (a position table
+    broadcast over the batch), reshaped to [B*T, D] where each block's product adds to it. The add
+    reads the product in its own shape, so it stays there and joins the product's epilogue; the
+    [B, T, D] value is read through a view. Moved to [B, T, D], it left both products' epilogues."""
+    import tempfile
+    from pathlib import Path
+    src = """
+extern Tensor[float32, 6, 4] E
+extern Tensor[float32, 3, 4] P
+extern Tensor[float32, 4, 4] W
+extern Tensor[float32, 4] BIAS
+def main() {
+    x = reshape(reshape(E, [2, 3, 4]) + P, [6, 4])
+    y = x + (x @ W + BIAS)
+    return y + (y @ W)
+}
+"""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "m.xg"
+        path.write_text(src)
+        engine = xg.compile_file(path, kernels=False)
+    g = engine.graph
+    kernels = _kernels_of(engine)
+    assert [kind for kind, _ in kernels] == ["elementwise", "matmul", "matmul"], kernels
+    assert all(len(n.shape) == 2 for n in g.nodes if n.op is Op.ADD and g.node(n.inputs[0]).op is not Op.RESHAPE
+               and any(g.node(i).op is Op.MATMUL for i in n.inputs))
+    rng = np.random.default_rng(5)
+    vals = {"E": rng.standard_normal((6, 4)), "P": rng.standard_normal((3, 4)),
+            "W": rng.standard_normal((4, 4)), "BIAS": rng.standard_normal(4)}
+    t = {k: torch.from_numpy(v) for k, v in vals.items()}
+    x = (t["E"].reshape(2, 3, 4) + t["P"]).reshape(6, 4)
+    y = x + (x @ t["W"] + t["BIAS"])
+    want = y + y @ t["W"]
+    got = xg.run_engine(engine, {k: v.astype(np.float32) for k, v in vals.items()}).value
+    assert float((got.double() - want).norm() / want.norm()) < 1e-5

@@ -83,11 +83,12 @@ def test_a_bolder_margin_would_lose_winners() -> None:
     assert any(_search(j, margin=MARGIN)[0].best[1] != j["winner"] for j in h200)
 
 
-def test_memory_bound_kinds_measure_everything() -> None:
+def test_memory_bound_and_flash_kinds_measure_everything() -> None:
     assert template("elementwise").bound_margin == 0 and template("rowwise").bound_margin == 0
+    assert template("flash").bound_margin == 0
     assert template("matmul").bound_margin == MARGIN
     for _, j in JOBS:
-        if j["kind"] in ("elementwise", "rowwise"):
+        if j["kind"] in ("elementwise", "rowwise", "flash"):
             assert _search(j)[1] == len(j["candidates"])
 
 

@@ -9,7 +9,7 @@ score blocks from q and kT in registers; nothing of size [T, S] is read or writt
   p = exp(t - lse), dp = dO @ v^T, ds = p * (dp - delta) where the score was kept, times scale,
   rounded to q's dtype; dq += ds @ k.
 - `attn_grad` of k and of v: one program per block of BLOCK_N keys walks the query blocks from the
-  diagonal down: dkT += q^T @ ds, dv += p^T @ dO (p rounded to v's dtype). The two of one
+  diagonal down: dk += ds^T @ q, dv += p^T @ dO (p rounded to v's dtype). The two of one
   attention are one kernel ("kv"): each block's scores and probabilities computed once for both. The query rows above
   the diagonal see these keys masked: they add nothing to dk, and to dv only their fill's weight
   exp(fill - lse) (0 unless the fill is close to the row's scores: computed, then added only if
@@ -89,45 +89,51 @@ def flash(e: Emitter) -> Emitted:
     fill_lit = literal(fill, ct) if causal else None
     finite_fill = causal and fill is not None and float(fill) != float("-inf")
 
-    def tile(var: str, base: str, r: str, c: str, sr: str, sc: str) -> None:
-        """`var` = the [r, c] tile at `base` (strides sr, sc), masked by `r_ok` and `c_ok`."""
-        w.line(f"{var} = tl.load({base} + {r}[:, None] * {sr} + {c}[None, :] * {sc}, "
-               f"mask={r}_ok[:, None] & {c}_ok[None, :], other=0)")
+    def tile(var: str, base: str, r: str, c: str, sr: str, sc: str, inside: str = "") -> None:
+        """`var` = the [r, c] tile at `base` (strides sr, sc), masked by `r_ok` and `c_ok` (only
+        the head dim's when `inside` names the dim known to be in bounds)."""
+        mask = " & ".join(f"{x}_ok{ix}" for x, ix in ((r, "[:, None]"), (c, "[None, :]")) if x != inside)
+        w.line(f"{var} = tl.load({base} + {r}[:, None] * {sr} + {c}[None, :] * {sc}, mask={mask}, other=0)")
 
-    def load_q(rows: str) -> None:
-        tile("q", "q_base", rows, "rd", sqm, sqd)
+    def load_q(rows: str, inside: bool = False) -> None:
+        tile("q", "q_base", rows, "rd", sqm, sqd, rows if inside else "")
 
-    def load_kt(cols: str) -> None:
-        tile("kt", "k_base", "rd", cols, skd, skn)
+    def load_kt(cols: str, inside: bool = False) -> None:
+        tile("kt", "k_base", "rd", cols, skd, skn, cols if inside else "")
 
-    def load_vt(cols: str) -> None:
-        tile("vt", "v_base", "rv", cols, svd, svn)
+    def load_vt(cols: str, inside: bool = False) -> None:
+        tile("vt", "v_base", "rv", cols, svd, svn, cols if inside else "")
 
-    def load_do(rows: str) -> None:
-        tile("do", "o_base", rows, "rv", som, sod)
+    def load_do(rows: str, inside: bool = False) -> None:
+        tile("do", "o_base", rows, "rv", som, sod, rows if inside else "")
 
-    def row_stats(rows: str, delta: bool) -> None:
-        w.line(f"lse = tl.load(l_base + {rows} * {slm}, mask={rows}_ok, other=0).to({CT})")
+    def row_stats(rows: str, delta: bool, inside: bool = False) -> None:
+        mask = "" if inside else f", mask={rows}_ok, other=0"
+        w.line(f"lse = tl.load(l_base + {rows} * {slm}{mask}).to({CT})")
         if delta:
-            w.line(f"delta = tl.load(x_base + {rows} * {sxm}, mask={rows}_ok, other=0).to({CT})")
+            w.line(f"delta = tl.load(x_base + {rows} * {sxm}{mask}).to({CT})")
 
-    def scores(rows: str, cols: str, mask_fill: bool) -> None:
-        """t: the block's scores (module doc), the causal mask applied with its fill if asked."""
+    def scores(rows: str, cols: str, mask_fill: bool, interior: bool = False) -> None:
+        """t: the block's scores (module doc), the causal mask applied with its fill if asked (an
+        interior block, every key at or before every query, has none)."""
         w.line(f"s = {_dot('q', 'kt', None, qdt)}")
         if qdt in ("bfloat16", "float16"):
             w.line(f"s = s.to({TL[qdt]})")       # the product rounds to its dtype, as on the CPU
         w.line(f"t = s.to({CT}) * scale")
-        if causal:
+        if causal and not interior:
             w.line(f"keep = {cols}[None, :] <= {rows}[:, None]")
             if mask_fill:
                 w.line(f"t = tl.where(keep, t, {fill_lit})")
 
-    def ds_block(rows: str, cols: str) -> None:
+    def ds_block(rows: str, cols: str, interior: bool = False) -> None:
         """ds: the scores' gradient on the block, zero where masked or out of bounds, times scale,
-        in q's dtype."""
+        in q's dtype (an interior block: in bounds and unmasked, no `where`)."""
         w.line(f"dp = {_dot('do', 'vt', None, vdt)}")
-        ok = f"{rows}_ok[:, None] & {cols}_ok[None, :]" + (" & keep" if causal else "")
-        w.line(f"ds = tl.where({ok}, p * (dp.to({CT}) - delta[:, None]), 0.0) * scale")
+        if interior:
+            w.line(f"ds = p * (dp.to({CT}) - delta[:, None]) * scale")
+        else:
+            ok = f"{rows}_ok[:, None] & {cols}_ok[None, :]" + (" & keep" if causal else "")
+            w.line(f"ds = tl.where({ok}, p * (dp.to({CT}) - delta[:, None]), 0.0) * scale")
         w.line(f"ds = ds.to({TL[qdt]})")
 
     if what in ("lse", "q"):
@@ -143,7 +149,23 @@ def flash(e: Emitter) -> Emitted:
             load_do("rm")
             row_stats("rm", True)
             w.line(f"acc = tl.zeros([BLOCK_M, BLOCK_D], {AT})")
-        w.line("for n0 in range(0, hi, BLOCK_N):")
+        if what == "q":
+            # Key blocks wholly in bounds and (causal) at or before every row of this block need no
+            # mask: [0, n_in) of them, when the rows themselves are in bounds; the rest are masked.
+            w.line("n_all = N // BLOCK_N * BLOCK_N")
+            diag = "(pid_m * BLOCK_M + 1) // BLOCK_N * BLOCK_N" if causal else "n_all"
+            w.line(f"n_in = tl.where((pid_m + 1) * BLOCK_M <= M, tl.minimum({diag}, n_all), 0)")
+            w.line("for n0 in range(0, n_in, BLOCK_N):")
+            w.indent += 1
+            w.line("rn = n0 + tl.arange(0, BLOCK_N)")
+            load_kt("rn", inside=True)
+            scores("rm", "rn", False, interior=True)
+            w.line("p = tl.exp(t - lse[:, None])")
+            load_vt("rn", inside=True)
+            ds_block("rm", "rn", interior=True)
+            w.line(f"acc = {_dot('ds', 'tl.trans(kt)', 'acc', qdt)}")
+            w.indent -= 1
+        w.line("for n0 in range(" + ("n_in" if what == "q" else "0") + ", hi, BLOCK_N):")
         w.indent += 1
         rows_block("rn", "n0", "BLOCK_N", "N")
         load_kt("rn")
@@ -178,30 +200,50 @@ def flash(e: Emitter) -> Emitted:
                          "BLOCK_DV": cfg["BLOCK_DV"]})
 
     # dk, dv (or both, "kv"): one program per key block, down the query blocks from the diagonal.
-    # `acc` is dk's accumulator (transposed, as kT), `acc_v` dv's.
+    # `acc` is dk's accumulator ([keys, D], the op's layout), `acc_v` dv's. (Computing the block's
+    # scores transposed, k @ qT, so that p and ds are the products' left operands untransposed,
+    # measured 8% slower on an H200: 0.158 against 0.146 ms for GPT-2 small's.)
     rows_block("rn", f"pid.to({e.idx}) * BLOCK_N", "BLOCK_N", "N")
     load_kt("rn")
     wants_k, wants_v = "k" in what, "v" in what
     if wants_k:
         load_vt("rn")
-        w.line(f"acc = tl.zeros([BLOCK_D, BLOCK_N], {AT})")
+        w.line(f"acc = tl.zeros([BLOCK_N, BLOCK_D], {AT})")
     if wants_v:
         w.line(f"acc_v = tl.zeros([BLOCK_N, BLOCK_DV], {AT})")
     w.line("lo = " + ("tl.minimum(pid * BLOCK_N, M) // BLOCK_M * BLOCK_M" if causal else "0"))
-    w.line("for m0 in range(lo, M, BLOCK_M):")
-    w.indent += 1
-    rows_block("rm", "m0", "BLOCK_M", "M")
-    load_q("rm")
-    scores("rm", "rn", True)
-    row_stats("rm", wants_k)
-    w.line("p = tl.where(rm_ok[:, None] & rn_ok[None, :], tl.exp(t - lse[:, None]), 0.0)")
-    load_do("rm")
-    if wants_v:
-        w.line(f"acc_v = {_dot(f'tl.trans(p.to({TL[vdt]}))', 'do', 'acc_v', vdt)}")
-    if wants_k:
-        ds_block("rm", "rn")
-        w.line(f"acc = {_dot('tl.trans(q)', 'ds', 'acc', qdt)}")
-    w.indent -= 1
+    # Query blocks wholly in bounds and (causal) at or after every key of this block need no
+    # mask: [m_in, m_out); those from lo before them (the diagonal's) and after (a partial last
+    # block) are masked. A partial key block has no interior.
+    w.line("m_all = M // BLOCK_M * BLOCK_M")
+    first = "tl.cdiv(pid * BLOCK_N + BLOCK_N - 1, BLOCK_M) * BLOCK_M" if causal else "lo"
+    w.line(f"m_in = tl.where(pid * BLOCK_N + BLOCK_N <= N, tl.minimum({first}, M), M)")
+    w.line("m_out = tl.maximum(m_in, m_all)")
+
+    def kv_block(interior: bool) -> None:
+        if interior:
+            w.line("rm = m0 + tl.arange(0, BLOCK_M)")
+        else:
+            rows_block("rm", "m0", "BLOCK_M", "M")
+        load_q("rm", inside=interior)
+        scores("rm", "rn", True, interior=interior)
+        row_stats("rm", wants_k, inside=interior)
+        if interior:
+            w.line("p = tl.exp(t - lse[:, None])")
+        else:
+            w.line("p = tl.where(rm_ok[:, None] & rn_ok[None, :], tl.exp(t - lse[:, None]), 0.0)")
+        load_do("rm", inside=interior)
+        if wants_v:
+            w.line(f"acc_v = {_dot(f'tl.trans(p.to({TL[vdt]}))', 'do', 'acc_v', vdt)}")
+        if wants_k:
+            ds_block("rm", "rn", interior=interior)
+            w.line(f"acc = {_dot('tl.trans(ds)', 'q', 'acc', qdt)}")
+
+    for start, stop, interior in (("lo", "m_in", False), ("m_in", "m_out", True), ("m_out", "M", False)):
+        w.line(f"for m0 in range({start}, {stop}, BLOCK_M):")
+        w.indent += 1
+        kv_block(interior)
+        w.indent -= 1
 
     def masked_rows() -> None:
         """Opens a loop over the query blocks above the diagonal: `wt`, each row's weight."""
@@ -229,7 +271,7 @@ def flash(e: Emitter) -> Emitted:
         w.line("acc_v += vsum[None, :]")
         w.indent -= 1
     if wants_k:
-        e.store(0, "bid * K * N + rd[:, None] * N + rn[None, :]", "acc", "rd_ok[:, None] & rn_ok[None, :]")
+        e.store(0, "bid * N * K + rn[:, None] * K + rd[None, :]", "acc", "rn_ok[:, None] & rd_ok[None, :]")
     if wants_v:
         e.store(1 if wants_k else 0, "bid * N * DV + rn[:, None] * DV + rv[None, :]", "acc_v",
                 "rn_ok[:, None] & rv_ok[None, :]")

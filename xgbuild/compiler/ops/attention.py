@@ -8,15 +8,17 @@ block of scores from q and kT:
 - `attn_lse(q, kT, scale)`: each query row's log-sum-exp of its scores, [..., T], in scale's
   dtype (the softmax's);
 - `attn_grad(q, kT, v, dO, lse, delta, scale)`, `wrt` one of "q", "k", "v": the gradient of the
-  attention output, given its gradient dO, with respect to q [..., T, D], kT [..., D, S] or
-  v [..., S, DV]; delta is each query row's sum of dO * out (`sum(P * dP)` without P).
+  attention output, given its gradient dO, with respect to q [..., T, D], k [..., S, D] (kT's
+  gradient transposed: the layout a block of keys accumulates it in, and the one a head's
+  gradient is read in to be merged, row by row) or v [..., S, DV]; delta is each query row's sum
+  of dO * out (`sum(P * dP)` without P).
 
 The scores `t` of a query row i and key j are `(q @ kT)[i, j]` rounded to q's dtype (as the
 unfused product rounds), times scale, in scale's dtype; with `causal`, a key
 after the query (j > i) scores `fill` instead. The probabilities are `p = exp(t - lse)`; then
 dv = p^T @ dO (p rounded to v's dtype, as the forward's second product reads it), dp = dO @ v^T
 (kept unrounded), ds = p * (dp - delta), zero where the causal mask dropped the score, times scale
-and rounded to q's dtype; dq = ds @ kT^T and dkT = q^T @ ds. In float64 (the CPU reference)
+and rounded to q's dtype; dq = ds @ kT^T and dk = ds^T @ q. In float64 (the CPU reference)
 nothing rounds. The batch dims of every operand are the same (no broadcasting).
 """
 
@@ -57,6 +59,8 @@ def _grad(node, ins):
     wrt = node.attr("wrt")
     if wrt not in WRT:
         raise ShapeError(f"`attn_grad` needs wrt in {WRT}, got {wrt!r}")
+    if wrt == "k":
+        return ins[1][0], tuple(kt[:-2]) + (kt[-1], kt[-2])
     return ins[WRT.index(wrt)]
 
 
@@ -93,7 +97,7 @@ def _cpu_grad(node, args, dt):
     ds = (ds * scale).to(q.dtype)
     if wrt == "q":
         return torch.matmul(ds, kt.transpose(-1, -2))
-    return torch.matmul(q.transpose(-1, -2), ds)
+    return torch.matmul(ds.transpose(-1, -2), q)
 
 
 DEFS = (

@@ -134,8 +134,16 @@ def attention_vjp(A, att: Attention, g: int) -> None:
     prod = A.add(Op.MUL, (wide(g), wide(o.id)), o, dtype=att.dtype)
     delta = A.add(Op.SUM, (prod,), o, dtype=att.dtype, shape=rows, attrs=attrs_of(dim=len(rows), keepdim=False))
     for wrt, node in (("q", q), ("k", kt), ("v", v)):
-        grad = A.add(Op.ATTN_GRAD, (q.id, kt.id, v.id, g, lse, delta, scale), node,
-                     attrs=attrs_of(wrt=wrt, **attrs), src=o.src)
+        if wrt == "k":      # the op gives k's gradient [..., S, D]: kT's is its transpose (a view)
+            dk = A.add(Op.ATTN_GRAD, (q.id, kt.id, v.id, g, lse, delta, scale), dtype=kt.dtype,
+                       shape=tuple(kt.shape[:-2]) + (kt.shape[-1], kt.shape[-2]),
+                       attrs=attrs_of(wrt=wrt, **attrs), src=o.src)
+            rank = len(kt.shape)
+            grad = A.add(Op.TRANSPOSE, (dk,), dtype=kt.dtype, shape=tuple(kt.shape),
+                         attrs=attrs_of(dim0=rank - 2, dim1=rank - 1), src=o.src)
+        else:
+            grad = A.add(Op.ATTN_GRAD, (q.id, kt.id, v.id, g, lse, delta, scale), node,
+                         attrs=attrs_of(wrt=wrt, **attrs), src=o.src)
         A.accumulate(node.id, grad)
 
 

@@ -15,7 +15,9 @@ Rewrite, in program order: an element-wise node `n` of shape S whose tensor inpu
   - a value that broadcasts against S and is 1 across every group of dims the reshape merges or
     splits (a BatchNorm's [1, C, 1, 1] against a convolution's product [N, C, H*W] reshaped to
     [N, C, H, W]): it is reshaped to broadcast against T the same way ([1, C, 1]),
-with at least one of the first kind, becomes `n' = op(...)` of shape T followed by
+with at least one of the first kind, and no input of shape S that a product makes in S (a matmul
+of shape S, or element-wise ops of S over one: those are its epilogue where they are), becomes
+`n' = op(...)` of shape T followed by
 `n = reshape(n', S)`; reshapes of the dense values to T are added. A reshape of a reshape reads the
 first reshape's input (the same row-major order), and one back to that input's shape is that input.
 Every value keeps its dtype and its per-op rounding; only where a reshape sits changes.
@@ -43,6 +45,11 @@ def sink_reshapes(program: Program) -> Program:
     out: list[Node] = []
     # node id -> (id of the same values in another shape, that shape): `id` is reshape(of, shape(id))
     reshaped: dict[int, tuple[int, tuple]] = {}
+    # Values a product makes in their own shape: a matmul, and element-wise nodes (not moved) over
+    # one of their shape. A node reading one stays in that shape: moved, it would leave the
+    # product's epilogue (a training program's residual add, [N, D] beside an embedding's
+    # [B, T, D], went to [B, T, D] and out of both its matmuls).
+    made: set[int] = set()
 
     def node(i: int) -> Node:
         return by_id[i]
@@ -79,9 +86,12 @@ def sink_reshapes(program: Program) -> Program:
             reshaped[n.id] = (moved.id, shape)
             continue
         target = _target(n, reshaped, node)
-        if target is None or not all(_keeps(i, target, reshaped, node) or dense(i) for i in n.inputs
-                                     if tuple(node(i).shape) == tuple(n.shape)):
+        own = [i for i in n.inputs if tuple(node(i).shape) == tuple(n.shape)]
+        if target is None or any(i in made for i in own) or \
+                not all(_keeps(i, target, reshaped, node) or dense(i) for i in own):
             add(n)
+            if n.op is Op.MATMUL or (n.op in ELEMENTWISE and any(i in made for i in own)):
+                made.add(n.id)
             continue
         inputs = []
         for i in n.inputs:

@@ -61,6 +61,7 @@ class Problem:
     elem_bytes: int = 4  # bytes per element of the operands (matmul A/B) or of the widest input
     b_transposed: bool = False  # matmul: B stored [N, K] (an `nn.Linear` weight): unit stride along K
     columns: bool = False  # rowwise: adjacent rows adjacent in memory, the reduced dim strided (sum(g, dim=0))
+    short_rows: bool = False  # rowwise: rows so short (a head's 64) that a program takes many, in the column form
 
     def __post_init__(self) -> None:
         # The kind is checked where it is looked up (`templates.template`, `for_problem`): this

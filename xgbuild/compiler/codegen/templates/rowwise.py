@@ -1,7 +1,8 @@
 """The row-reduction kernel kind: one program per row of the (permuted) domain, a row held whole
 (`SINGLE`) or walked in BLOCK_N chunks (source in `triton_src.rowwise`), or `ROWS` adjacent rows a
 program in [BLOCK_N, ROWS] tiles (`triton_src.rowwise_columns`: a reduction along a strided dim
-whose rows are adjacent in memory, as a bias's gradient `sum(g, dim=0)`); its launch (kept dims,
+whose rows are adjacent in memory, as a bias's gradient `sum(g, dim=0)`, or rows of at most
+SHORT_COLS, as attention's per-head `sum(dO * O, dim=-1)`); its launch (kept dims,
 then reduced ones; row values line up with the kept dims), its config space and its cost model."""
 
 from __future__ import annotations
@@ -31,14 +32,17 @@ COLUMN_WARPS = (2, 4, 8)
 # A column tile's elements per thread: at least 4 (a 16-byte load of float32), at most 32 (the
 # accumulator and the tile being loaded stay in registers).
 COLUMN_PER_THREAD = (4, 32)
+# Rows this short (attention's per-head rows of 64) are taken ROWS to a program in the column form
+# too: one row a program leaves most of a warp idle (98304 rows of 64: 61 us on an H200 for 25 MB).
+SHORT_COLS = 128
 # A strided walk down one column loads one element of each 32-byte sector it touches.
 SECTOR_BYTES = 32
 
 
 def _columns(p: Problem, c: Config, hw: GpuProfile) -> str | None:
     rows = c.get("ROWS", 0)
-    if rows and not p.columns:
-        return "ROWS needs a reduction along a strided dim with adjacent rows (columns)"
+    if rows and not (p.columns or p.short_rows):
+        return "ROWS needs a reduction along a strided dim with adjacent rows (columns), or short rows"
     if rows:
         per_thread = c["BLOCK_N"] * rows / (32 * c["num_warps"])
         low, high = COLUMN_PER_THREAD
@@ -170,8 +174,10 @@ class RowwiseTemplate(KernelTemplate):
         passes = sum(2 if n.op in ("softmax", "log_softmax") else 1 for n in spec.nodes
                      if n.op in ("sum", "mean", "max", "min", "softmax", "log_softmax"))
         flops = float(work * ints["R"] * max(1, ints["C"]))
+        columns = _strided_columns(spec, strides)
+        short = not columns and 0 < ints["C"] <= SHORT_COLS and columns_fit(spec)
         return Problem("rowwise", dtype, flops, moved, rows=ints["R"], cols=ints["C"], passes=passes,
-                       elem_bytes=widest, columns=_strided_columns(spec, strides))
+                       elem_bytes=widest, columns=columns, short_rows=short)
 
     def shape_text(self, p: Problem) -> str:
         return f"{p.rows}x{p.cols}"
@@ -185,7 +191,8 @@ class RowwiseTemplate(KernelTemplate):
         looped = [make_config(BLOCK_N=b, SINGLE=0, num_warps=w, num_stages=1)
                   for b in LOOP_BLOCKS for w in LOOP_WARPS]
         columns = [make_config(BLOCK_N=b, SINGLE=0, ROWS=r, num_warps=w, num_stages=1)
-                   for r in COLUMN_ROWS for b in COLUMN_BLOCKS for w in COLUMN_WARPS] if p.columns else []
+                   for r in COLUMN_ROWS for b in COLUMN_BLOCKS for w in COLUMN_WARPS] \
+            if p.columns or p.short_rows else []
         return single + looped + columns
 
     def default_config(self, p: Problem) -> Config:
