@@ -60,9 +60,12 @@ def flash(e: Emitter) -> Emitted:
     def offset(j: int, rest: str = "") -> str:
         return " + ".join(x for x in (e.dot((f"bi{d}", e.stride(j, d)) for d in range(nb)), rest) if x) or "0"
 
-    def rows_block(var: str, start: str, block: str, limit: str) -> None:
+    def rows_block(var: str, start: str, block: str, limit: str, interior: bool = False) -> None:
+        """`var`: a block's indices from `start`; `var`_ok their bounds mask (none for an interior
+        block, wholly in bounds)."""
         w.line(f"{var} = {start} + tl.arange(0, {block})")
-        w.line(f"{var}_ok = {var} < {limit}")
+        if not interior:
+            w.line(f"{var}_ok = {var} < {limit}")
 
     w.line("pid = tl.program_id(0)")
     w.line(f"bid = tl.program_id(1).to({e.idx})")
@@ -149,39 +152,38 @@ def flash(e: Emitter) -> Emitted:
             load_do("rm")
             row_stats("rm", True)
             w.line(f"acc = tl.zeros([BLOCK_M, BLOCK_D], {AT})")
+        def q_block(interior: bool) -> None:
+            rows_block("rn", "n0", "BLOCK_N", "N", interior)
+            load_kt("rn", inside=interior)
+            scores("rm", "rn", False, interior=interior)
+            w.line("p = tl.exp(t - lse[:, None])")
+            load_vt("rn", inside=interior)
+            ds_block("rm", "rn", interior=interior)
+            w.line(f"acc = {_dot('ds', 'tl.trans(kt)', 'acc', qdt)}")
+
         if what == "q":
             # Key blocks wholly in bounds and (causal) at or before every row of this block need no
             # mask: [0, n_in) of them, when the rows themselves are in bounds; the rest are masked.
             w.line("n_all = N // BLOCK_N * BLOCK_N")
             diag = "(pid_m * BLOCK_M + 1) // BLOCK_N * BLOCK_N" if causal else "n_all"
             w.line(f"n_in = tl.where((pid_m + 1) * BLOCK_M <= M, tl.minimum({diag}, n_all), 0)")
-            w.line("for n0 in range(0, n_in, BLOCK_N):")
+            for start, stop, interior in (("0", "n_in", True), ("n_in", "hi", False)):
+                w.line(f"for n0 in range({start}, {stop}, BLOCK_N):")
+                w.indent += 1
+                q_block(interior)
+                w.indent -= 1
+        else:
+            w.line("for n0 in range(0, hi, BLOCK_N):")
             w.indent += 1
-            w.line("rn = n0 + tl.arange(0, BLOCK_N)")
-            load_kt("rn", inside=True)
-            scores("rm", "rn", False, interior=True)
-            w.line("p = tl.exp(t - lse[:, None])")
-            load_vt("rn", inside=True)
-            ds_block("rm", "rn", interior=True)
-            w.line(f"acc = {_dot('ds', 'tl.trans(kt)', 'acc', qdt)}")
-            w.indent -= 1
-        w.line("for n0 in range(" + ("n_in" if what == "q" else "0") + ", hi, BLOCK_N):")
-        w.indent += 1
-        rows_block("rn", "n0", "BLOCK_N", "N")
-        load_kt("rn")
-        scores("rm", "rn", what == "lse")
-        if what == "lse":
+            rows_block("rn", "n0", "BLOCK_N", "N")
+            load_kt("rn")
+            scores("rm", "rn", True)
             w.line('t = tl.where(rn_ok[None, :], t, float("-inf"))')
             w.line("m_new = tl.maximum(m_i, tl.max(t, axis=1))")
             w.line('m_use = tl.where(m_new == float("-inf"), 0.0, m_new)')
             w.line("l_i = l_i * tl.exp(m_i - m_use) + tl.sum(tl.exp(t - m_use[:, None]), axis=1)")
             w.line("m_i = m_new")
-        else:
-            w.line("p = tl.exp(t - lse[:, None])")
-            load_vt("rn")
-            ds_block("rm", "rn")
-            w.line(f"acc = {_dot('ds', 'tl.trans(kt)', 'acc', qdt)}")
-        w.indent -= 1
+            w.indent -= 1
         if what == "lse":
             if finite_fill:
                 # The keys past the last block visited score the fill in every row here.
@@ -221,10 +223,7 @@ def flash(e: Emitter) -> Emitted:
     w.line("m_out = tl.maximum(m_in, m_all)")
 
     def kv_block(interior: bool) -> None:
-        if interior:
-            w.line("rm = m0 + tl.arange(0, BLOCK_M)")
-        else:
-            rows_block("rm", "m0", "BLOCK_M", "M")
+        rows_block("rm", "m0", "BLOCK_M", "M", interior)
         load_q("rm", inside=interior)
         scores("rm", "rn", True, interior=interior)
         row_stats("rm", wants_k, inside=interior)

@@ -153,7 +153,7 @@ def cast_views(program: Program) -> Program:
         return n.id, pre
 
     narrowed = _cast_at_source(g, by_id, users, outputs, downstream, reads_strided)
-    stacked = _cast_whole(g, by_id, users, outputs)
+    stacked, wholes = _cast_whole(g, by_id, users, outputs)
     whole: dict[int, int] = {}                     # stacked value -> its cast, in the new graph
 
     out: list[Node] = []
@@ -230,8 +230,8 @@ def cast_views(program: Program) -> Program:
             base, chain, dtype, exact = narrow[n.inputs[0]]
             if exact or n.op is not Op.UNINDEX:
                 narrow[n.id] = (base, chain + [n], dtype, exact)
-        if n.id in stacked.values():
-            whole[n.id] = new.add(Op.CAST, (n.id,), n.src, dtype=_stacked_dtype(n.id, stacked, by_id))
+        if n.id in wholes:
+            whole[n.id] = new.add(Op.CAST, (n.id,), n.src, dtype=wholes[n.id])
         if n.id in narrowed and n.id not in narrow:
             remat = {"remat": n.attr("remat")} if n.attr("remat") else {}
             c = new.add(Op.CAST, (n.id,), n.src, dtype=narrowed[n.id], **remat)
@@ -274,13 +274,15 @@ def _cast_at_source(g, by_id, users, outputs, downstream, reads_strided) -> dict
     return found
 
 
-def _cast_whole(g, by_id, users, outputs) -> dict[int, int]:
-    """Casts of a value's slices that cast the whole value between them: cast id -> the value.
+def _cast_whole(g, by_id, users, outputs) -> tuple[dict[int, int], dict[int, str]]:
+    """Casts of a value's slices that cast the whole value between them: (cast id -> the value,
+    the value -> the dtype they cast to).
 
     A float value x with a static first dim, read (among other readers) through constant INDEX
     views `x[l]` (an index on the first dim, every other dim whole) read only by narrowing casts to
     one dtype, two or more, whose indices l cover the first dim."""
     found: dict[int, int] = {}
+    wholes: dict[int, str] = {}
     for x in g.nodes:
         if x.dtype not in FLOAT_DTYPES or len(x.shape) < 2 or not isinstance(x.shape[0], int) or _is_view(x):
             continue
@@ -303,11 +305,8 @@ def _cast_whole(g, by_id, users, outputs) -> dict[int, int]:
             dtypes.update(by_id[r].dtype for r in readers)
         if len(casts) >= 2 and len(dtypes) == 1 and picked == set(range(x.shape[0])):
             found.update((c, x.id) for c in casts)
-    return found
-
-
-def _stacked_dtype(x: int, stacked: dict[int, int], by_id) -> str:
-    return next(by_id[c].dtype for c, v in stacked.items() if v == x)
+            wholes[x.id] = dtypes.pop()
+    return found, wholes
 
 
 __all__ = ["cast_views"]

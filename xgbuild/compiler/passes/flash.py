@@ -133,17 +133,14 @@ def attention_vjp(A, att: Attention, g: int) -> None:
         return nid if n.dtype == att.dtype else A.add(Op.CAST, (nid,), n, dtype=att.dtype)
     prod = A.add(Op.MUL, (wide(g), wide(o.id)), o, dtype=att.dtype)
     delta = A.add(Op.SUM, (prod,), o, dtype=att.dtype, shape=rows, attrs=attrs_of(dim=len(rows), keepdim=False))
+    rank = len(kt.shape)
     for wrt, node in (("q", q), ("k", kt), ("v", v)):
-        if wrt == "k":      # the op gives k's gradient [..., S, D]: kT's is its transpose (a view)
-            dk = A.add(Op.ATTN_GRAD, (q.id, kt.id, v.id, g, lse, delta, scale), dtype=kt.dtype,
-                       shape=tuple(kt.shape[:-2]) + (kt.shape[-1], kt.shape[-2]),
-                       attrs=attrs_of(wrt=wrt, **attrs), src=o.src)
-            rank = len(kt.shape)
-            grad = A.add(Op.TRANSPOSE, (dk,), dtype=kt.dtype, shape=tuple(kt.shape),
-                         attrs=attrs_of(dim0=rank - 2, dim1=rank - 1), src=o.src)
-        else:
-            grad = A.add(Op.ATTN_GRAD, (q.id, kt.id, v.id, g, lse, delta, scale), node,
-                         attrs=attrs_of(wrt=wrt, **attrs), src=o.src)
+        # The op gives k's gradient [..., S, D]: kT's is its transpose (a view).
+        shape = tuple(node.shape[:-2]) + (node.shape[-1], node.shape[-2]) if wrt == "k" else tuple(node.shape)
+        grad = A.add(Op.ATTN_GRAD, (q.id, kt.id, v.id, g, lse, delta, scale), node, shape=shape,
+                     attrs=attrs_of(wrt=wrt, **attrs), src=o.src)
+        if wrt == "k":
+            grad = A.add(Op.TRANSPOSE, (grad,), node, attrs=attrs_of(dim0=rank - 2, dim1=rank - 1), src=o.src)
         A.accumulate(node.id, grad)
 
 
