@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -25,6 +26,7 @@ from ..dtypes import TORCH_DTYPES
 from ..runtime.values import Values
 
 DEFAULT_DIM = 1024     # a symbolic dim the build was not told about is tuned at this size
+MAGIC = re.compile(r"d\d+[ms]")    # a size's division magic (launch.div_magic), not a size of its own
 
 
 @dataclass
@@ -49,7 +51,9 @@ class Job:
         return template(self.problem.kind).shape_text(self.problem)
 
     def shape_part(self) -> dict:
-        part = {"sizes": {k: v for k, v in sorted(self.sizes.items()) if not k.startswith("p")},
+        # Strides are in the layouts; division magic numbers follow from the sizes (launch.div_magic).
+        sizes = {k: v for k, v in sorted(self.sizes.items()) if not k.startswith("p") and not MAGIC.fullmatch(k)}
+        part = {"sizes": sizes,
                 "layouts": [lay if lay == "dense" else list(lay) for lay in self.layouts]}
         if self.misaligned:
             part["misaligned"] = True

@@ -2,7 +2,8 @@
 Triton's interpreter (CPU) against the float64 reference, every such job forced to each of a few
 column configs: one kept dim (a bias's gradient), two and three (a split reduction's first stage),
 a last kept dim that no ROWS divides, a transposed operand, max with a NaN, bfloat16 rows (also
-widened through a view, the cast the kernel's prologue), short rows reduced along the last dim. Prints,
+widened through a view, the cast the kernel's prologue), short rows reduced along the last dim,
+LayerNorm's weight and bias gradients sharing a first stage. Prints,
 as JSON, each case's errors under each config and the configs the column jobs ran. A script, not a
 test: TRITON_INTERPRET must be set before Triton is imported, so the test runs it in a fresh
 process.
@@ -41,6 +42,13 @@ CASES = {   # name: (source, input shapes and dtypes, the sizes it is tuned at)
               "extern Tensor[bfloat16, B, H, T, DH] O\ndef main() {\n"
               "    return sum(cast(transpose(G, 1, 2), float32) * cast(O, float32), dim=3)\n}\n",
               {"G": ((2, 37, 3, 20), torch.bfloat16), "O": ((2, 3, 37, 20), torch.bfloat16)}, {}),
+    # LayerNorm's weight and bias gradients: both first stages in one kernel, the product of dy
+    # and the normalised input its prologue over views of [T / 64, 64, D] (passes/split_reductions.py).
+    "lngrad": ("extern Tensor[bfloat16, 1024, 24] DY\nextern Tensor[float32, 1024, 24] X\n"
+               "extern Tensor[float32, 1024, 1] M\nextern Tensor[float32, 1024, 1] R\ndef main() {\n"
+               "    dy = cast(DY, float32)\n    return sum(dy * ((X - M) * R), dim=0), sum(dy, dim=0)\n}\n",
+               {"DY": ((1024, 24), torch.bfloat16), "X": ((1024, 24), torch.float32),
+                "M": ((1024, 1), torch.float32), "R": ((1024, 1), torch.float32)}, {}),
 }
 CONFIGS = [{"BLOCK_N": 8, "ROWS": 16, "SINGLE": 0, "num_warps": 2, "num_stages": 1},
            {"BLOCK_N": 16, "ROWS": 32, "SINGLE": 0, "num_warps": 4, "num_stages": 1},

@@ -84,14 +84,22 @@ def test_op_without_a_kernel_path_is_an_error() -> None:
 
 
 @pytest.mark.parametrize("dim,reduced", [("dim=0", (0,)), ("", (0, 1))])
-def test_reduction_over_other_dims_is_a_kernel_of_its_own(dim: str, reduced: tuple) -> None:
-    src = f"extern Tensor[float32, 4, 6] X\ndef main() {{\n    return sum(exp(X){', ' + dim if dim else ''})\n}}\n"
+def test_reduction_over_other_dims_takes_the_element_wise_ops_it_alone_reads(dim: str, reduced: tuple) -> None:
+    src = f"extern Tensor[float32, 4, 6] X\ndef main() {{\n    return sum(exp(X * 0.5){', ' + dim if dim else ''})\n}}\n"
+    g = compile_source(src).optimized.main
+    s = schedule(g)
+    assert [(k.kind, k.reduce_dims) for k in s.kernels] == [("rowwise", reduced)]
+    assert [g.node(i).op for i in s.kernels[0].nodes] == [Op.MUL, Op.EXP, Op.SUM]
+
+
+@pytest.mark.parametrize("dim,reduced", [("dim=0", (0,)), ("", (0, 1))])
+def test_a_strided_reductions_input_read_elsewhere_stays_a_kernel_of_its_own(dim: str, reduced: tuple) -> None:
+    src = f"extern Tensor[float32, 4, 6] X\ndef main() {{\n    e = exp(X)\n    return sum(e{', ' + dim if dim else ''}), e\n}}\n"
     s = schedule(compile_source(src).optimized.main)
     assert [(k.kind, k.reduce_dims) for k in s.kernels] == [("elementwise", ()), ("rowwise", reduced)]
 
 
 def test_a_widening_cast_is_a_strided_reductions_prologue() -> None:
-    # Only a lone widening cast: exp stays an element-wise kernel of its own (above).
     src = "extern Tensor[bfloat16, 4, 6] X\ndef main() {\n    return sum(cast(X, float32), dim=0)\n}\n"
     g = compile_source(src).optimized.main
     s = schedule(g)

@@ -135,3 +135,66 @@ def main() {
     got = [CpuExecutor(float64=True, check=False).run(sg, inputs).values[i] for i in _out_ids(sg)]
     torch.testing.assert_close(got[0], (2 * inputs["X"].double()).reshape(4096, 192).sum(0), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(got[1], (2 * inputs["Y"].double()).T.sum(0), rtol=1e-12, atol=1e-12)
+
+
+LN_GRAD = """extern Tensor[bfloat16, 2048, 96] DY
+extern Tensor[float32, 2048, 96] X
+extern Tensor[float32, 2048, 1] M
+extern Tensor[float32, 2048, 1] R
+def main() {
+    dy = cast(DY, float32)
+    return sum(dy * ((X - M) * R), dim=0), sum(dy, dim=0)
+}
+"""
+
+
+def _ln_inputs(seed: int) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    return {"DY": torch.randn(2048, 96, generator=gen).bfloat16(), "X": torch.randn(2048, 96, generator=gen),
+            "M": torch.randn(2048, 1, generator=gen), "R": torch.rand(2048, 1, generator=gen) + 0.5}
+
+
+def test_element_wise_ops_only_a_strided_reduction_reads_are_rebuilt_in_its_split_shape() -> None:
+    """LayerNorm's weight gradient: the product of dy and the normalised input is rebuilt in the
+    [R / 64, 64, D] shape over views of its inputs (the [R, 1] statistics split too, the weights
+    would broadcast as they are), so nothing of [R, D] is left to write; the values are float64's."""
+    g = compile_source(LN_GRAD).optimized.main
+    weight, bias = (g.node(i) for i in _out_ids(g))
+    first = g.node(weight.inputs[0])
+    assert first.op is Op.SUM and tuple(first.shape) == (32, 96) and first.attr("dim") == 1
+    product = g.node(first.inputs[0])
+    assert product.op is Op.MUL and tuple(product.shape) == (32, 64, 96)
+    inputs = {n.id for n in g.nodes if n.op is Op.INPUT}
+    big = [n for n in g.nodes if tuple(n.shape) == (2048, 96) and n.id not in inputs]
+    assert big == []
+    views = {tuple(n.shape) for n in g.nodes if n.op is Op.RESHAPE}
+    assert views == {(32, 64, 96), (32, 64, 1)}
+    for seed in (0, 1):
+        inputs = _ln_inputs(seed)
+        sg = specialize(g, bind_symbols(g, {k: tuple(v.shape) for k, v in inputs.items()}))
+        got = [CpuExecutor(float64=True, check=False).run(sg, inputs).values[i] for i in _out_ids(sg)]
+        dy, x = inputs["DY"].double(), inputs["X"].double()
+        want = [(dy * ((x - inputs["M"].double()) * inputs["R"].double())).sum(0), dy.sum(0)]
+        for have, ref in zip(got, want):
+            torch.testing.assert_close(have.double(), ref, rtol=1e-12, atol=1e-12)
+
+
+def test_both_first_stages_of_one_gradient_share_a_kernel_with_their_prologues() -> None:
+    from xgbuild.compiler.codegen.schedule import schedule
+    g = compile_source(LN_GRAD).optimized.main
+    s = schedule(g)
+    strided = [k for k in s.kernels if k.kind == "rowwise" and tuple(k.shape) == (32, 64, 96)]
+    assert len(strided) == 1 and sum(g.node(i).op is Op.SUM for i in strided[0].nodes) == 2
+    assert all(k.kind == "rowwise" for k in s.kernels)        # no element-wise kernel writes the product
+    assert sorted(g.node(i).dtype for i in s.inputs(strided[0])) == ["bfloat16"] * 2 + ["float32"] * 3
+
+
+def test_a_product_read_elsewhere_is_split_through_a_view_of_it() -> None:
+    src = LN_GRAD.replace("return sum(dy * ((X - M) * R), dim=0), sum(dy, dim=0)",
+                          "p = dy * ((X - M) * R)\n    return sum(p, dim=0), p")
+    g = compile_source(src).optimized.main
+    weight = g.node(_out_ids(g)[0])
+    first = g.node(weight.inputs[0])
+    view = g.node(first.inputs[0])
+    assert view.op is Op.RESHAPE and tuple(g.node(view.inputs[0]).shape) == (2048, 96)
+

@@ -60,8 +60,9 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
             for d, s in enumerate(out.permute(frame.out_perm).stride()):   # full-level outputs in kernel order
                 ints[f"q{i}_s{d}"] = int(s)
     ints.update(frame.sizes(tensors))
-    for d, size in enumerate(frame.unravel):    # the sizes kernels unravel
+    for d, size in enumerate(frame.unravel):    # the sizes kernels unravel, and their division magic
         ints[f"d{d}"] = int(size)
+        ints[f"d{d}m"], ints[f"d{d}s"] = div_magic(int(size))
     if flags is None:
         import torch
         device = outputs[0].device if outputs else (tensors["p0"].device if "p0" in tensors else "meta")
@@ -69,6 +70,19 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
     tensors["flags"] = flags
     ints["checks"] = checks
     return Launch(tensors, ints, layouts)
+
+
+def div_magic(d: int) -> tuple[int, int]:
+    """(m, s) with x // d == (umulhi(x, m) + x) >> s for every 0 <= x < 2**31 in 32-bit unsigned
+    arithmetic (Granlund and Montgomery's round-up method: s = ceil(log2(d)) and
+    m = 2**32 * (2**s - d) // d + 1 < 2**32). m is passed as the int32 of the same bits, so every
+    launch int stays in int32 (the kernel reads it back as uint32). d <= 0 (an empty dim, which no
+    program divides by) gives (0, 0)."""
+    if d <= 0:
+        return 0, 0
+    s = (d - 1).bit_length()
+    m = (1 << 32) * ((1 << s) - d) // d + 1
+    return (m - (1 << 32) if m >= 1 << 31 else m), s
 
 
 def holds(c: Compiled, launch: Launch, spec: KernelSpec) -> bool:
@@ -79,7 +93,7 @@ def holds(c: Compiled, launch: Launch, spec: KernelSpec) -> bool:
             extent = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()) if size > 0)
             if t.numel() > INT32_MAX or extent > INT32_MAX:
                 return False
-        if any(abs(x) > INT32_MAX for x in launch.ints.values()):
+        if any(x > INT32_MAX or x < -INT32_MAX - 1 for x in launch.ints.values()):
             return False
     for j, lay in enumerate(v.layouts):
         seen, shape = launch.layouts[j]

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.graph import BINARY, COLLECTIVE, UNARY, Graph, Node, Op, tree_ids
-from ..ir.shapes import index_axis
+from ..ir.shapes import index_axis, numel
 from ..passes.flash import find_attention
 from .kernel import Kernel, Schedule, ScheduleError
 from .templates import KernelTemplate, template
@@ -64,6 +64,22 @@ ATTENTION_DTYPES = {"bfloat16", "float16", "float32"}
 SCORE_OPS = UNARY | BINARY | {Op.WHERE}
 # Ops of an index expression evaluated in the kernel (a causal mask: IOTAs compared).
 INDEX_OPS = UNARY | BINARY | {Op.WHERE, Op.FULL}
+
+
+def _strided_prologue(graph: Graph, users: dict, prod: Kernel, n: Node, x: Node, out_ids: set) -> bool:
+    """May element-wise kernel `prod`, which makes x, become the prologue of n, a reduction of x
+    over dims other than the last? Only when n alone reads what it makes: a lone widening cast, or
+    element-wise ops all of x's shape (a strided kernel's prologue is of its whole domain)."""
+    if prod.kind != "elementwise" or len(x.shape) == 0 or any(m in out_ids for m in prod.nodes):
+        return False
+    inside = set(prod.nodes)
+    if any(u not in inside and u != n.id for m in prod.nodes for u in users[m]):
+        return False
+    if prod.nodes == [x.id] and x.op is Op.CAST:
+        return graph.node(x.inputs[0]).dtype in FLOAT_NARROW and x.dtype in ("float32", "float64")
+    nodes = [graph.node(m) for m in prod.nodes]
+    return all(tuple(m.shape) == tuple(x.shape) and m.op in ELEMENTWISE and m.op not in SOURCES
+               and m.op not in GATHERS for m in nodes)
 
 
 def _lse_key(graph: Graph, x) -> tuple:
@@ -347,6 +363,8 @@ def schedule(graph: Graph) -> Schedule:
         deps[idx] = producers(n, idx)
 
     out_ids = set(tree_ids(graph.output))
+    strided: dict[tuple, list[int]] = {}     # reductions over other dims, by (shape, dims)
+    strided_reads: dict[int, set[int]] = {}  # the values such a kernel reads (through views)
     flash_k: dict[tuple, int] = {}      # a dk kernel by its operands and attributes (`_flash_key`)
     # Attentions whose gradient recomputes the log-sum-exp (passes/flash.py), by output; their
     # kernels by what an `attn_lse` of the same scores reads (`_lse_key`).
@@ -382,17 +400,37 @@ def schedule(graph: Graph) -> Schedule:
                                     + (f" (line {n.src[0]})" if n.src else ""))
             if not _is_last_dim_reduction(n, x) or len(x.shape) == 0:
                 # A reduction over other dims (or all of them): its own kernel, reading through
-                # strides. A lone widening cast of its input is its prologue (casts.py moved it
-                # there from a view: the kernel loads the narrow value).
+                # strides. An element-wise kernel of its input's shape that only it reads is its
+                # prologue: a lone widening cast (cast-views moved it there from a view: the
+                # kernel loads the narrow value), or the ops split-reductions rebuilt in a split
+                # shape (LayerNorm's weight gradient).
                 pidx = owner.get(x.id)
                 prod = kernels[pidx] if pidx is not None else None
-                if prod is not None and prod.kind == "elementwise" and prod.nodes == [x.id] and x.op is Op.CAST \
-                        and users[x.id] == [n.id] and x.id not in out_ids and len(x.shape) > 0 \
-                        and graph.node(x.inputs[0]).dtype in FLOAT_NARROW and x.dtype in ("float32", "float64"):
-                    kernels[pidx] = Kernel("rowwise", n.id, [x.id, n.id], tuple(x.shape), dims)
+                if prod is not None and _strided_prologue(graph, users, prod, n, x, out_ids):
+                    kernels[pidx] = Kernel("rowwise", n.id, prod.nodes + [n.id], tuple(x.shape), dims)
                     owner[n.id] = pidx
-                    continue
-                new_kernel(Kernel("rowwise", n.id, [n.id], tuple(x.shape), dims), n)
+                else:
+                    new_kernel(Kernel("rowwise", n.id, [n.id], tuple(x.shape), dims), n)
+                    pidx = len(kernels) - 1
+                # Another strided reduction of the same shape reading a tensor of that size this
+                # one reads too (LayerNorm's bias and weight gradients, both of dy): one kernel, one
+                # launch, the second pass over the tile from cache.
+                key = (tuple(x.shape), tuple(dims))
+                size = numel(x.shape)
+                reads = {source(i) for m in kernels[pidx].nodes for i in graph.node(m).inputs
+                         if size is not None and numel(graph.node(source(i)).shape) == size} - set(kernels[pidx].nodes)
+                for sib in strided.get(key, ()):
+                    ks = kernels[sib]
+                    if ks is None or ks.kind != "rowwise" or not reads & strided_reads[sib] \
+                            or any(reaches(p, sib) for p in deps[pidx] if p != sib) \
+                            or any(reaches(p, pidx) for p in deps[sib] if p != pidx):
+                        continue
+                    merge(sib, pidx)
+                    strided_reads[sib] |= reads
+                    break
+                else:
+                    strided.setdefault(key, []).append(pidx)
+                    strided_reads[pidx] = reads
                 continue
             pidx = owner.get(x.id)
             last = (len(x.shape) - 1,)

@@ -125,8 +125,9 @@ class RowwiseTemplate(KernelTemplate):
         kept = [d for d in range(rank) if d not in k.reduce_dims]
         perm = tuple(kept + list(k.reduce_dims))
 
-        # A reduction over other dims takes only a prologue (a widening cast, schedule.py).
-        prologue = set(k.nodes[:k.nodes.index(k.anchor)]) if not fused_row else set()
+        # A reduction over other dims takes only prologues (element-wise ops of its domain that
+        # it alone reads, schedule.py), one per reduction where strided reductions share a kernel.
+        prologue = set(k.nodes) if not fused_row else set()
 
         def level_of(n: Node) -> str:
             if n.op in (Op.SUM, Op.MEAN, Op.MAX, Op.MIN):
