@@ -115,12 +115,11 @@ def _split_view(v: Node, rank: int, d: int) -> tuple | None:
     return shape[:k] + (shape[k] // COLUMN_CHUNK, COLUMN_CHUNK) + shape[k + 1:]
 
 
-def _column_split(n: Node, x: Node, by_id: dict[int, Node], chained: bool = False) -> int | None:
-    """The dim (normalised) of a reduction along a strided dim worth two stages, else None
-    (`chained`: x is element-wise ops rebuilt in the split shape, not a view of x)."""
+def _column_split(n: Node, x: Node) -> int | None:
+    """The dim (normalised) of a reduction along a strided dim worth two stages, else None. (Its
+    first stage reads x through a view, which must be dense, or x's ops rebuilt: the caller's.)"""
     dim = n.attr("dim")
-    if n.op not in SPLIT or dim is None or x.dtype not in DTYPES or n.dtype != x.dtype \
-            or not (chained or _dense(x, by_id)):
+    if n.op not in SPLIT or dim is None or x.dtype not in DTYPES or n.dtype != x.dtype:
         return None
     shape = tuple(x.shape)
     if not shape:
@@ -154,42 +153,36 @@ def split_reductions(program: Program) -> Program:
             next_id += 1
             out.append(rows)
             n = replace(n, inputs=(rows.id,))
-        elif n.inputs and (d := _column_split(n, by_id[n.inputs[0]], by_id, chained=True)) is not None \
-                and (chain := _chain(n, by_id, users, outputs, position)) is not None:
-            x = by_id[n.inputs[0]]
+        elif n.inputs and (d := _column_split(n, x := by_id[n.inputs[0]])) is not None \
+                and ((chain := _chain(n, by_id, users, outputs, position)) is not None or _dense(x, by_id)):
             shape = tuple(x.shape)
             runs = shape[:d] + (shape[d] // COLUMN_CHUNK, COLUMN_CHUNK) + shape[d + 1:]
-            new: dict[int, int] = {}
-            for m in (by_id[c] for c in chain):
-                ins = []
-                for i in m.inputs:
-                    if i in new:        # a rebuilt node, or a leaf's view made already
-                        ins.append(new[i])
-                    elif (vshape := _split_view(by_id[i], len(shape), d)) is None:
-                        ins.append(i)
-                    else:
-                        out.append(Node(next_id, Op.RESHAPE, (i,), by_id[i].dtype, vshape, (), m.src))
-                        new[i] = next_id
-                        ins.append(next_id)
-                        next_id += 1
-                out.append(Node(next_id, m.op, tuple(ins), m.dtype, runs, m.attrs, m.src))
-                new[m.id] = next_id
-                next_id += 1
-            dropped |= set(chain)
-            first = Node(next_id, n.op, (new[x.id],), n.dtype, runs[:d + 1] + runs[d + 2:],
+            if chain is None:       # a view of the value a kernel made
+                out.append(Node(next_id, Op.RESHAPE, (x.id,), x.dtype, runs, (), n.src))
+                split, next_id = next_id, next_id + 1
+            else:                   # its element-wise ops rebuilt over views of their inputs
+                new: dict[int, int] = {}
+                for m in (by_id[c] for c in chain):
+                    ins = []
+                    for i in m.inputs:
+                        if i in new:        # a rebuilt node, or a leaf's view made already
+                            ins.append(new[i])
+                        elif (vshape := _split_view(by_id[i], len(shape), d)) is None:
+                            ins.append(i)
+                        else:
+                            out.append(Node(next_id, Op.RESHAPE, (i,), by_id[i].dtype, vshape, (), m.src))
+                            new[i] = next_id
+                            ins.append(next_id)
+                            next_id += 1
+                    out.append(Node(next_id, m.op, tuple(ins), m.dtype, runs, m.attrs, m.src))
+                    new[m.id] = next_id
+                    next_id += 1
+                dropped |= set(chain)
+                split = new[x.id]
+            first = Node(next_id, n.op, (split,), n.dtype, runs[:d + 1] + runs[d + 2:],
                          attrs_of(dim=d + 1, keepdim=False), n.src)
             next_id += 1
             out.append(first)
-            n = replace(n, inputs=(first.id,), attrs=attrs_of(dim=d, keepdim=bool(n.attr("keepdim", False))))
-        elif n.inputs and (d := _column_split(n, by_id[n.inputs[0]], by_id)) is not None:
-            x = by_id[n.inputs[0]]
-            shape = tuple(x.shape)
-            runs = shape[:d] + (shape[d] // COLUMN_CHUNK, COLUMN_CHUNK) + shape[d + 1:]
-            view = Node(next_id, Op.RESHAPE, (x.id,), x.dtype, runs, (), n.src)
-            first = Node(next_id + 1, n.op, (view.id,), n.dtype, runs[:d + 1] + runs[d + 2:],
-                         attrs_of(dim=d + 1, keepdim=False), n.src)
-            next_id += 2
-            out += [view, first]
             n = replace(n, inputs=(first.id,), attrs=attrs_of(dim=d, keepdim=bool(n.attr("keepdim", False))))
         out.append(n)
     return program.replace_main(g.with_nodes([m for m in out if m.id not in dropped], g.output))
