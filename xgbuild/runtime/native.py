@@ -30,7 +30,7 @@ from ..compiler.codegen.schedule import VIEWS
 from ..compiler.ir.graph import COLLECTIVE, Graph, Node, Op, tree_ids
 from ..compiler.ir.serialize import where as src_text
 from ..compiler.passes.specialize import SpecializationError, bind_symbols, specialize
-from ..dtypes import FLOAT_DTYPES, ITEMSIZE
+from ..dtypes import FLOAT_DTYPES
 from ..errors import EngineError, ExecutionError, InputError, XGError
 from ..packager.engine_file import EngineFile, read_engine
 from ..packager.manifest import check_sizes
@@ -41,6 +41,7 @@ from ..settings import RunSettings
 from .lifetimes import computed_gathers, frees, release, shape_only_gathers
 from . import dlpack
 from .device import CudaDevice, CudaEvent, DeviceArray
+from .foreign import cai_dtype, cuda_array_interface, dlpack_device, from_cai
 from .replay import Replay, record, remember, replay_args
 from .host_io import NUMPY_DTYPES, HostArray, TensorIOError, as_host, c_array, float_view
 
@@ -604,12 +605,12 @@ class NativeEngine(EngineView):
         shapes: dict[str, tuple] = {}
         for spec in self.signature:
             name, v = spec["name"], values[spec["name"]]
-            if not isinstance(v, (DeviceArray, np.ndarray)) and _dlpack_device(name, v) is not None:
+            if not isinstance(v, (DeviceArray, np.ndarray)) and dlpack_device(name, v) is not None:
                 v = self._from_dlpack(name, v)
             if isinstance(v, DeviceArray):
                 dtypes[name], shapes[name] = v.dtype, v.shape
-            elif _cai(name, v) is not None:
-                dtypes[name], shapes[name] = _cai_dtype(name, v), tuple(_cai(name, v)["shape"])
+            elif cuda_array_interface(name, v) is not None:
+                dtypes[name], shapes[name] = cai_dtype(name, v), tuple(cuda_array_interface(name, v)["shape"])
             else:
                 try:
                     v = as_host(name, v)
@@ -630,7 +631,7 @@ class NativeEngine(EngineView):
     def _from_dlpack(self, name: str, obj: Any) -> Any:
         """A DLPack producer's tensor: on a GPU, a DeviceArray over its memory (zero-copy, ready on
         XG's stream); on the host, a numpy array of it."""
-        kind, index = _dlpack_device(name, obj)
+        kind, index = dlpack_device(name, obj)
         if kind == dlpack.KDL_CPU:
             try:
                 return np.from_dlpack(obj)
@@ -661,7 +662,7 @@ class NativeEngine(EngineView):
             if isinstance(v, HostArray):
                 arr = dev.upload(v.array, v.dtype)
             else:
-                arr = v if isinstance(v, DeviceArray) else _from_cai(dev, name, v)
+                arr = v if isinstance(v, DeviceArray) else from_cai(dev, name, v)
                 if "range" in spec and arr.numel():
                     _check_range(name, spec, arr.numpy())
             out[name] = arr.contiguous()
@@ -727,42 +728,6 @@ class NativeEngine(EngineView):
                              "with torch installed (xgrun --runtime torch), which traces it on the CPU reference")
 
 
-def _dlpack_device(name: str, obj: Any) -> tuple[int, int] | None:
-    """(DLPack device type, index) of a DLPack producer, or None for anything else."""
-    probe = getattr(obj, "__dlpack_device__", None)
-    if probe is None or not hasattr(obj, "__dlpack__"):
-        return None
-    try:
-        kind, index = probe()
-        return int(kind), int(index)
-    except Exception as exc:  # noqa: BLE001 (another library's refusal, whatever its type)
-        raise InputError(f"input `{name}`: its __dlpack_device__ failed ({exc})") from None
-
-
-def _cai(name: str, obj: Any) -> dict | None:
-    """`obj`'s CUDA Array Interface, or None when it has none; one it cannot give for its dtype
-    (torch's bfloat16 tensors) is an InputError."""
-    try:
-        return obj.__cuda_array_interface__
-    except AttributeError:
-        return None
-    except TypeError as exc:
-        raise InputError(f"input `{name}` is GPU memory without a CUDA Array Interface for its dtype ({exc}); "
-                         "pass it as a DeviceArray or a host array") from None
-
-
-def _cai_dtype(name: str, obj: Any) -> str:
-    typestr = _cai(name, obj)["typestr"]
-    dtypes = {np.dtype(t).str: n for n, t in NUMPY_DTYPES.items() if n != "bfloat16"}
-    try:
-        dtype = dtypes.get(np.dtype(typestr).str)
-    except TypeError:
-        dtype = None
-    if dtype is None:
-        raise InputError(f"input `{name}`: CUDA array typestr {typestr!r} is not an XG dtype")
-    return dtype
-
-
 def _check_range(name: str, spec: dict, values: np.ndarray) -> None:
     """An index input's values within [lo, hi) of its table (`spec["range"]`), on the host."""
     if "range" not in spec or not values.size:
@@ -772,20 +737,6 @@ def _check_range(name: str, spec: dict, values: np.ndarray) -> None:
     if tmin < lo or tmax >= hi:
         raise InputError(f"input `{name}` holds {tmin if tmin < lo else tmax}, outside [{lo}, {hi}): "
                          f"it indexes a table of {hi} rows")
-
-
-def _from_cai(dev: CudaDevice, name: str, obj: Any) -> DeviceArray:
-    """A DeviceArray over another library's CUDA memory (CUDA Array Interface), zero-copy."""
-    cai = _cai(name, obj)
-    dtype = _cai_dtype(name, obj)
-    shape = tuple(cai["shape"])
-    isz = ITEMSIZE[dtype]
-    strides = None
-    if cai.get("strides") is not None:
-        if any(s % isz or s < 0 for s in cai["strides"]):
-            raise InputError(f"input `{name}`: strides {cai['strides']} are not non-negative multiples of {isz} bytes")
-        strides = tuple(s // isz for s in cai["strides"])
-    return dev.foreign(int(cai["data"][0]), shape, strides, dtype, obj)
 
 
 def _flat(tree: dict, values: Mapping[int, DeviceArray], prefix: str = "out") -> dict[str, DeviceArray]:
