@@ -27,12 +27,15 @@ def check_program(path: str, dims: dict[str, int], target: str = "H100", seed: i
 
 
 def check_graph(graph: Any, inputs: dict | list[dict], dims: dict[str, int], target: str = "H100",
-                choose: Any = None, check: bool = False) -> list[dict]:
+                choose: Any = None, check: bool = False, device: str = "cpu") -> list[dict]:
     """`check_program` for a graph and its input sets (imported models pass their weights among them):
     kernels tuned (predicted) at `dims`, run at the inputs' shapes, against the float64 reference.
     `choose(job, config)`: the config to run instead of the predicted one (a test's); `check`: run
-    in check mode, each report entry then carrying the run's NaN/Inf flag word (`flag`)."""
+    in check mode, each report entry then carrying the run's NaN/Inf flag word (`flag`); `device`:
+    "cuda" runs the same Triton functions compiled for the local GPU (a GPU test's), not
+    interpreted."""
     import torch
+    import triton
 
     from ..compiler.codegen.build import load_function
     from ..compiler.codegen.launch_abi import Compiled, ExternStep, KernelPlan, Variant
@@ -56,7 +59,12 @@ def check_graph(graph: Any, inputs: dict | list[dict], dims: dict[str, int], tar
         out = []
         for cfg, v in ((tuned, job.fast_variant(tuned)), (default_config(job.problem), Variant.generic())):
             em = emit(job.spec, cfg, v)
-            out.append(Compiled(v, cfg, em.params, em.div16, (load_function(em), em)))
+            fn = load_function(em)
+            if device != "cpu":
+                # As the engine's cubins are compiled: no int argument specialised on its value
+                # (Triton's JIT would make a 1 a constant, and `_udiv`'s magic numbers with it).
+                fn = triton.jit(fn.fn, do_not_specialize=[p for p, ty in em.params if not ty.startswith("*")])
+            out.append(Compiled(v, cfg, em.params, em.div16, (fn, em)))
         variants[job.ident] = out
     specs = {job.ident: job.spec for job in jobs}
     plans = [ExternStep(b) if ident == "extern" else KernelPlan(specs[ident], b, variants[ident])
@@ -69,15 +77,15 @@ def check_graph(graph: Any, inputs: dict | list[dict], dims: dict[str, int], tar
 
     # Several input sets through one executor: later runs replay the first one's launches (the
     # deploy path's fast path) wherever the program allows it.
-    executor = KernelExecutor(plans, run, torch.device("cpu"), replay=True)
+    executor = KernelExecutor(plans, run, torch.device(device), replay=True)
     executor.check_outputs = check
     report = []
     for trial, values in enumerate([inputs] if isinstance(inputs, dict) else list(inputs)):
         sg = specialize(graph, bind_symbols(graph, {k: tuple(v.shape) for k, v in values.items()}))
-        got = executor.run(sg, values)
+        got = executor.run(sg, {k: v.to(device) for k, v in values.items()})
         ref = CpuExecutor(float64=True, check=False).run(sg, values).values
         for nid, v in got.items():
-            r = ref[nid]
+            v, r = v.cpu(), ref[nid]
             if v.dtype.is_floating_point:
                 # Non-finite reference values (softmax of a row masked with -inf is NaN) must be
                 # matched exactly; the error is over the rest, and infinite on any mismatch.

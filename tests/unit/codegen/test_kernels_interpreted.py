@@ -173,6 +173,21 @@ def main() {
     return grad(f, wrt=(qkv))(QKV, G)
 }
 """),
+    # Broadcasts' gradients: a `full(0)` of [T, D] per reader (fork-casts), each recomputed in the
+    # kernel of what it is added to (tests/unit/passes/test_fork_casts.py).
+    "broadcast_grads": (None, """import std.nn
+extern Tensor[float32, T, D] X
+extern Tensor[float32, D] C
+extern Tensor[float32, D, D] V
+def f(Tensor[float32, T, D] x, Tensor[float32, D] g, Tensor[float32, D, D] w) -> float32 {
+    h = layer_norm(x, g, g * 0.5) @ w + x
+    y = layer_norm(h, g, g) @ w + h
+    return sum(y * y)
+}
+def main() {
+    return grad(f, wrt=(x, g, w))(X, C, V)
+}
+"""),
     "batched": (None, """extern Tensor[float32, B, T, D] X
 extern Tensor[float32, D, F] W
 extern Tensor[float32, F] C

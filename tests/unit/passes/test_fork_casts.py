@@ -68,3 +68,57 @@ def test_cross_entropy_reads_its_bf16_logits_without_a_float32_copy() -> None:
                                                                      for i in sched.inputs(k))]
     assert len(rows) == 3 and all(g.node(i).dtype == "bfloat16" for k in rows for i in sched.inputs(k)
                                   if tuple(g.node(i).shape) == (64, 50257))
+
+
+# Two LayerNorms with a product between them, differentiated: autodiff adds each broadcast's
+# [T, 1] gradient to a `full(0)` of [T, D], and CSE leaves one such full for every reader.
+BROADCASTS = """import std.nn
+extern Tensor[float32, T, D] X
+extern Tensor[float32, D] G
+extern Tensor[float32, D] B
+extern Tensor[float32, D, D] W
+def f(Tensor[float32, T, D] x, Tensor[float32, D] g, Tensor[float32, D] b, Tensor[float32, D, D] w) -> float32 {
+    h = layer_norm(x, g, b) @ w + x
+    y = layer_norm(h, g, b) @ w + h
+    return sum(y * y)
+}
+def main() {
+    return grad(f, wrt=(x, g, b, w))(X, G, B, W)
+}
+"""
+
+
+def test_a_full_read_by_several_kernels_is_recomputed_by_each() -> None:
+    """Before: one kernel wrote the [T, D] zeros and the other readers loaded them back."""
+    g = compile_source(BROADCASTS).optimized.main
+    users = g.users()
+    fulls = [n for n in g.nodes if n.op is Op.FULL and n.shape]
+    assert len(fulls) >= 5
+    assert all(len(users[n.id]) == 1 for n in fulls)
+    sched = schedule(g)
+    written = [g.node(n) for k in sched.kernels for n in sched.outputs(k)]
+    assert not [n for n in written if n.op in (Op.FULL, Op.IOTA) and n.shape]
+    # Each copy is in its reader's kernel: no kernel is a source alone.
+    assert not [k for k in sched.kernels if all(g.node(n).op in (Op.FULL, Op.IOTA) for n in k.nodes)
+                and any(g.node(n).shape for n in k.nodes)]
+
+
+def test_forked_sources_keep_the_gradients() -> None:
+    g = compile_source(BROADCASTS).optimized.main
+    gen = torch.Generator().manual_seed(5)
+    t, d = 6, 8
+    inputs = {"X": torch.randn(t, d, generator=gen, dtype=torch.float64),
+              "G": torch.randn(d, generator=gen, dtype=torch.float64),
+              "B": torch.randn(d, generator=gen, dtype=torch.float64),
+              "W": torch.randn(d, d, generator=gen, dtype=torch.float64) / d ** 0.5}
+    sg = specialize(g, bind_symbols(g, {k: tuple(v.shape) for k, v in inputs.items()}))
+    out = CpuExecutor(check=False).run(sg, {k: v.float() for k, v in inputs.items()}).values
+    got = [out[i] for i in tree_ids(sg.output)]
+    x, gg, b, w = (inputs[k].clone().requires_grad_(True) for k in "XGBW")
+    ln = torch.nn.functional.layer_norm
+    h = ln(x, (d,), gg, b) @ w + x
+    y = ln(h, (d,), gg, b) @ w + h
+    want = torch.autograd.grad((y * y).sum(), (x, gg, b, w))
+    assert len(got) == 4
+    for a, e in zip(got, want):
+        assert ((a.double() - e).norm() / e.norm()).item() < 1e-5

@@ -85,19 +85,20 @@ def test_candidates_fit_the_profile(gpu, problem):
 def test_matmul_candidates_are_a_fraction_of_the_space(gpu):
     problem = matmul(4096, 4096, 4096)
     assert len(space.full_space(problem)) == 480
-    assert len(space.full_space(problem, profile(gpu))) == 480     # B stored [K, N]: no twins
-    configs = candidates(problem, profile(gpu))
-    assert len(configs) == 48
-    assert len({config_key(c) for c in configs}) == 48
+    assert len(space.full_space(problem, profile(gpu))) == 960      # each with its persistent twin
+    assert len([c for c in candidates(problem, profile(gpu)) if "PROGRAMS" not in c]) == 48
     linear = matmul(4096, 4096, 4096, b_transposed=True)
-    assert len(space.full_space(linear, profile(gpu))) == 960       # each with its persistent twin
+    assert len(space.full_space(linear, profile(gpu))) == 960
     assert len({config_key(c) for c in candidates(linear, profile(gpu))}) == 96
+    single = matmul(4096, 4096, 4096, "float32", 4)
+    configs = candidates(single, profile(gpu))      # no twins for float32 products
+    assert len(configs) == 48 and len({config_key(c) for c in configs}) == 48
 
 
 @pytest.mark.parametrize("gpu", CHECKED)
 def test_persistent_twins_never_displace_the_plain_candidates(gpu):
     """The plain configs kept are those kept without twins, and each twin runs one program per SM
-    with tensor descriptors; float32 products and B stored [K, N] get no twins."""
+    with tensor descriptors; float32 products get no twins, 16-bit ones stored either way do."""
     target = profile(gpu)
     problem = matmul(4096, 3072, 768, b_transposed=True)
     configs = candidates(problem, target)
@@ -108,7 +109,7 @@ def test_persistent_twins_never_displace_the_plain_candidates(gpu):
     assert twins and all(c["PROGRAMS"] == target.sm_count and c["TMA"] == 1 for c in twins)
     assert not any("PROGRAMS" in c for c in candidates(matmul(4096, 3072, 768, "float32", 4, b_transposed=True),
                                                        target))
-    assert not any("PROGRAMS" in c for c in candidates(matmul(4096, 3072, 768), target))
+    assert any("PROGRAMS" in c for c in candidates(matmul(4096, 3072, 768), target))
 
 
 def test_a_config_carries_an_optional_knob_only_when_it_is_not_0():
@@ -262,11 +263,11 @@ def test_next_pow2():
     ("extern Tensor[bfloat16, M, K] A\nextern Tensor[bfloat16, K, N] B\ndef main() {\n    return A @ B\n}\n", False),
 ])
 def test_a_job_knows_whether_b_is_stored_transposed(source, transposed):
-    """An `nn.Linear` weight read as B (stored [N, K]) marks the job's problem, whose space then
-    has persistent twins; B stored [K, N] has none."""
+    """An `nn.Linear` weight read as B (stored [N, K]) marks the job's problem; both spaces have
+    persistent twins (16-bit products)."""
     from xgbuild.compiler.driver import compile_source
     from xgbuild.tuner.jobs import plan
     jobs, _ = plan(compile_source(source, "b.xg").optimized.main, {"M": 256, "N": 512, "K": 128})
     job = next(j for j in jobs if j.spec.kind == "matmul")
     assert job.problem.b_transposed is transposed
-    assert any("PROGRAMS" in c for c in candidates(job.problem, profile("H100"))) is transposed
+    assert any("PROGRAMS" in c for c in candidates(job.problem, profile("H100")))

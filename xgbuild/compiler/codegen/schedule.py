@@ -356,6 +356,21 @@ def schedule(graph: Graph) -> Schedule:
                 if k != a:
                     d.add(a)
 
+    def lone_source(i: int, n: Node) -> bool:
+        """Is `i` a source in a kernel of its own that only `n` reads?"""
+        k = owner.get(i)
+        return k is not None and graph.node(i).op in SOURCES and kernels[k].nodes == [i] \
+            and all(u == n.id for u in users[i]) and i not in out_ids
+
+    def take_source(a: int, b: int) -> None:
+        """Kernel b, a lone source, joins kernel a (which the source's one reader joined)."""
+        (nid,) = kernels[b].nodes
+        kernels[a].nodes[:] = sorted(kernels[a].nodes + [nid], key=position.__getitem__)
+        owner[nid] = a
+        kernels[b] = None
+        deps.pop(b, None)
+        deps[a].discard(b)
+
     def new_kernel(k: Kernel, n: Node) -> None:
         kernels.append(k)
         idx = len(kernels) - 1
@@ -482,7 +497,10 @@ def schedule(graph: Graph) -> Schedule:
             continue
         if n.op not in ELEMENTWISE:
             raise ScheduleError(f"`{n.op.value}` has no GPU kernel yet" + (f" (line {n.src[0]})" if n.src else ""))
-        for i in n.inputs:
+        # A source only this node reads (fork-casts gives each reader its own) is tried last: the
+        # node joins the kernel of what it really reads, and takes the source in with it.
+        lone = [i for i in n.inputs if lone_source(i, n)]
+        for i in [i for i in n.inputs if i not in lone] + lone:
             idx = owner.get(i)
             if idx is not None and can_join(kernels[idx], n):
                 kernels[idx].nodes.append(n.id)
@@ -490,7 +508,11 @@ def schedule(graph: Graph) -> Schedule:
                 deps[idx] |= producers(n, idx)
                 for j in n.inputs:          # another input's element-wise kernel comes along
                     other = owner.get(j)        # (a value read directly: never through a view)
-                    if other is not None and other != idx and can_merge(idx, other):
+                    if other is None or other == idx:
+                        continue
+                    if j in lone and kernels[idx].kind in ("elementwise", "rowwise"):
+                        take_source(idx, other)
+                    elif can_merge(idx, other):
                         merge(idx, other)
                 break
         else:

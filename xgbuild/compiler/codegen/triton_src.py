@@ -21,7 +21,22 @@ def elementwise(e: Emitter) -> Emitted:
     rank = spec.rank
     numel = e.int_param("numel", hint16=True)
     rows = e.config.get("ROWBLOCK", 0) and rank >= 2
-    if rows:
+    cols = e.config.get("COLS", 0) if rows else 0
+    tile = f"[{e.config['BLOCK'] // cols}, {cols}]" if cols else "[BLOCK]"
+    if cols:
+        # Row tiles: a program takes BLOCK // COLS rows (indices of the leading dims, `outer`) by
+        # COLS positions along the last (`L` long, `col`): a division per row rather than per
+        # element, and the last dim contiguous, so its loads and stores vectorise (attention's
+        # heads, 64 long, placed into a [B, T, 3, H, DH] gradient).
+        last = e.int_param("L", hint16=True)
+        r = e.config["BLOCK"] // cols
+        w.line(f"pid = tl.program_id(0).to({e.idx})")
+        w.line(f"blocks = tl.cdiv({last}, {cols})")
+        w.line(f"outer = (pid // blocks) * {r} + tl.arange(0, {r}).to({e.idx})")
+        w.line(f"col = (pid % blocks) * {cols} + tl.arange(0, {cols}).to({e.idx})")
+        w.line(f"lin = outer[:, None] * {last} + col[None, :]")
+        w.line(f"mask = (outer < {numel} // {last})[:, None] & (col < {last})[None, :]")
+    elif rows:
         # Row blocks: a program takes BLOCK elements of one index of the leading dims (`outer`)
         # along the last (`L` long): no division per element, the leading indices are scalars
         # (a row-broadcast operand is one address), the last is contiguous (`col`).
@@ -37,7 +52,14 @@ def elementwise(e: Emitter) -> Emitted:
         nonlocal unravelled
         if not unravelled:
             unravelled = True
-            if rows:
+            if cols:
+                # The leading indices of each row, then given the tile's shape (each constant along
+                # a row), the last the tile's columns.
+                e.unravel("outer", 0, rank - 1, "i")
+                for d in range(rank - 1):
+                    w.line(f"i{d} = tl.broadcast_to(i{d}[:, None], {tile})")
+                w.line(f"i{rank - 1} = tl.broadcast_to(col[None, :], {tile})")
+            elif rows:
                 # The leading indices from the scalar `outer`, then given the block's shape (loads
                 # and index arithmetic take blocks; every lane holds the same value, no division).
                 e.unravel("outer", 0, rank - 1, "i")
@@ -82,7 +104,7 @@ def elementwise(e: Emitter) -> Emitted:
     for i, out in enumerate(spec.outputs):
         value = vals[out]
         if spec.nodes[out].op == "full":
-            value = f"tl.full([BLOCK], {value}, {TL[compute_dtype(spec.nodes[out].dtype)]})"
+            value = f"tl.full({tile}, {value}, {TL[compute_dtype(spec.nodes[out].dtype)]})"
         e.store(i, "lin", value, "mask")
     return e.finish({"BLOCK": e.config["BLOCK"]})
 

@@ -62,6 +62,11 @@ class Problem:
     b_transposed: bool = False  # matmul: B stored [N, K] (an `nn.Linear` weight): unit stride along K
     columns: bool = False  # rowwise: adjacent rows adjacent in memory, the reduced dim strided (sum(g, dim=0))
     short_rows: bool = False  # rowwise: rows so short (a head's 64) that a program takes many, in the column form
+    # elementwise: values a thread holds for each of its elements while the loads are in flight
+    # (the operands it reads and the outputs), and besides them, in a flat block over operands read
+    # through strides, the index along each dim and its quotient (`index_live`).
+    live: int = 1
+    index_live: int = 0
 
     def __post_init__(self) -> None:
         # The kind is checked where it is looked up (`templates.template`, `for_problem`): this

@@ -261,17 +261,20 @@ class MatmulTemplate(KernelTemplate):
     def full_space(self, p: Problem, hw: GpuProfile | None = None) -> list[Config]:
         # float32 products: exact FMA (TF32X3=0) or three TF32 tensor-core products (see the
         # `_tf32x3` rule, `triton_matmul.py` and the tuner's gate, which admits them only as
-        # accurate as float32's own). 16-bit products with B stored [N, K]: each config and its
-        # persistent TMA twin, one program per SM of `hw` (`preselect` keeps both forms). There the
-        # pointer kernel's transposed B tiles cost it 10-12% on an H200 (docs/codegen.md); with B
-        # stored [K, N] it won, and the twins' compiles (slower: the flattened loop) tripled a cold
-        # MLP build's time, so they are left out.
+        # accurate as float32's own). 16-bit products: each config and its persistent TMA twin,
+        # one program per SM of `hw` (`preselect` keeps both forms). With B stored [N, K] the
+        # pointer kernel's transposed B tiles cost it 10-12% on an H200 (docs/codegen.md). With B
+        # stored [K, N] the pointer kernel won an MLP's 4096x3072x2048, but GPT-2's training step
+        # has products whose epilogue reads and writes float32 (a bias and the residual stream): its
+        # 8192x768x3072 and 8192x768x768 ran 69 and 31 us as twins against 77 and 37 (0.26 ms a
+        # step on an H200). Measurement picks per job; the twins' compiles (slower: the flattened
+        # loop) are the price, paid once a kernel in the cache.
         x3s = (0, 1) if p.dtype == "float32" else (0,)
         plain = [make_config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, TF32X3=x3,
                              num_warps=w, num_stages=s, **_slices(p, bm, bn, w))
                  for x3 in x3s for bm in BLOCK_M for bn in BLOCK_N for bk in BLOCK_K
                  for w in WARPS for s in STAGES]
-        if hw is None or p.dtype not in PERSISTENT_DTYPES or not p.b_transposed:
+        if hw is None or p.dtype not in PERSISTENT_DTYPES:
             return plain
         return plain + [make_config(**c, PROGRAMS=hw.sm_count, TMA=1) for c in plain]
 
