@@ -362,15 +362,6 @@ def schedule(graph: Graph) -> Schedule:
         return k is not None and graph.node(i).op in SOURCES and kernels[k].nodes == [i] \
             and all(u == n.id for u in users[i]) and i not in out_ids
 
-    def take_source(a: int, b: int) -> None:
-        """Kernel b, a lone source, joins kernel a (which the source's one reader joined)."""
-        (nid,) = kernels[b].nodes
-        kernels[a].nodes[:] = sorted(kernels[a].nodes + [nid], key=position.__getitem__)
-        owner[nid] = a
-        kernels[b] = None
-        deps.pop(b, None)
-        deps[a].discard(b)
-
     def new_kernel(k: Kernel, n: Node) -> None:
         kernels.append(k)
         idx = len(kernels) - 1
@@ -498,7 +489,7 @@ def schedule(graph: Graph) -> Schedule:
         if n.op not in ELEMENTWISE:
             raise ScheduleError(f"`{n.op.value}` has no GPU kernel yet" + (f" (line {n.src[0]})" if n.src else ""))
         # A source only this node reads (fork-casts gives each reader its own) is tried last: the
-        # node joins the kernel of what it really reads, and takes the source in with it.
+        # node joins the kernel of what it really reads, and the source's kernel merges into it.
         lone = [i for i in n.inputs if lone_source(i, n)]
         for i in [i for i in n.inputs if i not in lone] + lone:
             idx = owner.get(i)
@@ -510,9 +501,8 @@ def schedule(graph: Graph) -> Schedule:
                     other = owner.get(j)        # (a value read directly: never through a view)
                     if other is None or other == idx:
                         continue
-                    if j in lone and kernels[idx].kind in ("elementwise", "rowwise"):
-                        take_source(idx, other)
-                    elif can_merge(idx, other):
+                    # (a lone source joins any element-wise or row kernel: n was its only reader)
+                    if (j in lone and kernels[idx].kind in ("elementwise", "rowwise")) or can_merge(idx, other):
                         merge(idx, other)
                 break
         else:

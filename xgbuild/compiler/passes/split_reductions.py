@@ -156,7 +156,7 @@ def split_reductions(program: Program) -> Program:
         elif n.inputs and (d := _column_split(n, x := by_id[n.inputs[0]])) is not None \
                 and ((chain := _chain(n, by_id, users, outputs, position)) is not None or _dense(x, by_id)):
             shape = tuple(x.shape)
-            runs = shape[:d] + (shape[d] // COLUMN_CHUNK, COLUMN_CHUNK) + shape[d + 1:]
+            runs = _split_view(x, len(shape), d)    # (x is at least MIN_COLUMN long along d)
             if chain is None:       # a view of the value a kernel made
                 out.append(Node(next_id, Op.RESHAPE, (x.id,), x.dtype, runs, (), n.src))
                 split, next_id = next_id, next_id + 1

@@ -33,6 +33,13 @@ from ..spec import Binding, KernelSpec
 Config = dict[str, int]  # keys sorted; always includes num_warps and num_stages
 
 
+def row_tiles_programs(total: int, last: int, block: int, cols: int) -> int:
+    """Programs that each take `block // cols` rows of a last dim `last` long, `cols` positions of
+    each (`triton_src.elementwise`'s row tiles), `total` positions in all."""
+    rows = total // last if last else 0
+    return -(-last // cols) * -(-rows // (block // cols))
+
+
 def row_blocks_grid(total: int, last: int, block: int) -> tuple[int, int, int]:
     """The grid of programs that each take `block` positions along a last dim of `last` for one
     index of the dims before it, `total` positions in all (`triton_src._row_blocks`)."""

@@ -11,12 +11,13 @@ from xgbuild.hw import GpuProfile
 from ....errors import ExecutionError
 from ...ir.graph import Node
 from ...ir.serialize import where as src_text
+from ...ir.strides import contiguous_strides
 from ..emitter import Emitted, Emitter
 from ..kernel import Kernel, Schedule
 from ..launch_abi import Frame, Launch, Variant, align
 from ..spec import Binding, KernelSpec
 from ..triton_src import elementwise, unindex_params
-from .base import Config, KernelTemplate, Problem, make_config, next_pow2, row_blocks_grid
+from .base import Config, KernelTemplate, Problem, make_config, next_pow2, row_blocks_grid, row_tiles_programs
 from .local import build, domain_level
 from .roofline import BASE_REGS_PER_THREAD, SPILL_PENALTY, blocks_per_sm, scalar_peak, stream_s
 
@@ -136,9 +137,7 @@ class ElementwiseTemplate(KernelTemplate):
 
     def grid(self, config: Config, ints: dict[str, int]) -> tuple[int, int, int]:
         if config.get("COLS", 0):
-            last = ints["L"]
-            rows = ints["numel"] // last if last else 0
-            return (-(-last // config["COLS"]) * -(-rows // (config["BLOCK"] // config["COLS"])), 1, 1)
+            return (row_tiles_programs(ints["numel"], ints["L"], config["BLOCK"], config["COLS"]), 1, 1)
         if config.get("ROWBLOCK", 0):
             return row_blocks_grid(ints["numel"], ints["L"], config["BLOCK"])
         return (-(-ints["numel"] // config["BLOCK"]), 1, 1)
@@ -156,8 +155,7 @@ class ElementwiseTemplate(KernelTemplate):
         dims = [ints.get(f"d{d}") for d in range(spec.rank)]
         strided = any(n.op in ("unindex", "gather") for n in spec.nodes)
         if not strided and None not in dims and len(strides) == len(spec.operands):
-            dense = [math.prod(dims[d + 1:]) for d in range(spec.rank)]
-            strided = any(tuple(strides[j]) != tuple(dense) for j in read)
+            strided = any(tuple(strides[j]) != contiguous_strides(dims) for j in read)
         return Problem("elementwise", dtype, float(work * ints["numel"]), moved, numel=ints["numel"],
                        elem_bytes=widest, cols=ints.get("L", 0), live=len(read) + len(spec.outputs),
                        index_live=2 * (spec.rank - 1) if strided else 0)
@@ -196,7 +194,7 @@ class ElementwiseTemplate(KernelTemplate):
         regs = BASE_REGS_PER_THREAD + per_thread * (1 + p.live + index)
         programs = math.ceil(p.numel / c["BLOCK"])
         if c.get("COLS", 0):            # each row's columns past the last dim masked
-            programs = math.ceil(p.numel // p.cols / (c["BLOCK"] // c["COLS"])) * math.ceil(p.cols / c["COLS"])
+            programs = row_tiles_programs(p.numel, p.cols, c["BLOCK"], c["COLS"])
         elif c.get("ROWBLOCK", 0):        # each row's last block partly masked
             programs = (p.numel // p.cols) * math.ceil(p.cols / c["BLOCK"])
         per_sm = blocks_per_sm(hw, threads, regs)

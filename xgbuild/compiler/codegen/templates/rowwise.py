@@ -19,8 +19,8 @@ from ..spec import Binding, KernelSpec
 from ..triton_src import columns_fit, rowwise, rowwise_columns
 from .base import Config, KernelTemplate, Problem, make_config, next_pow2, row_blocks_grid
 from .local import build
-from .roofline import (BASE_REGS_PER_THREAD, L1_SPEEDUP, L2_SPEEDUP, MEMORY_LATENCY_S, SPILL_PENALTY, blocks_per_sm,
-                       scalar_peak, stream_s)
+from .roofline import (BASE_REGS_PER_THREAD, L1_SPEEDUP, L2_SPEEDUP, MEMORY_LATENCY_S, SPILL_PENALTY,
+                       blocks_per_sm, scalar_peak, stream_s)
 
 SINGLE_WARPS = (1, 2, 4, 8, 16)
 LOOP_BLOCKS = (256, 512, 1024, 2048, 4096)
