@@ -71,15 +71,18 @@ def test_every_dump_after_pass(name: str) -> None:
     # did, splitting reductions adds at most two nodes per reduction, a one-hot product turned
     # lookup adds its index clamp and mask (a few nodes per product), moving casts across views
     # rebuilds at most each view and cast once (the old ones left for the next dce), padding a
-    # product adds its padded operands and output view (then runs dce), and forking casts adds at
-    # most one cast per reader of one.
+    # product adds its padded operands and output view (then runs dce), splitting a product along
+    # K adds its views, parts and their sum (never removes a node), and forking casts adds at most
+    # one cast per reader of one.
     looked = sizes.pop("lookups")
     assert looked <= 2 * sizes["simplify"]
     forked = sizes.pop("fork-casts")
+    products = sizes.pop("split-products")
     padded = sizes.pop("pad-products")
     moved = sizes.pop("cast-views")
     split = sizes.pop("split-reductions")
-    assert split <= moved <= 2 * split and padded <= 2 * moved and padded <= forked <= 2 * padded
+    assert split <= moved <= 2 * split and padded <= 2 * moved and padded <= products
+    assert products <= forked <= 2 * products
     assert sizes["shard"] <= split <= 2 * sizes["shard"]
     sizes.pop("shard")
     sunk = sizes.pop("sink-reshapes")

@@ -440,7 +440,7 @@ class Tuner:
                    data: JobData) -> str | None:
         """`gate.disagrees`, eager's errors on this job's data computed only if an output needs them."""
         device = getattr(self.measurer, "device", "cpu")
-        return disagrees(outs, ref, dtypes, lambda: self._float32_error(data, ref, device))
+        return disagrees(outs, ref, dtypes, lambda: self._float32_error.with_outputs(data, ref, device))
 
     def _once(self, what: str, job: Job, make: Any) -> Any:
         """`make()` once per job (by ident) and kind of answer: a build asks for a job's search

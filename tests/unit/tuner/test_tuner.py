@@ -673,3 +673,30 @@ def test_ill_conditioned_outputs_are_judged_against_eager_in_the_same_dtypes() -
     assert "NaN" in tuner._disagrees([nan], [ref], ["float32"], _Eager([off]))
     # Exact outputs are judged exactly, as before.
     assert tuner._disagrees([torch.arange(5)], [torch.arange(5) + 1], ["int64"], _Eager([])) is not None
+
+
+def test_elements_eager_gets_wrong_are_set_aside() -> None:
+    """AdamW over a randn second moment: where float32's `0.95 v + 0.05 g^2` lands below zero and
+    float64's does not, a candidate's root is NaN and eager's is not, and eager's update is off by
+    thousands there. The candidate passes if it matches the reference wherever eager does (at
+    least MIN_CONDITIONED of the elements); a wrong or NaN element among those fails it."""
+    tuner = Tuner(load_profile("H100"))
+    gen = torch.Generator().manual_seed(4)
+    ref = torch.randn(10_000, generator=gen, dtype=torch.float64)
+    eager = ref.float().clone()
+    bad = torch.arange(0, 10_000, 400)                  # 25 ill-conditioned elements (0.25%)
+    eager[bad] = 1e4
+    good = ref.float().clone()
+    good[bad] = float("nan")
+    assert tuner._disagrees([good], [ref], ["float32"], _Eager([eager])) is None
+    wrong = good.clone()
+    wrong[7] += 1.0                                     # an element eager gets right
+    why = tuner._disagrees([wrong], [ref], ["float32"], _Eager([eager]))
+    assert why is not None and "eager" in why
+    nan = good.clone()
+    nan[11] = float("nan")
+    assert tuner._disagrees([nan], [ref], ["float32"], _Eager([eager])) is not None
+    # Eager wrong on more than 1% of the elements: nothing is set aside.
+    worse = eager.clone()
+    worse[torch.arange(1, 10_000, 50)] = 1e4
+    assert tuner._disagrees([good], [ref], ["float32"], _Eager([worse])) is not None

@@ -15,6 +15,11 @@ score blocks from q and kT in registers; nothing of size [T, S] is read or writt
   exp(fill - lse) (0 unless the fill is close to the row's scores: computed, then added only if
   some row's is not 0).
 
+With float32 scores, probabilities are taken in base 2: the scale times log2(e) folded into the
+scores (one FMA a score: `t = s * scale2`, the fill scaled alike), lse times log2(e) as loaded, then
+`exp2(t - lse)`. On an H200 for GPT-2 small's step (12 causal attentions of 8 x 12 heads, T 1024,
+D 64) dk+dv went 1.70 -> 1.45 ms and dq 0.90 -> 0.75 ms.
+
 Products take the operands' dtype with float32 accumulators (exact "ieee" products for float32,
 as the matmul template); every program works on whole heads (D, DV <= BLOCK_D, BLOCK_DV).
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 from .emitter import TL, Emitted, Emitter, literal
 from .spec import KernelSpec
+from .triton_attention import LOG2E
 
 
 def role(spec: KernelSpec) -> str:
@@ -90,7 +96,15 @@ def flash(e: Emitter) -> Emitted:
         w.line("rv_ok = rv < DV")
         vdt = spec.operands[2][0]
     fill_lit = literal(fill, ct) if causal else None
+    # Probabilities in base 2 (float32): p = exp2(s * scale * log2(e) - lse * log2(e)), one FMA
+    # and an exp2 a score; scores and the fill are kept in those units, lse scaled as loaded.
+    base2 = ct == "float32" and what != "lse"
+    if base2:
+        w.line(f"scale2 = scale * {LOG2E!r}")
+        fill2 = literal(float(fill) * LOG2E, ct) if causal and fill is not None else fill_lit
     finite_fill = causal and fill is not None and float(fill) != float("-inf")
+
+    exp = "tl.exp2" if base2 else "tl.exp"
 
     def tile(var: str, base: str, r: str, c: str, sr: str, sc: str, inside: str = "") -> None:
         """`var` = the [r, c] tile at `base` (strides sr, sc), masked by `r_ok` and `c_ok` (only
@@ -110,9 +124,11 @@ def flash(e: Emitter) -> Emitted:
     def load_do(rows: str, inside: bool = False) -> None:
         tile("do", "o_base", rows, "rv", som, sod, rows if inside else "")
 
-    def row_stats(rows: str, delta: bool, inside: bool = False) -> None:
+    def row_stats(rows: str, delta: bool, inside: bool = False, natural: bool = False) -> None:
+        """lse (times log2(e) in base 2, unless `natural`) and delta of the rows."""
         mask = "" if inside else f", mask={rows}_ok, other=0"
-        w.line(f"lse = tl.load(l_base + {rows} * {slm}{mask}).to({CT})")
+        units = f" * {LOG2E!r}" if base2 and not natural else ""
+        w.line(f"lse = tl.load(l_base + {rows} * {slm}{mask}).to({CT}){units}")
         if delta:
             w.line(f"delta = tl.load(x_base + {rows} * {sxm}{mask}).to({CT})")
 
@@ -122,11 +138,11 @@ def flash(e: Emitter) -> Emitted:
         w.line(f"s = {_dot('q', 'kt', None, qdt)}")
         if qdt in ("bfloat16", "float16"):
             w.line(f"s = s.to({TL[qdt]})")       # the product rounds to its dtype, as on the CPU
-        w.line(f"t = s.to({CT}) * scale")
+        w.line(f"t = s.to({CT}) * {'scale2' if base2 else 'scale'}")
         if causal and not interior:
             w.line(f"keep = {cols}[None, :] <= {rows}[:, None]")
             if mask_fill:
-                w.line(f"t = tl.where(keep, t, {fill_lit})")
+                w.line(f"t = tl.where(keep, t, {fill2 if base2 else fill_lit})")
 
     def ds_block(rows: str, cols: str, interior: bool = False) -> None:
         """ds: the scores' gradient on the block, zero where masked or out of bounds, times scale,
@@ -156,7 +172,7 @@ def flash(e: Emitter) -> Emitted:
             rows_block("rn", "n0", "BLOCK_N", "N", interior)
             load_kt("rn", inside=interior)
             scores("rm", "rn", False, interior=interior)
-            w.line("p = tl.exp(t - lse[:, None])")
+            w.line(f"p = {exp}(t - lse[:, None])")
             load_vt("rn", inside=interior)
             ds_block("rm", "rn", interior=interior)
             w.line(f"acc = {_dot('ds', 'tl.trans(kt)', 'acc', qdt)}")
@@ -228,9 +244,9 @@ def flash(e: Emitter) -> Emitted:
         scores("rm", "rn", True, interior=interior)
         row_stats("rm", wants_k, inside=interior)
         if interior:
-            w.line("p = tl.exp(t - lse[:, None])")
+            w.line(f"p = {exp}(t - lse[:, None])")
         else:
-            w.line("p = tl.where(rm_ok[:, None] & rn_ok[None, :], tl.exp(t - lse[:, None]), 0.0)")
+            w.line(f"p = tl.where(rm_ok[:, None] & rn_ok[None, :], {exp}(t - lse[:, None]), 0.0)")
         load_do("rm", inside=interior)
         if wants_v:
             w.line(f"acc_v = {_dot(f'tl.trans(p.to({TL[vdt]}))', 'do', 'acc_v', vdt)}")
@@ -249,7 +265,7 @@ def flash(e: Emitter) -> Emitted:
         w.line("for m0 in range(0, lo, BLOCK_M):")
         w.indent += 1
         rows_block("rm", "m0", "BLOCK_M", "M")
-        row_stats("rm", False)
+        row_stats("rm", False, natural=True)
         w.line(f"wt = tl.where(rm_ok, tl.exp({fill_lit} - lse), 0.0).to({TL[vdt]}).to({AT})")
 
     if wants_v and finite_fill:

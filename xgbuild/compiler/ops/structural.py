@@ -77,6 +77,10 @@ def _matmul(node, ins):
     if ka != kb:
         raise ShapeError(f"matmul inner dimensions differ: {list(a)} @ {list(b)} ({ka} vs {kb})")
     batch = broadcast(a[:-2], b[:-2]) if (len(a) > 2 or len(b) > 2) else ()
+    if node.attr("widened"):        # float32 results of 16-bit operands (passes/split_products.py)
+        if da not in ("bfloat16", "float16"):
+            raise ShapeError(f"a widened `matmul` takes 16-bit operands, not {da}")
+        da = "float32"
     return da, batch + (a[-2:-1] if len(a) >= 2 else ()) + (b[-1:] if len(b) >= 2 else ())
 
 
@@ -285,6 +289,8 @@ def _cpu_scatter_add(node, args, dt):
 
 def _cpu_matmul(node, args, dt):
     import torch
+    if node.attr("widened"):        # the float32 accumulator kept (16-bit products are exact in it)
+        return torch.matmul(args[0].float(), args[1].float())
     return torch.matmul(args[0], args[1])
 
 

@@ -25,6 +25,7 @@ from .precision import precision
 from .shard import shard
 from .simplify import simplify
 from .sink_reshapes import sink_reshapes
+from .split_products import split_products
 from .split_reductions import split_reductions
 from .stage import stage
 
@@ -45,6 +46,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("split-reductions", split_reductions),
     ("cast-views", cast_views),
     ("pad-products", pad_products),
+    ("split-products", split_products),
     ("fork-casts", fork_casts),
 ]
 PASS_NAMES = [name for name, _ in PIPELINE]
