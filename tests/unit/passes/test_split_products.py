@@ -72,8 +72,8 @@ def test_each_form_verifies_and_matches_float64_on_the_cpu(no_launch_cost, monke
     widened = [n for n in g.nodes if n.op is Op.MATMUL and n.attr("widened")]
     assert sorted(tuple(n.shape) for n in widened) == [(2, 128, 64), (2, 128, 128), (2, 128, 256), (2, 256, 128)]
     assert all(n.dtype == "float32" and g.node(n.inputs[0]).dtype == "bfloat16" for n in widened)
-    # Two tails: a top product each, placed with its parts by one element-wise kernel.
-    assert sum(n.op is Op.UNINDEX for n in g.nodes) == 2 * 3
+    # Two tails: a top product each, top and summed tail each placed (unindex) and added.
+    assert sum(n.op is Op.UNINDEX for n in g.nodes) == 2 * 2
     monkeypatch.setattr(sp, "MIN_GAIN", float("inf"))
     whole = cases.optimized()
     assert not any(n.attr("widened") for n in whole.nodes)
@@ -138,6 +138,8 @@ def test_gpt2_training_step_schedule_on_an_h200() -> None:
     kinds = collections.Counter(k.kind for k in s.kernels)
     # 147 products: a split one stays one (its parts' batched product), a tail adds its top's.
     assert kinds["matmul"] == 147 + 24
+    # Each split adds one element-wise kernel (its parts' sum), each tail one more (the placing).
+    assert kinds["elementwise"] == 145 + 36 + 24
     for k in s.kernels:
         if k.kind == "matmul" and g.node(k.anchor).attr("widened"):
             assert all(g.node(i).op in (Op.TRANSPOSE, Op.RESHAPE, Op.INDEX) for i in s.inputs(k))
@@ -145,3 +147,4 @@ def test_gpt2_training_step_schedule_on_an_h200() -> None:
             readers = [r for r in s.kernels if any(i in outs or g.node(i).op is Op.INDEX and g.node(i).inputs[0] in outs
                                                    for i in s.inputs(r))]
             assert [r.kind for r in readers] == ["elementwise"]
+            assert len(s.inputs(readers[0])) == g.node(k.anchor).shape[0]      # the parts, nothing else
