@@ -118,6 +118,35 @@ def main() {
     assert sum(n.op is Op.MATMUL for n in g.nodes) == 3
 
 
+def test_programs_of_several_gpus_are_left_alone(tmp_path) -> None:
+    """Data parallel over 2 GPUs: the weight gradient's K (8192 tokens) is the sharded batch, and
+    the program's engine is planned (layouts inferred) as it was."""
+    from xgbuild.compiler.passes.shard import plan_of
+    src = """TARGET_GPU = H200
+NUM_GPU = 2
+extern Tensor[bfloat16, 8192, 768] X
+extern Tensor[bfloat16, 8192, 768] Y
+extern Tensor[bfloat16, 768, 768] W
+def loss(Tensor[bfloat16, B, D] x, Tensor[bfloat16, B, D] y, Tensor[bfloat16, D, D] w) -> float32 {
+    d = cast(x @ w - y, float32)
+    return mean(d * d)
+}
+def main() {
+    with shard(X, dim=0), shard(Y, dim=0):
+        (l, g) = value_and_grad(loss, wrt=(w))(X, Y, W)
+    return (l, W - cast(0.1, bfloat16) * g)
+}
+"""
+    c = compile_source(src, "dp.xg", verify_each=True)
+    g = c.optimized.main
+    assert not any(n.attr("widened") for n in g.nodes)
+    assert any(n.op is Op.REDUCE_SCATTER or n.op is Op.ALL_REDUCE for n in g.nodes)
+    plan_of(g, 2, c.optimized.profile)
+    # The same program on one GPU splits its weight gradient.
+    one = compile_source(src.replace("NUM_GPU = 2", "NUM_GPU = 1"), "dp1.xg").optimized.main
+    assert any(n.attr("widened") for n in one.nodes)
+
+
 def test_a_widened_product_takes_16_bit_operands() -> None:
     g = compile_source("extern Tensor[float32, 4, 8] A\nextern Tensor[float32, 8, 2] B\ndef main() {\n"
                        "    return A @ B\n}\n", "w.xg").optimized.main

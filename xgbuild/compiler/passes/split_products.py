@@ -36,6 +36,9 @@ Measured on an H200 (`transpose(X) @ DY`, K = 8192, through `xg.run_engine`, GPU
 28.1 us whole, 26.0 split in 2 (cuBLAS 26.6); 3072x768 split whole along K in 2 or 4 was slower
 (75.3 -> 80.2, 81.4 us): the waves, not K, were what to split.
 
+Programs of one GPU only: on several, the operands are laid out over the GPUs (a data-parallel
+weight gradient's K is the sharded batch) and a view splitting K has no layout rule.
+
 Needs: a verified graph; runs after autodiff (the products it splits are gradients' too) and
 before `fork-casts`. Leaves: the product's value at its node id (a cast, or the tail form's add).
 """
@@ -215,7 +218,9 @@ def _rewrite(b: _Builder, n: Node, a: Node, bn: Node, by_id, p: Plan) -> Node:
 def split_products(program: Program) -> Program:
     hw = program.profile
     g = program.main
-    if hw is None or hw.sm_count <= 0:
+    # On several GPUs the products' operands are laid out over them (a data-parallel weight
+    # gradient's K is the sharded batch): the views that split K have no layout rule there.
+    if hw is None or hw.sm_count <= 0 or program.num_gpu > 1:
         return program
     by_id = g.by_id
     out: list[Node] = []
