@@ -119,16 +119,23 @@ class EagerError:
     reduced-precision (3xTF32) candidate must clear. Computed once per job, on first use."""
 
     def __init__(self) -> None:
-        # (the job's data, its errors, eager's outputs): the data itself is held, since an id() of
-        # data freed would come back for the next job's and hand it this job's errors
-        self.cache: tuple[Any, list[float], list[torch.Tensor]] | None = None
+        # (the job's data, its errors, eager's outputs or None): the data itself is held, since an
+        # id() of data freed would come back for the next job's and hand it this job's errors.
+        # The outputs are kept only when asked for (`with_outputs`): the 3xTF32 gate needs the
+        # errors alone, and a large product's output is gigabytes.
+        self.cache: tuple[Any, list[float], list[torch.Tensor] | None] | None = None
 
     def __call__(self, data: Any, ref: list[torch.Tensor], device) -> list[float]:
-        return self.with_outputs(data, ref, device)[0]
+        return self._known(data, ref, device, False)[1]
 
     def with_outputs(self, data: Any, ref: list[torch.Tensor], device) -> tuple[list[float], list[torch.Tensor]]:
+        _, errors, outputs = self._known(data, ref, device, True)
+        return errors, outputs
+
+    def _known(self, data: Any, ref: list[torch.Tensor], device, outputs: bool) -> tuple:
         known = self.cache                  # read once: tuning threads may replace it
-        if known is None or known[0] is not data:
+        if known is None or known[0] is not data or (outputs and known[2] is None):
             ref32 = data.reference(device, float64=False)
-            known = self.cache = (data, [rel_error(a, r) for a, r in zip(ref32, ref)], list(ref32))
-        return known[1], known[2]
+            known = self.cache = (data, [rel_error(a, r) for a, r in zip(ref32, ref)],
+                                  list(ref32) if outputs else None)
+        return known

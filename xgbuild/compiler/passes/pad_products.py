@@ -34,14 +34,13 @@ from ...dtypes import FLOAT_DTYPES, ITEMSIZE
 from ..ir.graph import Node, Op, Program, tree_ids, tree_map
 from ..ops import BINARY, UNARY
 from .dce import dce
-from .rewrite import Inserter
+from .rewrite import FULL, Inserter
 
 ELEMENTWISE = UNARY | BINARY | {Op.WHERE}
 
 PITCH_BYTES = 128          # a padded row holds whole 128-byte lines (TMA's and a swizzle's unit)
 MIN_FLOPS = 1e10           # products below this keep their shapes
 MIN_DIM = 1024             # and so do odd dims shorter than this
-FULL = ("s", None, None, None)
 
 
 def _odd(size, itemsize: int) -> bool:

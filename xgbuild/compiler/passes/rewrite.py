@@ -8,6 +8,8 @@ from ..ir.graph import Node, Op, attrs_of
 from ..ir.shapes import infer
 from ..ops.core import INTEGERS
 
+FULL = ("s", None, None, None)      # an INDEX/UNINDEX item taking a dim whole
+
 
 class Inserter:
     """Appends nodes with fresh ids to a pass's output list `out` and records them in `by_id`,

@@ -50,7 +50,8 @@ from dataclasses import dataclass, replace
 
 from xgbuild.hw import GpuProfile
 
-from ..ir.graph import Node, Op, Program, attrs_of
+from ..ir.graph import Node, Op, Program
+from .rewrite import FULL, Inserter
 
 DTYPES = ("bfloat16", "float16")
 TILE = 128                  # the output tile the wave model assumes (M and N)
@@ -61,7 +62,6 @@ MIN_GAIN = 1.15             # the model's time whole over its time split, at lea
 LAUNCH_S = 3e-6             # one more kernel, with its ramp up and down
 PARTIAL_BYTES = 4           # a float32 partial product
 MAX_TAIL = 0.5              # a tail of more than this fraction of a wave is left whole
-ALL = ("s", None, None, None)
 
 
 @dataclass(frozen=True)
@@ -132,86 +132,70 @@ def _static(shape) -> bool:
     return all(isinstance(s, int) for s in shape)
 
 
-class _Builder:
-    """Appends nodes with fresh ids to `out`."""
-
-    def __init__(self, out: list[Node], next_id: int, src) -> None:
-        self.out, self.next_id, self.src = out, next_id, src
-
-    def add(self, op: Op, inputs: tuple, dtype: str, shape: tuple, attrs=()) -> int:
-        self.out.append(Node(self.next_id, op, inputs, dtype, tuple(shape), attrs, self.src))
-        self.next_id += 1
-        return self.next_id - 1
-
-    def index(self, x: int, dtype: str, shape: tuple, items: tuple) -> int:
-        return self.add(Op.INDEX, (x,), dtype, shape, attrs_of(items=items))
+def _plan_of(n: Node, by_id: dict[int, Node], hw: GpuProfile) -> Plan:
+    """The plan for node `n`: whole unless it is a static 2-D 16-bit product the model splits."""
+    if n.op is not Op.MATMUL or n.attr("widened") or n.dtype not in DTYPES or len(n.inputs) != 2:
+        return Plan()
+    a, b = (by_id[i] for i in n.inputs)
+    if len(a.shape) != 2 or len(b.shape) != 2 or not _static(a.shape) or not _static(b.shape):
+        return Plan()
+    return plan(a.shape[0], b.shape[1], a.shape[1], hw)
 
 
-def _a_parts(b: _Builder, a: Node, by_id, parts: int, lo: int, hi: int) -> int:
-    """A's rows lo:hi in `parts` along K: [parts, hi - lo, K / parts], a view."""
-    m, k = a.shape
-    part, rows = k // parts, hi - lo
-    if a.op is Op.TRANSPOSE and len(by_id[a.inputs[0]].shape) == 2:     # x^T: x [K, M] split by rows
-        x = by_id[a.inputs[0]]
-        v = b.add(Op.RESHAPE, (x.id,), x.dtype, (parts, part, m))
-        if rows != m:
-            v = b.index(v, x.dtype, (parts, part, rows), (ALL, ALL, ("s", lo, hi, None)))
-        return b.add(Op.TRANSPOSE, (v,), x.dtype, (parts, rows, part), attrs_of(dim0=1, dim1=2))
-    v = b.add(Op.RESHAPE, (a.id,), a.dtype, (m, parts, part))
-    if rows != m:
-        v = b.index(v, a.dtype, (rows, parts, part), (("s", lo, hi, None),))
-    return b.add(Op.TRANSPOSE, (v,), a.dtype, (parts, rows, part), attrs_of(dim0=0, dim1=1))
+def _k_parts(add, s: Node, k_dim: int, parts: int, lo: int, hi: int, k_last: bool, src) -> int:
+    """A view of 2-D `s` (K its dim `k_dim`) split into `parts` along K, its other dim cut to
+    lo:hi: [parts, hi - lo, K / parts] if `k_last` (A's orientation), else [parts, K / parts,
+    hi - lo] (B's)."""
+    other = s.shape[1 - k_dim]
+    part = s.shape[k_dim] // parts
+    cut = ("s", lo, hi, None)
+    if k_dim == 0:              # [K, X] -> [parts, part, X][..., lo:hi]
+        v = add(Op.RESHAPE, (s.id,), src, s.dtype, (parts, part, other))
+        if hi - lo != other:
+            v = add(Op.INDEX, (v,), src, items=(FULL, FULL, cut))
+        return add(Op.TRANSPOSE, (v,), src, dim0=1, dim1=2) if k_last else v
+    v = add(Op.RESHAPE, (s.id,), src, s.dtype, (other, parts, part))        # [X, K] -> [X, parts, part]
+    if hi - lo != other:
+        v = add(Op.INDEX, (v,), src, items=(cut,))
+    v = add(Op.TRANSPOSE, (v,), src, dim0=0, dim1=1)
+    return v if k_last else add(Op.TRANSPOSE, (v,), src, dim0=1, dim1=2)
 
 
-def _b_parts(b: _Builder, bn: Node, by_id, parts: int, lo: int, hi: int) -> int:
-    """B's columns lo:hi in `parts` along K: [parts, K / parts, hi - lo], a view."""
-    k, n = bn.shape
-    part, cols = k // parts, hi - lo
-    if bn.op is Op.TRANSPOSE and len(by_id[bn.inputs[0]].shape) == 2:   # y^T: y [N, K] split by columns
-        y = by_id[bn.inputs[0]]
-        v = b.add(Op.RESHAPE, (y.id,), y.dtype, (n, parts, part))
-        if cols != n:
-            v = b.index(v, y.dtype, (cols, parts, part), (("s", lo, hi, None),))
-        v = b.add(Op.TRANSPOSE, (v,), y.dtype, (parts, cols, part), attrs_of(dim0=0, dim1=1))
-        return b.add(Op.TRANSPOSE, (v,), y.dtype, (parts, part, cols), attrs_of(dim0=1, dim1=2))
-    v = b.add(Op.RESHAPE, (bn.id,), bn.dtype, (parts, part, n))
-    if cols != n:
-        v = b.index(v, bn.dtype, (parts, part, cols), (ALL, ALL, ("s", lo, hi, None)))
-    return v
+def _stored(x: Node, by_id: dict[int, Node]) -> tuple[Node, bool]:
+    """The tensor a 2-D operand is read from and whether it is stored transposed: a TRANSPOSE of a
+    2-D value (a gradient's x^T, an `nn.Linear` weight's W^T) is split as that value."""
+    if x.op is Op.TRANSPOSE and len(by_id[x.inputs[0]].shape) == 2:
+        return by_id[x.inputs[0]], True
+    return x, False
 
 
-def _rewrite(b: _Builder, n: Node, a: Node, bn: Node, by_id, p: Plan) -> Node:
-    """The nodes of plan `p` for product n = a @ bn appended; returns n's replacement (a cast)."""
+def _rewrite(new: Inserter, n: Node, a: Node, bn: Node, p: Plan) -> Node:
+    """The nodes of plan `p` for product n = a @ bn appended; returns n's replacement (a cast, or
+    the tail form's add)."""
+    add, by_id, src = new.add, new.by_id, n.src
     (m, k), (_, cols) = a.shape, bn.shape
-    if p.axis < 0:
-        lo_a, hi_a, lo_b, hi_b = 0, m, 0, cols
-    elif p.axis == 0:
-        lo_a, hi_a, lo_b, hi_b = p.cut, m, 0, cols
-    else:
-        lo_a, hi_a, lo_b, hi_b = 0, m, p.cut, cols
-    rows, width = hi_a - lo_a, hi_b - lo_b
-    pa = _a_parts(b, a, by_id, p.parts, lo_a, hi_a)
-    pb = _b_parts(b, bn, by_id, p.parts, lo_b, hi_b)
-    prod = b.add(Op.MATMUL, (pa, pb), "float32", (p.parts, rows, width), attrs_of(widened=True))
-    total = b.index(prod, "float32", (rows, width), (("i", 0),))
+    lo_a, lo_b = (p.cut, 0) if p.axis == 0 else (0, p.cut if p.axis == 1 else 0)
+    sa, a_t = _stored(a, by_id)         # A [M, K]: K is dim 1, or dim 0 of x for x^T
+    sb, b_t = _stored(bn, by_id)        # B [K, N]: K is dim 0, or dim 1 of y for y^T
+    pa = _k_parts(add, sa, 0 if a_t else 1, p.parts, lo_a, m, True, src)
+    pb = _k_parts(add, sb, 1 if b_t else 0, p.parts, lo_b, cols, False, src)
+    prod = add(Op.MATMUL, (pa, pb), src, widened=True)
+    total = add(Op.INDEX, (prod,), src, items=(("i", 0),))
     for i in range(1, p.parts):
-        total = b.add(Op.ADD, (total, b.index(prod, "float32", (rows, width), (("i", i),))), "float32", (rows, width))
+        total = add(Op.ADD, (total, add(Op.INDEX, (prod,), src, items=(("i", i),))), src)
     if p.axis < 0:
         return replace(n, op=Op.CAST, inputs=(total,), attrs=())
     # The top ([:cut] of the axis) as its own product; top and tail each placed into [m, cols] (zero
     # elsewhere) and added: x + 0 is x, so the sum is the two side by side, bit for bit.
-    tail = b.add(Op.CAST, (total,), n.dtype, (rows, width))
-    whole = ("s", 0, p.cut, None)
+    tail = add(Op.CAST, (total,), src, n.dtype)
+    top_items = (FULL,) * p.axis + (("s", 0, p.cut, None),)
+    tail_items = (FULL,) * p.axis + (("s", p.cut, (m, cols)[p.axis], None),)
     if p.axis == 0:
-        ta = b.index(a.id, a.dtype, (p.cut, k), (whole,))
-        top = b.add(Op.MATMUL, (ta, bn.id), n.dtype, (p.cut, cols))
-        top_items, tail_items = (whole,), (("s", p.cut, m, None),)
+        top = add(Op.MATMUL, (add(Op.INDEX, (a.id,), src, items=top_items), bn.id), src)
     else:
-        tb = b.index(bn.id, bn.dtype, (k, p.cut), (ALL, whole))
-        top = b.add(Op.MATMUL, (a.id, tb), n.dtype, (m, p.cut))
-        top_items, tail_items = (ALL, whole), (ALL, ("s", p.cut, cols, None))
-    placed = b.add(Op.UNINDEX, (top,), n.dtype, (m, cols), attrs_of(items=top_items))
-    placed_tail = b.add(Op.UNINDEX, (tail,), n.dtype, (m, cols), attrs_of(items=tail_items))
+        top = add(Op.MATMUL, (a.id, add(Op.INDEX, (bn.id,), src, items=top_items)), src)
+    placed = add(Op.UNINDEX, (top,), src, shape=(m, cols), items=top_items)
+    placed_tail = add(Op.UNINDEX, (tail,), src, shape=(m, cols), items=tail_items)
     return replace(n, op=Op.ADD, inputs=(placed, placed_tail), attrs=())
 
 
@@ -222,21 +206,12 @@ def split_products(program: Program) -> Program:
     # gradient's K is the sharded batch): the views that split K have no layout rule there.
     if hw is None or hw.sm_count <= 0 or program.num_gpu > 1:
         return program
-    by_id = g.by_id
     out: list[Node] = []
-    b = _Builder(out, max((n.id for n in g.nodes), default=-1) + 1, None)
-    changed = False
+    new = Inserter(dict(g.by_id), out)
     for n in g.nodes:
-        if n.op is Op.MATMUL and not n.attr("widened") and n.dtype in DTYPES and len(n.inputs) == 2:
-            a, bn = (by_id[i] for i in n.inputs)
-            if len(a.shape) == 2 and len(bn.shape) == 2 and _static(a.shape) and _static(bn.shape):
-                p = plan(a.shape[0], bn.shape[1], a.shape[1], hw)
-                if p.parts > 1:
-                    b.src = n.src
-                    out.append(_rewrite(b, n, a, bn, by_id, p))
-                    changed = True
-                    continue
-        out.append(n)
+        p = _plan_of(n, new.by_id, hw)
+        out.append(_rewrite(new, n, *(new.by_id[i] for i in n.inputs), p) if p.parts > 1 else n)
+    changed = len(out) > len(g.nodes)     # (a rewrite adds nodes)
     return program.replace_main(g.with_nodes(out, g.output)) if changed else program
 
 
