@@ -30,6 +30,13 @@ def test_masked_sdpa_is_one_causal_kernel_and_matches_float64_under_the_interpre
     assert [o[0] for o in report["operands"][0]].count("bool") == 1
     (out,) = report["outputs"]
     assert out["rel_err"] < 1e-5, out
+    # grouped-query attention (transformers' repeat_kv): the same one causal kernel, reading each key
+    # head in place for its group of query heads; no kernel writes the repeated keys and values
+    gqa = report["gqa"]
+    assert gqa["kinds"] == report["kinds"] and gqa["causal"] == [True], gqa
+    assert gqa["operands"] == report["operands"]
+    (out,) = gqa["outputs"]
+    assert out["rel_err"] < 1e-5, out
 
 
 def test_a_query_with_no_key_gives_zeros_as_torch_does() -> None:

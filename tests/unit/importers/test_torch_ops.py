@@ -26,6 +26,12 @@ MASK = torch.randn(4, 4)
 RM, RV = torch.randn(5) * 0.1, torch.rand(5) + 0.5
 LN_W, LN_B, ONES3, RMS_W = torch.rand(3, 4) + 1, torch.randn(3, 4), torch.ones(3), torch.arange(4.0) + 1
 
+def _repeat_kv(x, n):
+    """transformers' repeat_kv: [B, KVH, S, D] -> [B, KVH * n, S, D]."""
+    b, kvh, s, d = x.shape
+    return x[:, :, None, :, :].expand(b, kvh, n, s, d).reshape(b, kvh * n, s, d)
+
+
 CASES = {
     "conv_stride_pad": (lambda x: F.conv2d(x, W4, B6, stride=2, padding=1), (r(2, 3, 9, 9),)),
     "conv_dilation_asym": (lambda x: F.conv2d(x, W4, None, stride=(1, 2), padding=(2, 0), dilation=2), (r(1, 3, 8, 9),)),
@@ -51,6 +57,19 @@ CASES = {
     "sdpa_causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), (r(2, 2, 5, 4),) * 3),
     "sdpa_fused_cpu_variant": (lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, 0.0, True)[0], (r(2, 2, 5, 4),) * 3),
+    # grouped-query attention: 6 query heads over 2 key/value heads, by SDPA's enable_gqa or by
+    # transformers' repeat_kv; masks broadcast over heads, per head, or of rank 2
+    "sdpa_gqa_causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                        (r(2, 6, 5, 8), r(2, 2, 5, 8), r(2, 2, 5, 8))),
+    "sdpa_gqa_head_mask": (lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+                           (r(2, 6, 4, 8), r(2, 2, 7, 8), r(2, 2, 7, 3), r(2, 6, 4, 7))),
+    "sdpa_gqa_unequal_groups": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                                (r(1, 6, 4, 8), r(1, 6, 4, 8), r(1, 2, 4, 8))),
+    "sdpa_gqa_3d": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=MASK, enable_gqa=True),
+                    (r(4, 4, 8), r(2, 4, 8), r(2, 4, 8))),
+    "sdpa_repeat_kv": (lambda q, k, v, m: F.scaled_dot_product_attention(q, _repeat_kv(k, 3), _repeat_kv(v, 3),
+                                                                         attn_mask=m > 0),
+                       (r(2, 6, 5, 8), r(2, 2, 5, 8), r(2, 2, 5, 8), r(2, 1, 5, 5))),
     "layer_norm_2d": (lambda x: F.layer_norm(x, (3, 4), LN_W, LN_B), (r(2, 3, 4),)),
     "rms_norm": (lambda x: F.rms_norm(x, (4,), RMS_W, 1e-6), (r(3, 4),)),
     "batch_norm_1d": (lambda x: F.batch_norm(x, RM, RV, RV * 2, B6[:5]),
@@ -120,6 +139,17 @@ def test_embedding_is_a_gather_and_arange_a_slice(dtype: torch.dtype, shape: tup
         want = model(fresh)
     # Rows are copied, then added in the table's dtype, as eager does.
     assert engine(fresh).dtype == dtype and torch.equal(engine(fresh), want)
+
+
+@pytest.mark.parametrize("name", ["sdpa_gqa_causal", "sdpa_repeat_kv"])
+def test_grouped_query_attention_reads_each_key_head_in_place(name: str) -> None:
+    """The products broadcast a key head over its group of query heads ([B, KVH, n, T, S] scores):
+    nothing writes keys or values repeated per query head."""
+    fn, inputs = CASES[name]
+    graph = import_torch(fn, inputs).optimized.main
+    products = [n for n in graph.nodes if n.op is Op.MATMUL]
+    assert [tuple(n.shape) for n in products] == [(2, 2, 3, 5, 5), (2, 2, 3, 5, 8)]
+    assert not [n for n in graph.nodes if n.op is Op.ADD and len(n.shape) == 5]
 
 
 def test_patch_convolution_is_one_matmul() -> None:

@@ -262,10 +262,8 @@ def _sdpa(t, node, args, kwargs):
     p = arg(args, kwargs, 4, "dropout_p", 0.0)
     if p:
         raise TranslationError("attention dropout (dropout_p > 0)")
-    if kwargs.get("enable_gqa"):
-        raise TranslationError("grouped-query attention (enable_gqa=True)")
     return C.attention(t.b, q, k, v, mask, bool(arg(args, kwargs, 5, "is_causal", False)),
-                       arg(args, kwargs, 6, "scale"))
+                       arg(args, kwargs, 6, "scale"), bool(arg(args, kwargs, 7, "enable_gqa", False)))
 
 
 @op("aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_flash_attention",

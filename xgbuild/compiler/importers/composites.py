@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ..ir.graph import Dim, Op
+from ..ir.graph import BINARY, UNARY, Dim, Op
 from ..ops.core import dim_expr
 from ..ir.shapes import FLOATS
 from .builder import INTS, IRBuilder, TranslationError, Ref, is_node
@@ -155,9 +155,98 @@ def batch_norm(b: IRBuilder, x: Ref, w: Ref | None, bias: Ref | None, mean: Ref,
     return b.binary(Op.ADD, y, chan(bias)) if bias is not None else y
 
 
-def attention(b: IRBuilder, q: Ref, k: Ref, v: Ref, mask: Ref | None, causal: bool, scale: float | None) -> Ref:
+def _repeated_heads(b: IRBuilder, k: Ref) -> tuple[Ref, int] | None:
+    """`k` [..., H, S, D] as `(k5, n)` when it repeats each of H / n heads n times the way
+    transformers' `repeat_kv` writes it (`k[:, :, None].expand(..., n, S, D).reshape(..., H, S, D)`,
+    the expand a broadcast add of zeros): k5 [..., H / n, 1, S, D] is the value before the expand."""
+    node = b.node(k)
+    if node.op is not Op.RESHAPE or b.rank(k) < 3:
+        return None
+    wide = b.node(node.inputs[0])
+    if wide.op is not Op.ADD or len(wide.shape) != b.rank(k) + 1:
+        return None
+    *lead, kv, n, s, d = wide.shape
+    for small, zeros in (wide.inputs, wide.inputs[::-1]):
+        z = b.node(zeros)
+        if (z.op is Op.FULL and z.attr("value") == 0 and tuple(z.shape) == tuple(wide.shape)
+                and b.shape(small) == (*lead, kv, 1, s, d) and isinstance(n, int) and n > 1
+                and isinstance(kv, int) and b.shape(k) == (*lead, kv * n, s, d)):
+            return small, n
+    return None
+
+
+def _grouped(b: IRBuilder, q: Ref, k: Ref, v: Ref, gqa: bool) -> tuple[Ref, Ref, int] | None:
+    """Grouped-query attention's keys and values as [..., KVH, 1, S, D], one head for each group of
+    n query heads, and n: from SDPA's `enable_gqa` (k and v have KVH heads) or from k and v
+    repeated to q's H heads by `repeat_kv`. None for ordinary attention."""
+    if gqa:
+        if min(b.rank(q), b.rank(k), b.rank(v)) < 3:
+            raise TranslationError("grouped-query attention (enable_gqa=True) needs heads at dim -3 of q, k and v")
+        h, kv, vh = b.shape(q)[-3], b.shape(k)[-3], b.shape(v)[-3]
+        if not all(isinstance(x, int) for x in (h, kv, vh)) or h % kv or h % vh:
+            raise TranslationError(f"grouped-query attention (enable_gqa=True) needs q's heads ({h}) a multiple "
+                                   f"of k's ({kv}) and v's ({vh})")
+
+        def unsqueeze(x: Ref) -> Ref:
+            s = b.shape(x)
+            return b.reshape(x, s[:-2] + (1,) + s[-2:])
+        if kv != vh:        # groups of two sizes (torch allows it): k and v each repeated to q's heads
+            return None
+        return (unsqueeze(k), unsqueeze(v), h // kv) if h != kv else None
+    rk, rv = _repeated_heads(b, k), _repeated_heads(b, v)
+    if rk is None or rv is None or rk[1] != rv[1] or b.rank(q) != b.rank(k) or b.shape(q)[-3] != b.shape(k)[-3]:
+        return None
+    return rk[0], rv[0], rk[1]
+
+
+def _repeat_heads(b: IRBuilder, x: Ref, heads: int) -> Ref:
+    """x [..., KVH, S, D] with each head repeated heads / KVH times, as SDPA's enable_gqa reads it."""
+    *lead, kv, s, d = b.shape(x)
+    if kv == heads:
+        return x
+    wide = b.expand(b.reshape(x, (*lead, kv, 1, s, d)), (*lead, kv, heads // kv, s, d))
+    return b.reshape(wide, (*lead, heads, s, d))
+
+
+def _split_heads(b: IRBuilder, x: Ref, rank: int, kv: int, n: int) -> Ref:
+    """`x`, broadcasting against [..., H, T, S] (H = kv * n), reshaped to broadcast against
+    [..., kv, n, T, S]: its head dim split (or 1, 1 where it broadcasts over heads). A boolean
+    mask made by element-wise ops is rebuilt from its operands split so, down to its leaves: a
+    causal part `cols <= rows` stays a comparison of index vectors, which the attention kernel
+    evaluates from its indices (and skips the blocks above the diagonal), never a loaded mask."""
+    node = b.node(x)
+    if b.rank(x) == 0:
+        return x
+    if b.dtype(x) == "bool" and node.op in (BINARY | UNARY) and not node.attrs:
+        return b.op(node.op, [_split_heads(b, i, rank, kv, n) for i in node.inputs])
+    s = b.shape(x)
+    s = (1,) * (rank - len(s)) + tuple(s)
+    heads = (1, 1) if s[-3] == 1 else (kv, n)
+    return b.reshape(x, s[:-3] + heads + s[-2:])
+
+
+def attention(b: IRBuilder, q: Ref, k: Ref, v: Ref, mask: Ref | None, causal: bool, scale: float | None,
+              gqa: bool = False) -> Ref:
     """scaled_dot_product_attention: softmax(q k^T * scale + mask) v, the math form.
-    A boolean mask keeps where true; a float mask is added to the scores."""
+    A boolean mask keeps where true; a float mask is added to the scores.
+
+    Grouped-query attention (`gqa`: SDPA's enable_gqa, or k and v written out per query head by
+    `repeat_kv`) runs with the heads split in two, [..., KVH, n, T, D] against keys and values
+    [..., KVH, 1, S, D]: the product broadcasts each key head over its n query heads, so the
+    repeated keys and values are never materialised and the attention kernel reads each key
+    head's rows in place."""
+    grouped = _grouped(b, q, k, v, gqa)
+    if gqa and grouped is None:
+        k, v = (_repeat_heads(b, x, b.shape(q)[-3]) for x in (k, v))
+    if grouped is not None:
+        k5, v5, n = grouped
+        shape, rank = b.shape(q), b.rank(q)
+        kv = b.shape(k5)[-4]
+        q5 = b.reshape(q, shape[:-3] + (kv, n) + shape[-2:])
+        if mask is not None:
+            mask = _split_heads(b, mask, rank, kv, n)
+        out = attention(b, q5, k5, v5, mask, causal, scale)
+        return b.reshape(out, shape[:-1] + b.shape(out)[-1:])
     e = b.shape(q)[-1]
     if scale is None:
         if not isinstance(e, int):
