@@ -226,11 +226,19 @@ def test_float32_attention_keeps_score_tiles_small_enough_for_fma_products() -> 
     fp32 = Problem(**{**bf16.__dict__, "dtype": "float32", "elem_bytes": 4})
     h100 = load_profile("H100")
     kept, dropped = prune(fp32, full_space(fp32), h100)
-    assert kept and all(c["BLOCK_M"] * c["BLOCK_N"] <= 16 * 32 * c["num_warps"] for c in kept)
+    exact = [c for c in kept if not c["TF32X3"]]
+    assert exact and all(c["BLOCK_M"] * c["BLOCK_N"] <= 16 * 32 * c["num_warps"] for c in exact)
     assert any("CUDA cores" in why for _c, why in dropped)
-    assert candidates(fp32, h100)[0]["BLOCK_M"] * candidates(fp32, h100)[0]["BLOCK_N"] <= 64 * 64
-    # Tensor-core dtypes keep the large tiles.
+    top = [c for c in candidates(fp32, h100) if not c["TF32X3"]][0]
+    assert top["BLOCK_M"] * top["BLOCK_N"] <= 64 * 64
+    # Tensor-core dtypes keep the large tiles, and so do float32's 3xTF32 products (warpgroup
+    # MMAs: BLOCK_M of 64 or more; never for 16-bit operands).
     assert any(c["BLOCK_M"] * c["BLOCK_N"] > 16 * 32 * c["num_warps"] for c in candidates(bf16, h100))
+    x3 = [c for c in kept if c["TF32X3"]]
+    assert x3 and all(c["BLOCK_M"] >= 64 for c in x3)
+    assert any(c["BLOCK_M"] * c["BLOCK_N"] > 16 * 32 * c["num_warps"] for c in x3)
+    assert not any(c["TF32X3"] for c in full_space(bf16))
+    assert any("TF32X3 needs BLOCK_M >= 64" in why for _c, why in dropped)
 
 
 def test_attention_spec_text_changes_with_the_mask() -> None:
@@ -337,3 +345,26 @@ def main() {
     report = _interpret(tmp_path, src, {"T": 32, "D": 32, "E": 16}, [{"T": 32, "D": 32, "E": 16}])
     for out in report["runs"][0]["outputs"]:
         assert out["rel_err"] < 1e-4, out
+
+
+def test_float32_attention_with_3xtf32_compiles_to_tensor_core_products() -> None:
+    """A TF32X3 config of a float32 attention lowers, for sm_90 on this GPU-less host, to TF32
+    tensor-core products (three per exact one) in both of its products."""
+    from xgbuild.compiler.codegen.build import compile_emitted
+    from xgbuild.compiler.codegen.templates import emit
+    src = MHA_BF16.replace("bfloat16", "float32")
+    g = compile_source(src).optimized.main
+    jobs, _ = plan(g, tuning_env(g, {"B": 2, "H": 2, "T": 256, "D": 64}))
+    (job,) = [j for j in jobs if j.spec.kind == "attention"]
+    assert job.problem.dtype == "float32"
+    kept, _dropped = prune(job.problem, full_space(job.problem), load_profile("H100"))
+    (config,) = [c for c in kept if c["TF32X3"] and (c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["num_stages"])
+                 == (64, 64, 4, 2)]
+    emitted = emit(job.spec, config, job.fast_variant(config))
+    exact = emit(job.spec, {**config, "TF32X3": 0}, job.fast_variant(config))
+    # both products, in the interior and the masked key-block loops
+    products = exact.source.count('input_precision="ieee"')
+    assert products == 4 and 'input_precision="tf32x3"' not in exact.source
+    assert emitted.source.count('input_precision="tf32x3"') == products and "ieee" not in emitted.source
+    ptx = compile_emitted(emitted, 90, 4, 2).asm["ptx"]
+    assert "tf32" in ptx

@@ -14,7 +14,8 @@ what `torch.softmax` (the CPU reference, and the unfused row kernel) gives such 
 Config knobs: `BLOCK_M`, `BLOCK_N` (key block), `BLOCK_D` (a chunk of the head dim D: with the
 variant's `single` assumption, D <= BLOCK_D and q's tile is loaded once; otherwise the score
 product loops over D in chunks), `BLOCK_DV` (the output columns a program covers; more programs
-cover a wider v), warps and stages.
+cover a wider v), `TF32X3` (float32 operands: both products as three TF32 tensor-core products
+instead of exact FMA; the tuner admits it only as accurate as float32's own), warps and stages.
 
 Causal block skipping: when the softmax's input is `where(col <= row, x, fill)`, with `col`/`row`
 integer IOTAs along the key/query dims and `fill` a constant, a program stops at the first key
@@ -79,8 +80,10 @@ def _rounded(value: float, dtype: str) -> float:
     return float(torch.tensor(value, dtype=TORCH_DTYPES[dtype]).float())
 
 
-def _dot(a: str, b: str, acc: str | None, dtype: str) -> str:
-    extra = ', input_precision="ieee"' if dtype == "float32" else ""
+def _dot(a: str, b: str, acc: str | None, dtype: str, x3: bool = False) -> str:
+    """tl.dot in float32 accumulators; float32 operands exact ("ieee": FMA) or, with `x3`, as
+    three TF32 tensor-core products (hi*hi + hi*lo + lo*hi)."""
+    extra = f', input_precision="{"tf32x3" if x3 else "ieee"}"' if dtype == "float32" else ""
     return f"tl.dot({a}, {b}{', ' + acc if acc else ''}{extra})"
 
 
@@ -94,6 +97,7 @@ def attention(e: Emitter) -> Emitted:
         raise NotImplementedError(f"no GPU attention for {qk_dt} / {v_dt} operands")
     mm1, sm, _mm2 = parts(spec)
     skip = causal(spec)
+    x3 = bool(cfg.get("TF32X3", 0))
     e.int_param("M")
     for name in ("N", "K", "DV"):
         e.int_param(name, hint16=True)
@@ -147,7 +151,7 @@ def attention(e: Emitter) -> Emitted:
         kmask = "(rd < K)[:, None]" + ("" if interior else " & n_ok[None, :]")
         if v.single:
             w.line(f"kt = tl.load(k_base + rd[:, None] * {skd} + rn[None, :] * {skn}, mask={kmask}, other=0)")
-            w.line(f"s = {_dot('q', 'kt', None, qk_dt)}")
+            w.line(f"s = {_dot('q', 'kt', None, qk_dt, x3)}")
         else:
             w.line("s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)")
             w.line("for d0 in range(0, K, BLOCK_D):")
@@ -157,7 +161,7 @@ def attention(e: Emitter) -> Emitted:
                    "mask=m_ok[:, None] & (dd < K)[None, :], other=0)")
             w.line(f"kt = tl.load(k_base + dd[:, None] * {skd} + rn[None, :] * {skn}, "
                    f"mask={kmask.replace('rd', 'dd')}, other=0)")
-            w.line(f"s = {_dot('q', 'kt', 's', qk_dt)}")
+            w.line(f"s = {_dot('q', 'kt', 's', qk_dt, x3)}")
             w.indent -= 1
         # The product rounds to its dtype before the chain reads it, as on the CPU.
         if spec.nodes[mm1].dtype in ("bfloat16", "float16"):
@@ -212,7 +216,7 @@ def attention(e: Emitter) -> Emitted:
         vmask = "v_ok[None, :]" if interior else "n_ok[:, None] & v_ok[None, :]"
         w.line(f"vv = tl.load(v_base + rn[:, None] * {svn} + rv[None, :] * {svd}, mask={vmask}, other=0)")
         w.line("acc = acc * alpha[:, None]")
-        w.line(f"acc = {_dot(f'p.to({TL[v_dt]})', 'vv', 'acc', v_dt)}")
+        w.line(f"acc = {_dot(f'p.to({TL[v_dt]})', 'vv', 'acc', v_dt, x3)}")
         w.line("m_i = m_new")
 
     causal_where = spec.nodes[sm].args[0][1] if skip else None

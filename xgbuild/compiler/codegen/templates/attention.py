@@ -20,7 +20,7 @@ from ..triton_attention import attention, causal
 from .base import Config, KernelTemplate, Problem, config_key, make_config, next_pow2
 from .roofline import (BASE_REGS_PER_THREAD, L2_SPEEDUP, MEMORY_LATENCY_S, MIN_ACC_ELEMENTS_PER_THREAD,
                        SMEM_HEADROOM_BYTES, SPILL_PENALTY, blocks_per_sm, matmul_peak, over_smem, smem_feed,
-                       stream_s)
+                       stream_s, tf32x3)
 
 BLOCK_M = (16, 32, 64, 128)
 BLOCK_N = (16, 32, 64, 128)
@@ -106,8 +106,20 @@ def _regs(p: Problem, c: Config, hw: GpuProfile) -> str | None:
     return None
 
 
+def _tf32x3(p: Problem, c: Config, hw: GpuProfile) -> str | None:
+    if not tf32x3(c):
+        return None
+    if p.dtype != "float32":
+        return f"TF32X3 applies to float32 operands, not {p.dtype}"
+    if hw.peak_flops.tf32 <= 0:
+        return f"{hw.name} has no TF32 tensor cores"
+    if c["BLOCK_M"] < 64:
+        return "TF32X3 needs BLOCK_M >= 64 (warpgroup MMAs): three products on mma.sync do not pay"
+    return None
+
+
 def _fma_scores(p: Problem, c: Config, hw: GpuProfile) -> str | None:
-    if p.dtype not in ("float32", "float64"):
+    if p.dtype not in ("float32", "float64") or tf32x3(c):
         return None
     per_thread = c["BLOCK_M"] * c["BLOCK_N"] / (32 * c["num_warps"])
     if per_thread > MAX_FMA_SCORES_PER_THREAD:
@@ -119,14 +131,14 @@ def _fma_scores(p: Problem, c: Config, hw: GpuProfile) -> str | None:
 
 class AttentionTemplate(KernelTemplate):
     kind = "attention"
-    params = ("BLOCK_D", "BLOCK_DV", "BLOCK_M", "BLOCK_N")
+    params = ("BLOCK_D", "BLOCK_DV", "BLOCK_M", "BLOCK_N", "TF32X3")
     sizes = ("batch", "m", "n", "k", "dv")
     tiled = True
     # The model prices stages and warps alike where they measure 2x apart (H200: 64x64 tiles at 4
     # warps 0.43 ms, at 8 warps 0.88): it trusts the model less than matmul's 0.85, which pruned
     # the H200's winner (the fixture's h200 attention job; 0.8 is the boldest that keeps it).
     bound_margin = 0.75
-    rules = (_tile_vs_problem, _smem, _regs, _fma_scores)
+    rules = (_tf32x3, _tile_vs_problem, _smem, _regs, _fma_scores)
 
     def spec(self, sched: Schedule, k: Kernel) -> tuple[KernelSpec, Binding]:
         """An attention kernel: local nodes `matmul(q, kT)`, the score chain (with the index expressions
@@ -244,16 +256,20 @@ class AttentionTemplate(KernelTemplate):
         return p.k <= config["BLOCK_D"], False
 
     def full_space(self, p: Problem, hw: GpuProfile | None = None) -> list[Config]:
+        # float32 operands: both products exact (FMA) or as three TF32 tensor-core products, as
+        # the matmul template's TF32X3; the tuner admits those only as accurate as float32's own.
         bd, bdv = head_blocks(p)
-        return [make_config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bdv, num_warps=w, num_stages=s)
-                for bm in BLOCK_M for bn in BLOCK_N for w in WARPS for s in STAGES]
+        x3s = (0, 1) if p.dtype == "float32" else (0,)
+        return [make_config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bdv, TF32X3=x3, num_warps=w, num_stages=s)
+                for x3 in x3s for bm in BLOCK_M for bn in BLOCK_N for w in WARPS for s in STAGES]
 
     def default_config(self, p: Problem) -> Config:
         # Loops over D in chunks of 64 and splits v's columns by 64 over programs: any sizes.
-        return make_config(BLOCK_M=64, BLOCK_N=32, BLOCK_D=64, BLOCK_DV=64, num_warps=4, num_stages=2)
+        return make_config(BLOCK_M=64, BLOCK_N=32, BLOCK_D=64, BLOCK_DV=64, TF32X3=0, num_warps=4, num_stages=2)
 
     def peak_flops(self, p: Problem, profile: GpuProfile, config: Config | None) -> float:
-        return matmul_peak(p.dtype, profile)
+        # three TF32 tensor-core products per useful one
+        return matmul_peak("tf32", profile) / 3 if tf32x3(config) else matmul_peak(p.dtype, profile)
 
     def seconds(self, p: Problem, c: Config, hw: GpuProfile, top) -> float:
         """Like a matmul whose k-steps are key blocks: each does q @ kT over the head dim's chunks
