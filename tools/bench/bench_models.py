@@ -15,6 +15,7 @@ Prints a table and writes JSON; rows where XG is slower than torch.compile's bes
     python tools/bench/bench_models.py [--models gpt2 llama1b bert vit resnet50 whisper]
         [--dtype bfloat16 float32] [--batch 8] [--seq 512] [--images 32] [--layers N]
         [--policy measure|cache|predict] [--no-max-autotune] [--profile N] [--json out/bench_models.json]
+        [--resume]
 """
 
 from __future__ import annotations
@@ -118,18 +119,69 @@ def _phase(name: str, dtype: str, what: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {name} {dtype}: {what}", file=sys.stderr, flush=True)
 
 
+def _where(graph: Any, launch: dict) -> str:
+    """The source of the first value a launch stores: `line N of module.path`."""
+    outs = launch["binding"]["outputs"]
+    src = graph.node(outs[0]).src if outs else None
+    if not src:
+        return ""
+    return f"line {src[0]} of {src[2]}" if len(src) > 2 and src[2] else f"line {src[0]}"
+
+
+def by_kernel(events: list[tuple[str, float]], launches: list[dict], iterations: int,
+              where: Callable[[dict], str]) -> list[dict]:
+    """XG kernels' GPU time per call, by kernel, slowest first: `events` are (kernel name, ms) of
+    `iterations` calls in GPU order, `launches` the engine's kernel launches in order (the i-th
+    event of each call is launch i: each kernel then says where its first launches store). When
+    the events do not line up with the launches, they are grouped by name alone."""
+    groups: dict[str, dict] = {}
+    if launches and len(events) == iterations * len(launches):
+        for i, launch in enumerate(launches):
+            ms = sum(events[i + j * len(launches)][1] for j in range(iterations)) / iterations
+            g = groups.setdefault(launch["kernel"].split(":")[0], {"launches": 0, "ms": 0.0, "where": []})
+            g["launches"] += 1
+            g["ms"] += ms
+            if len(g["where"]) < 2:
+                g["where"].append(where(launch))
+    else:
+        for name, ms in events:
+            g = groups.setdefault(name, {"launches": 0.0, "ms": 0.0, "where": []})
+            g["launches"] += 1 / iterations
+            g["ms"] += ms / iterations
+    return sorted(({"kernel": k, **g} for k, g in groups.items()), key=lambda r: -r["ms"])
+
+
 def _profile(engine: Any, kw: dict, iterations: int, top: int = 12) -> dict:
-    """XG's engine run `iterations` times kernel by kernel under the profiler (what `xgrun
-    --profile` prints): where its time goes, printed to stderr; the slowest `top` kernels kept."""
-    from xgbuild.runtime.profile import Profiler, render
-    inputs = engine.bind((), kw)
-    profiler = Profiler("cuda")
-    for _ in range(iterations):
-        engine.engine.run(inputs, device="cuda", check=engine.check, profiler=profiler)
-    summary = profiler.summary()
-    print(render(summary, limit=top), file=sys.stderr, flush=True)
-    return {"kernels_ms": summary["kernels_ms"], "run_p50_ms": summary["run_ms"]["p50"],
-            "launches": summary["launches"], "rows": summary["rows"][:top]}
+    """XG's engine called as a user calls it (`engine(**kw)`: a replayed CUDA graph), `iterations`
+    times under torch.profiler, which reads each kernel's GPU time from CUPTI: the time by kernel
+    and by launch, the slowest `top` kernels kept and printed to stderr. (`xgrun --profile` brackets
+    each launch with CUDA events while it launches kernel by kernel; where the host launches slower
+    than the GPU runs, as for a model of many small kernels, those times include the GPU waiting for
+    the next launch, and sum to several times the run.)"""
+    engine(**kw)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iterations):
+            engine(**kw)
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    ours = [(e.name, e.device_time_total / 1000.0) for e in events if e.name.startswith("xg_")]
+    other_ms = sum(e.device_time_total / 1000.0 for e in events if not e.name.startswith("xg_")) / iterations
+    launches = [launch for launch in engine.engine.manifest["launches"] if launch["kernel"] != "extern"]
+    graph = engine.engine.graph
+    rows = by_kernel(ours, launches, iterations, lambda launch: _where(graph, launch))
+    kernels_ms = sum(r["ms"] for r in rows)
+    rows = rows[:top]
+    total = kernels_ms + other_ms
+    lines = [f"GPU time per call {total:.3f} ms: XG's kernels {kernels_ms:.3f} ms, other (copies, checks) "
+             f"{other_ms:.3f} ms, over {iterations} calls",
+             f"  {'kernel':28s} {'launches':>8s} {'ms':>8s} {'share':>6s}  where"]
+    for r in rows:
+        lines.append(f"  {r['kernel'][:28]:28s} {r['launches']:8.0f} {r['ms']:8.3f} {r['ms'] / total:6.1%}  "
+                     f"{', '.join(w for w in r['where'] if w)}")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    return {"gpu_ms": total, "kernels_ms": kernels_ms, "other_ms": other_ms, "rows": rows}
 
 
 def run(args: argparse.Namespace, name: str, dtype_name: str) -> dict:
@@ -175,6 +227,34 @@ def run(args: argparse.Namespace, name: str, dtype_name: str) -> dict:
     return row
 
 
+# The arguments every row of one table shares (a resumed run must repeat them).
+SETUP = ("batch", "seq", "images", "layers", "policy", "no_max_autotune")
+
+
+def kept_rows(path: Path, device: str, args: argparse.Namespace) -> list[dict]:
+    """The finished rows (no error) of an earlier run's JSON at `path`, for `--resume`: none if
+    there is no file; a ValueError if it is unreadable, from another GPU or of other sizes or
+    policy (rows measured two ways in one table would compare nothing)."""
+    if not path.exists():
+        return []
+    try:
+        data = json.loads(path.read_text())
+        rows = data["rows"]
+        if not isinstance(rows, list):
+            raise TypeError("rows is not a list")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"cannot resume from {path}: {exc}") from None
+    if data.get("device") != device:
+        raise ValueError(f"cannot resume from {path}: its rows were measured on {data.get('device')!r}, "
+                         f"this GPU is {device!r}")
+    before = data.get("args") or {}
+    differ = [f"--{k.replace('_', '-')} {before.get(k)!r} (now {getattr(args, k)!r})" for k in SETUP
+              if before.get(k) != getattr(args, k)]
+    if differ:
+        raise ValueError(f"cannot resume from {path}: its rows were measured with {', '.join(differ)}")
+    return [r for r in rows if isinstance(r, dict) and "error" not in r and {"model", "dtype"} <= set(r)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=MODELS)
@@ -186,7 +266,10 @@ def main() -> int:
     ap.add_argument("--policy", default="measure", choices=["measure", "cache", "predict"])
     ap.add_argument("--no-max-autotune", action="store_true", help="leave torch.compile's max-autotune out")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
-                    help="also run XG's engine N times kernel by kernel (xgrun --profile's table, on stderr)")
+                    help="also profile N calls of XG's engine with torch.profiler (GPU time by kernel, on stderr)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows --json already holds (same GPU) and measure only the missing ones: a "
+                         "full table over several shorter runs")
     ap.add_argument("--json", default=str(REPO / "out" / "bench_models.json"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -194,15 +277,22 @@ def main() -> int:
         return 1
     torch.backends.cuda.matmul.allow_tf32 = False       # XG's fp32 matmuls are IEEE; so are the peers'
     torch.backends.cudnn.allow_tf32 = False
-    rows = []
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        rows = kept_rows(out, torch.cuda.get_device_name(0), args) if args.resume else []
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    done = {(r["model"], r["dtype"]) for r in rows}
 
     def write() -> None:           # after every row: a run cut short keeps the rows it finished
         out.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                                    "args": vars(args), "rows": rows}, indent=2))
     for name in args.models:
         for dt in args.dtype:
+            if (name, dt) in done:
+                continue
             try:
                 row = run(args, name, dt)
             except Exception as exc:  # noqa: BLE001 (one model's failure is a row, not the end of the run)
