@@ -356,6 +356,38 @@ def schedule(graph: Graph) -> Schedule:
                 if k != a:
                     d.add(a)
 
+    def row_epilogue(n: Node) -> tuple[int | None, list[int]]:
+        """(the row kernel n joins, the element-wise kernels that join it with n) when n, of a row
+        kernel's whole domain, reads that kernel's values (an RMSNorm's `x * rsqrt(mean(x^2))`)
+        and each of its other inputs is made by no kernel yet, or by an element-wise kernel of the
+        same domain that n alone reads outside itself and that reads nothing of the row kernel's
+        (Llama's `x.float()` for the product, forked from the one the reduction squares). Joining
+        the element-wise kernel instead (the other order) left the row kernel writing its row
+        values and that kernel reading them and the row again: two kernels where one does."""
+        if n.id in out_ids:
+            return None, []
+        rows = [owner[i] for i in n.inputs if owner.get(i) is not None and kernels[owner[i]].kind == "rowwise"]
+        if len(set(rows)) != 1:
+            return None, []
+        r = rows[0]
+        k = kernels[r]
+        if tuple(n.shape) != tuple(k.shape) or not can_join(k, n):
+            return None, []
+        absorbed: list[int] = []
+        for i in n.inputs:
+            e = owner.get(source(i))
+            if e is None or e == r or e in absorbed:
+                continue
+            ke = kernels[e]
+            inside = set(ke.nodes)
+            if i in views or ke.kind != "elementwise" or tuple(ke.shape) != tuple(k.shape) or inside & out_ids \
+                    or any(graph.node(x).op in GATHERS or graph.node(x).attr("remat") for x in ke.nodes) \
+                    or any(u not in inside and u != n.id for x in ke.nodes for u in users[x]) \
+                    or reaches(e, r) or any(reaches(p, e) for p in deps[r] if p != e):
+                return None, []
+            absorbed.append(e)
+        return r, absorbed
+
     def lone_source(i: int, n: Node) -> bool:
         """Is `i` a source in a kernel of its own that only `n` reads?"""
         k = owner.get(i)
@@ -488,6 +520,16 @@ def schedule(graph: Graph) -> Schedule:
             continue
         if n.op not in ELEMENTWISE:
             raise ScheduleError(f"`{n.op.value}` has no GPU kernel yet" + (f" (line {n.src[0]})" if n.src else ""))
+        # A node of a row kernel's whole domain that reads the kernel's row values is its
+        # epilogue, with the element-wise kernels of its other inputs (see `row_epilogue`).
+        row_idx, absorbed = row_epilogue(n)
+        if row_idx is not None:
+            kernels[row_idx].nodes.append(n.id)
+            owner[n.id] = row_idx
+            deps[row_idx] |= producers(n, row_idx)
+            for e in absorbed:
+                merge(row_idx, e)
+            continue
         # A source only this node reads (fork-casts gives each reader its own) is tried last: the
         # node joins the kernel of what it really reads, and the source's kernel merges into it.
         lone = [i for i in n.inputs if lone_source(i, n)]
