@@ -20,7 +20,7 @@ from ..triton_attention import attention, causal
 from .base import Config, KernelTemplate, Problem, config_key, make_config, next_pow2
 from .roofline import (BASE_REGS_PER_THREAD, L2_SPEEDUP, MEMORY_LATENCY_S, MIN_ACC_ELEMENTS_PER_THREAD,
                        SMEM_HEADROOM_BYTES, SPILL_PENALTY, blocks_per_sm, matmul_peak, over_smem, smem_feed,
-                       stream_s, tf32x3)
+                       stream_s, tf32x3, tf32x3_rule)
 
 BLOCK_M = (16, 32, 64, 128)
 BLOCK_N = (16, 32, 64, 128)
@@ -106,18 +106,6 @@ def _regs(p: Problem, c: Config, hw: GpuProfile) -> str | None:
     return None
 
 
-def _tf32x3(p: Problem, c: Config, hw: GpuProfile) -> str | None:
-    if not tf32x3(c):
-        return None
-    if p.dtype != "float32":
-        return f"TF32X3 applies to float32 operands, not {p.dtype}"
-    if hw.peak_flops.tf32 <= 0:
-        return f"{hw.name} has no TF32 tensor cores"
-    if c["BLOCK_M"] < 64:
-        return "TF32X3 needs BLOCK_M >= 64 (warpgroup MMAs): three products on mma.sync do not pay"
-    return None
-
-
 def _fma_scores(p: Problem, c: Config, hw: GpuProfile) -> str | None:
     if p.dtype not in ("float32", "float64") or tf32x3(c):
         return None
@@ -138,7 +126,7 @@ class AttentionTemplate(KernelTemplate):
     # warps 0.43 ms, at 8 warps 0.88): it trusts the model less than matmul's 0.85, which pruned
     # the H200's winner (the fixture's h200 attention job; 0.8 is the boldest that keeps it).
     bound_margin = 0.75
-    rules = (_tf32x3, _tile_vs_problem, _smem, _regs, _fma_scores)
+    rules = (tf32x3_rule, _tile_vs_problem, _smem, _regs, _fma_scores)
 
     def spec(self, sched: Schedule, k: Kernel) -> tuple[KernelSpec, Binding]:
         """An attention kernel: local nodes `matmul(q, kT)`, the score chain (with the index expressions

@@ -21,7 +21,7 @@ from .base import Config, KernelTemplate, Problem, config_key, make_config, next
 from .local import build, domain_level
 from .roofline import (BASE_REGS_PER_THREAD, L2_SPEEDUP, MEMORY_LATENCY_S, MIN_ACC_ELEMENTS_PER_THREAD,
                        SMEM_HEADROOM_BYTES, blocks_per_sm, matmul_peak, over_smem, pipelined_feed, stream_s,
-                       tensor_cores, tf32x3)
+                       tensor_cores, tf32x3, tf32x3_rule)
 
 BLOCK_M = (16, 32, 64, 128, 256)
 BLOCK_N = (32, 64, 128, 256)
@@ -97,18 +97,6 @@ def _regs(p: Problem, c: Config, hw: GpuProfile) -> str | None:
     return None
 
 
-def _tf32x3(p: Problem, c: Config, hw: GpuProfile) -> str | None:
-    if not c["TF32X3"]:
-        return None
-    if p.dtype != "float32":
-        return f"TF32X3 applies to float32 operands, not {p.dtype}"
-    if hw.peak_flops.tf32 <= 0:
-        return f"{hw.name} has no TF32 tensor cores"
-    if c["BLOCK_M"] < 64:
-        return "TF32X3 needs BLOCK_M >= 64 (warpgroup MMAs): three products on mma.sync do not pay"
-    return None
-
-
 def _ab_bytes(p: Problem, c: Config, hw: GpuProfile, slots: int) -> float:
     """HBM bytes of A and B reads: each tile reads a row panel of A and a column panel of B."""
     grid_m, grid_n = math.ceil(p.m / c["BLOCK_M"]), math.ceil(p.n / c["BLOCK_N"])
@@ -150,7 +138,7 @@ class MatmulTemplate(KernelTemplate):
     optional = ("PROGRAMS", "TMA", "SUBTILES")      # a persistent TMA kernel, an epilogue in slices (`triton_matmul.py`)
     sizes = ("batch", "m", "n", "k")
     tiled = True
-    rules = (_tf32x3, _tile_vs_problem, _k_slice, _smem, _regs)
+    rules = (tf32x3_rule, _tile_vs_problem, _k_slice, _smem, _regs)
 
     def joins(self, k: Kernel, shape: tuple, inner: list[int], graph, users: dict) -> bool:
         # An epilogue pays when it replaces the product in memory; when the product is written
@@ -260,7 +248,7 @@ class MatmulTemplate(KernelTemplate):
 
     def full_space(self, p: Problem, hw: GpuProfile | None = None) -> list[Config]:
         # float32 products: exact FMA (TF32X3=0) or three TF32 tensor-core products (see the
-        # `_tf32x3` rule, `triton_matmul.py` and the tuner's gate, which admits them only as
+        # `roofline.tf32x3_rule`, `triton_matmul.py` and the tuner's gate, which admits them only as
         # accurate as float32's own). 16-bit products: each config and its persistent TMA twin,
         # one program per SM of `hw` (`preselect` keeps both forms). With B stored [N, K] the
         # pointer kernel's transposed B tiles cost it 10-12% on an H200 (docs/codegen.md). With B

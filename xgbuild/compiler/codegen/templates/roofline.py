@@ -85,6 +85,20 @@ def tf32x3(config: Config | None) -> bool:
     return bool(config and config.get("TF32X3", 0))
 
 
+def tf32x3_rule(p: Problem, c: Config, hw: GpuProfile) -> str | None:
+    """The pruning rule of the products' `TF32X3` knob (matmul and attention): float32 operands
+    on a GPU with TF32 tensor cores, in tiles of warpgroup MMAs."""
+    if not tf32x3(c):
+        return None
+    if p.dtype != "float32":
+        return f"TF32X3 applies to float32 operands, not {p.dtype}"
+    if hw.peak_flops.tf32 <= 0:
+        return f"{hw.name} has no TF32 tensor cores"
+    if c["BLOCK_M"] < 64:
+        return "TF32X3 needs BLOCK_M >= 64 (warpgroup MMAs): three products on mma.sync do not pay"
+    return None
+
+
 def over_smem(need: int, hw: GpuProfile) -> str | None:
     """Why a block asking for `need` bytes of shared memory cannot run on `hw`, or None."""
     if need > hw.max_shared_memory_per_block_bytes:
