@@ -371,7 +371,9 @@ def schedule(graph: Graph) -> Schedule:
             return None, []
         r = rows[0]
         k = kernels[r]
-        if tuple(n.shape) != tuple(k.shape) or not can_join(k, n):
+        # (Kernels of recomputed values keep the rules of `can_join` and `can_merge` alone.)
+        if tuple(n.shape) != tuple(k.shape) or n.attr("remat") or any(graph.node(x).attr("remat") for x in k.nodes) \
+                or not can_join(k, n):
             return None, []
         absorbed: list[int] = []
         for i in n.inputs:
