@@ -23,6 +23,7 @@ WR = torch.randn(5, 3, 2, 3)
 B6 = torch.randn(6)
 TABLE = torch.randn(10, 5)
 MASK = torch.randn(4, 4)
+PAD = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0]])
 RM, RV = torch.randn(5) * 0.1, torch.rand(5) + 0.5
 LN_W, LN_B, ONES3, RMS_W = torch.rand(3, 4) + 1, torch.randn(3, 4), torch.ones(3), torch.arange(4.0) + 1
 
@@ -70,6 +71,10 @@ CASES = {
     "sdpa_repeat_kv": (lambda q, k, v, m: F.scaled_dot_product_attention(q, _repeat_kv(k, 3), _repeat_kv(v, 3),
                                                                          attn_mask=m > 0),
                        (r(2, 6, 5, 8), r(2, 2, 5, 8), r(2, 2, 5, 8), r(2, 1, 5, 5))),
+    # an integer padding mask cast to bool: the cast keeps its dtype when split over the heads
+    "sdpa_repeat_kv_int_mask": (lambda q, k, v: F.scaled_dot_product_attention(
+        q, _repeat_kv(k, 3), _repeat_kv(v, 3), attn_mask=PAD[:, None, None, :].bool()),
+        (r(2, 6, 5, 8), r(2, 2, 5, 8), r(2, 2, 5, 8))),
     "layer_norm_2d": (lambda x: F.layer_norm(x, (3, 4), LN_W, LN_B), (r(2, 3, 4),)),
     "rms_norm": (lambda x: F.rms_norm(x, (4,), RMS_W, 1e-6), (r(3, 4),)),
     "batch_norm_1d": (lambda x: F.batch_norm(x, RM, RV, RV * 2, B6[:5]),

@@ -187,12 +187,9 @@ def _grouped(b: IRBuilder, q: Ref, k: Ref, v: Ref, gqa: bool) -> tuple[Ref, Ref,
             raise TranslationError(f"grouped-query attention (enable_gqa=True) needs q's heads ({h}) a multiple "
                                    f"of k's ({kv}) and v's ({vh})")
 
-        def unsqueeze(x: Ref) -> Ref:
-            s = b.shape(x)
-            return b.reshape(x, s[:-2] + (1,) + s[-2:])
-        if kv != vh:        # groups of two sizes (torch allows it): k and v each repeated to q's heads
+        if kv != vh or h == kv:     # (groups of two sizes, as torch allows: k and v each repeated)
             return None
-        return (unsqueeze(k), unsqueeze(v), h // kv) if h != kv else None
+        return b.unsqueeze(k, -3), b.unsqueeze(v, -3), h // kv
     rk, rv = _repeated_heads(b, k), _repeated_heads(b, v)
     if rk is None or rv is None or rk[1] != rv[1] or b.rank(q) != b.rank(k) or b.shape(q)[-3] != b.shape(k)[-3]:
         return None
@@ -204,7 +201,7 @@ def _repeat_heads(b: IRBuilder, x: Ref, heads: int) -> Ref:
     *lead, kv, s, d = b.shape(x)
     if kv == heads:
         return x
-    wide = b.expand(b.reshape(x, (*lead, kv, 1, s, d)), (*lead, kv, heads // kv, s, d))
+    wide = b.expand(b.unsqueeze(x, -3), (*lead, kv, heads // kv, s, d))
     return b.reshape(wide, (*lead, heads, s, d))
 
 
@@ -218,7 +215,8 @@ def _split_heads(b: IRBuilder, x: Ref, rank: int, kv: int, n: int) -> Ref:
     if b.rank(x) == 0:
         return x
     if b.dtype(x) == "bool" and node.op in (BINARY | UNARY) and not node.attrs:
-        return b.op(node.op, [_split_heads(b, i, rank, kv, n) for i in node.inputs])
+        # (the node's own dtype: a cast's is not its input's)
+        return b.op(node.op, [_split_heads(b, i, rank, kv, n) for i in node.inputs], dtype=node.dtype)
     s = b.shape(x)
     s = (1,) * (rank - len(s)) + tuple(s)
     heads = (1, 1) if s[-3] == 1 else (kv, n)
