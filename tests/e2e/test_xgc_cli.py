@@ -71,7 +71,9 @@ def test_every_dump_after_pass(name: str) -> None:
     # did, splitting reductions adds at most two nodes per reduction, a one-hot product turned
     # lookup adds its index clamp and mask (a few nodes per product), moving casts across views
     # rebuilds at most each view and cast once (the old ones left for the next dce), padding a
-    # product adds its padded operands and output view (then runs dce), splitting a product along
+    # product adds its padded operands and output view (then runs dce), computing a product read
+    # only transposed transposed swaps its readers for it (at most two operand views more),
+    # splitting a product along
     # K adds its views, parts and their sum (never removes a node), and forking casts adds at most
     # one cast per reader of one.
     looked = sizes.pop("lookups")
@@ -79,6 +81,8 @@ def test_every_dump_after_pass(name: str) -> None:
     forked = sizes.pop("fork-casts")
     products = sizes.pop("split-products")
     padded = sizes.pop("pad-products")
+    transposed = sizes.pop("transpose-products")        # a product, its transposes and slices swapped
+    assert transposed <= padded + 2 and transposed <= products
     moved = sizes.pop("cast-views")
     split = sizes.pop("split-reductions")
     assert split <= moved <= 2 * split and padded <= 2 * moved and padded <= products

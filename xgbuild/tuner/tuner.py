@@ -146,7 +146,11 @@ class JobData:
             on = {"device": self.device}
             dt = TORCH_DTYPES[n.dtype]
             shape = tuple(n.shape)
-            if n.dtype in FLOAT_DTYPES:
+            if n.op is Op.IOTA:
+                # Its own values: a row kernel computes a column iota from its column index
+                # (`codegen.kernel.column_iota`) where another kernel reads it from memory.
+                t = torch.arange(shape[0], **on).to(dt)
+            elif n.dtype in FLOAT_DTYPES:
                 t = torch.randn(shape, generator=g, dtype=torch.float32, **on).to(dt)
             elif self._is_index(nid):
                 t = torch.zeros(shape, dtype=dt, **on)      # a run-time index: 0 is in bounds of any dim
@@ -212,8 +216,24 @@ class JobData:
         def get(nid: int) -> torch.Tensor:
             if nid in vals:
                 return vals[nid]
+            if _view_of(nid):
+                # A row value the kernel computes, read in its other row form (a reshape the
+                # kernel reads in place, `codegen.kernel.row_value_through_view`): not an input.
+                n = graph.node(nid)
+                vals[nid] = ex.eval(n, [get(n.inputs[0])], {})
+                return vals[nid]
             t = inputs(nid)
             return t.double() if t.dtype.is_floating_point and float64 else t
+
+        inside = set(nodes)
+
+        def _view_of(nid: int) -> bool:
+            n = graph.node(nid)
+            while n.op is Op.RESHAPE and n.inputs:
+                if n.inputs[0] in inside:
+                    return True
+                n = graph.node(n.inputs[0])
+            return False
 
         tf32 = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = False       # float32 means float32 products here

@@ -67,3 +67,35 @@ class Schedule:
             if nid in graph_out or any(u not in inside for u in users[nid]):
                 out.append(nid)
         return out
+
+
+def row_forms(k: Kernel) -> tuple[tuple, tuple] | None:
+    """A last-dim row kernel's row-value shapes: kept ([T, 1]) and row ([T]); None for others."""
+    if k.kind != "rowwise" or not k.shape or tuple(k.reduce_dims) != (len(k.shape) - 1,):
+        return None
+    return tuple(k.shape[:-1]) + (1,), tuple(k.shape[:-1])
+
+
+def row_value_through_view(graph: Graph, k: Kernel, i: int, inside: set[int]) -> int | None:
+    """The node of row kernel `k` that `i`, a chain of reshapes between the row forms, reads."""
+    forms = row_forms(k)
+    if forms is None:
+        return None
+    j = i
+    while j not in inside and graph.node(j).op is Op.RESHAPE and tuple(graph.node(j).shape) in forms:
+        j = graph.node(j).inputs[0]
+    return j if j in inside and j != i and tuple(graph.node(j).shape) in forms else None
+
+
+def column_iota(graph: Graph, k: Kernel, i: int) -> bool:
+    """Whether `i`, read by last-dim row kernel `k`, is a 1-D IOTA as long as its rows (or a
+    reshape of one to [1, .., 1, C]): the kernel computes it from each element's column index
+    (cross-entropy's one-hot `target == arange(V)`: 8 bytes of int64 per logit it read)."""
+    forms = row_forms(k)
+    n = graph.node(i)
+    while n.op is Op.RESHAPE and forms is not None:
+        shape = tuple(n.shape)
+        if len(shape) > len(k.shape) or any(d != 1 for d in shape[:-1]) or not shape or shape[-1] != k.shape[-1]:
+            return False
+        n = graph.node(n.inputs[0])
+    return forms is not None and n.op is Op.IOTA and tuple(n.shape) == (k.shape[-1],)

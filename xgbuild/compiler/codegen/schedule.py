@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from ..ir.graph import BINARY, COLLECTIVE, UNARY, Graph, Node, Op, tree_ids
 from ..ir.shapes import index_axis, numel
 from ..passes.flash import find_attention
-from .kernel import Kernel, Schedule, ScheduleError
+from .kernel import Kernel, Schedule, ScheduleError, row_value_through_view
 from .templates import KernelTemplate, template
 
 ELEMENTWISE = UNARY | BINARY | {Op.WHERE, Op.FULL, Op.IOTA, Op.RANDN, Op.RAND}
@@ -302,6 +302,11 @@ def schedule(graph: Graph) -> Schedule:
         if n.attr("remat") and any(not graph.node(x).attr("remat") for x in k.nodes):
             return False        # a value recomputed for the backward pass stays out of earlier kernels
         inner = [i for i in n.inputs if owner.get(i) == owner_index(k)]
+        # A value of the kernel read through a view would be read from the memory it writes; a
+        # row kernel's row value between its kept ([T, 1]) and row ([T]) forms is read in place.
+        if any(i in views and owner.get(source(i)) == owner_index(k) and not _row_form_view(graph, k, i)
+               for i in n.inputs):
+            return False
         fits = rules.joins(k, tuple(n.shape), inner, graph, users) or (
             k.kind == "matmul" and tuple(n.shape) == tuple(k.shape) and _operand_cast(graph, users, n, out_ids))
         # Joining must not make the kernel read a value that itself needs this kernel (a cycle).
@@ -389,6 +394,36 @@ def schedule(graph: Graph) -> Schedule:
                 return None, []
             absorbed.append(e)
         return r, absorbed
+
+    def row_sibling(idx: int) -> None:
+        """A row kernel reading the same rows as an earlier one, neither on a path through a third
+        kernel to the other, joins it: cross-entropy's target logit `sum(onehot * x)` beside its
+        log-sum-exp, both over the [tokens, vocab] logits, read them once (`triton_src.row_passes`
+        walks the row once for the independent reductions) instead of once each."""
+        k = kernels[idx]
+        shape = tuple(k.shape)
+
+        def full_reads(kk: Kernel) -> set[int]:
+            inside = set(kk.nodes)
+            return {i for m in kk.nodes for i in graph.node(m).inputs
+                    if i not in inside and tuple(graph.node(i).shape) == shape}
+        reads = full_reads(k)
+        if not reads or any(graph.node(x).attr("remat") for x in k.nodes):
+            return
+        for sib, ks in enumerate(kernels):
+            if sib == idx or ks is None or ks.kind != "rowwise" or tuple(ks.shape) != shape \
+                    or ks.reduce_dims != k.reduce_dims or not reads & full_reads(ks) \
+                    or any(graph.node(x).attr("remat") for x in ks.nodes):
+                continue
+            if any(reaches(p, sib) for p in deps[idx] if p != sib) or any(reaches(p, idx) for p in deps[sib] if p != idx):
+                continue
+            # (Values of one read by the other through a view would be read from memory the
+            # merged kernel writes.)
+            if any(owner.get(source(i)) in (sib, idx) and i in views
+                   for m in k.nodes + ks.nodes for i in graph.node(m).inputs):
+                continue
+            merge(sib, idx)
+            return
 
     def lone_source(i: int, n: Node) -> bool:
         """Is `i` a source in a kernel of its own that only `n` reads?"""
@@ -490,8 +525,10 @@ def schedule(graph: Graph) -> Schedule:
                         not any(graph.node(i).op in GATHERS for i in prod.nodes):
                     kernels[pidx] = Kernel("rowwise", n.id, prod.nodes + [n.id], tuple(x.shape), last)
                     owner[n.id] = pidx
+                    row_sibling(pidx)
                     continue
             new_kernel(Kernel("rowwise", n.id, [n.id], tuple(x.shape), last), n)
+            row_sibling(len(kernels) - 1)
             continue
         if n.op is Op.EXTERN:
             new_kernel(Kernel("extern", n.id, [n.id], tuple(n.shape)), n)
@@ -588,6 +625,10 @@ def schedule(graph: Graph) -> Schedule:
     order = [i for i in _topological(len(kernels), deps) if kernels[i] is not None]
     remap = {old: new for new, old in enumerate(order)}
     return Schedule(graph, [kernels[i] for i in order], {n: remap[k] for n, k in owner.items()}, views, inlined)
+
+
+def _row_form_view(graph: Graph, k: Kernel, i: int) -> bool:
+    return row_value_through_view(graph, k, i, set(k.nodes)) is not None
 
 
 def _template(k: Kernel) -> KernelTemplate | None:

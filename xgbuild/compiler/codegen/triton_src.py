@@ -4,6 +4,8 @@ shared core (parameters, op code) in `emitter.py`. `templates/` calls each for i
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from .emitter import FLOAT, TL, Emitted, Emitter, compute_dtype, literal
 from .spec import KernelSpec
 
@@ -241,15 +243,10 @@ def rowwise(e: Emitter) -> Emitted:
         """Operand j's offset along the columns `c` (a linear index over the reduced dims)."""
         return e.dot((idx, e.stride(j, d)) for d, idx in e.split(c, nrow, rank).items())
 
-    # Dependencies: reductions (and softmax's two hidden ones) in order; full-level values are
-    # recomputed from memory inside each pass over the row.
-    reductions: list[tuple[int, str, str]] = []   # (node, "sum" | "mean" | "max" | "min" | "expsum", internal name)
-    for k, n in enumerate(spec.nodes):
-        if n.op in REDUCTIONS:
-            reductions.append((k, n.op, f"red{k}"))
-        elif n.op in ("softmax", "log_softmax"):
-            reductions.append((k, "max", f"smax{k}"))
-            reductions.append((k, "expsum", f"ssum{k}"))
+    # Reductions (and softmax's two hidden ones) in passes over the row (`row_passes`); full-level
+    # values are recomputed from memory inside each pass.
+    plan = row_passes(spec)
+    reductions = [r for p in plan.passes for r in p]
 
     row_vals: dict[int, str] = {}      # row-level nodes computed so far
     single = v.single
@@ -307,10 +304,19 @@ def rowwise(e: Emitter) -> Emitted:
 
         return value
 
+    def online_exp(k: int, agg: str, x: str) -> str:
+        """exp(x) as online sum (k, agg) computes its terms: softmax's `tl.exp`, else its exp node's."""
+        if agg == "expsum":
+            return f"tl.exp({x})"
+        return e.op(spec.nodes[spec.nodes[k].args[0][1]], [x])
+
+    def arg_value(value, a: tuple) -> str:
+        return value(a[1]) if a[0] == "n" else value(("o", a[1]))
+
     def emit_reduction_step(k: int, agg: str, value, c: str, cmask: str, acc: str | None) -> str:
         """The reduction of one tile (acc is None in the single-tile form)."""
         a = spec.nodes[k].args[0]
-        x = value(a[1]) if a[0] == "n" else value(("o", a[1]))
+        x = arg_value(value, a)
         n = spec.nodes[k]
         dt = compute_dtype(spec.nodes[a[1]].dtype if a[0] == "n" else spec.operands[a[1]][0])
         if agg == "expsum":
@@ -384,20 +390,58 @@ def rowwise(e: Emitter) -> Emitted:
         for i, k in full_outputs:
             e.store(i, out_offset(i, "cols"), value(k), "cmask")
     else:
-        for k, agg, name in reductions:
-            acc = f"acc{k}_{agg}"
-            dt = compute_dtype(_in_dtype(spec, k))
-            agg_ = "sum" if agg == "expsum" else agg
-            nan_check = agg_ in ("max", "min") and dt in FLOAT and spec.nodes[k].op in ("max", "min")
-            _accumulator(w, acc, agg_, dt, "[BLOCK_N]", nan_check)
+        def nan_checked(k: int, agg: str) -> bool:
+            return agg in ("max", "min") and compute_dtype(_in_dtype(spec, k)) in FLOAT \
+                and spec.nodes[k].op in ("max", "min")
+
+        for reds in plan.passes:
+            # One walk along the row for the reductions of a pass. A sum of exp(x - max) whose max
+            # is in the same pass (`row_passes`) runs online, lane by lane: each lane keeps its sum
+            # against its own running max, one exp an element (exp(-|x - m|): the element's term
+            # when x <= m, else the old sum's rescale, the new term being 1), no reduction across
+            # lanes inside the loop; the lanes' sums are rescaled to the row's max once, at the end.
+            for k, agg, _name in reds:
+                _accumulator(w, f"acc{k}_{agg}", "sum" if agg == "expsum" else agg,
+                             compute_dtype(_in_dtype(spec, k)), "[BLOCK_N]", nan_checked(k, agg))
             w.line(f"for c0 in range(0, {cols}, BLOCK_N):")
             w.indent += 1
             w.line("c = c0 + cols")
             w.line(f"cmask = c < {cols}")
             value = full_scope("c", "cmask")
-            emit_reduction_step(k, agg, value, "c", "cmask", acc)
+            for k, agg, _name in reds:
+                if (k, agg) in plan.online:
+                    continue                        # folded with its max, below
+                acc = f"acc{k}_{agg}"
+                old = w.tmp("old")
+                if (k, agg) in plan.rescaled:
+                    w.line(f"{old} = {acc}")
+                tile = emit_reduction_step(k, agg, value, "c", "cmask", acc)
+                if (k, agg) not in plan.rescaled:
+                    continue
+                d = w.tmp("d")
+                w.line(f"{d} = -tl.abs({tile} - {old})")
+                for (ke, agge), (km, _y, _m) in plan.online.items():
+                    if km != k:
+                        continue
+                    t, s_ = w.tmp("e"), f"acc{ke}_{agge}"
+                    w.line(f"{t} = {online_exp(ke, agge, d)}")
+                    # -inf (and the masked lanes) add nothing; NaN makes the sum NaN, as in two walks.
+                    w.line(f'{s_} = tl.where({tile} == float("-inf"), {s_}, '
+                           f"tl.where({tile} > {old}, {s_} * {t} + 1.0, {s_} + {t}))")
             w.indent -= 1
-            finish_reduction(k, agg, name, acc, f"{acc}_nan" if nan_check else None)
+            for k, agg, name in reds:
+                acc = f"acc{k}_{agg}"
+                if (k, agg) in plan.online:
+                    km, _y, m = plan.online[(k, agg)]
+                    lanes = f"acc{km}_max"
+                    w.line(f'{acc} = tl.where({lanes} == float("-inf"), 0.0, '
+                           f"{acc} * {online_exp(k, agg, f'{lanes} - {m}')})")
+                finish_reduction(k, agg, name, acc, f"{acc}_nan" if nan_checked(k, agg) else None)
+                if (k, agg) in plan.online:
+                    # NaN where two walks give NaN in every element: the max is NaN (exp(x - NaN)),
+                    # or the row is -inf alone (exp(-inf + inf)); the online sum skipped those.
+                    w.line(f'{name} = tl.where(({m} != {m}) | (({m} == float("-inf")) & ({cols} > 0)), '
+                           f'float("nan"), {name})')
             compute_row_nodes()
         if full_outputs:
             w.line(f"for c0 in range(0, {cols}, BLOCK_N):")
@@ -412,6 +456,101 @@ def rowwise(e: Emitter) -> Emitted:
         if spec.nodes[k].level != "full":
             e.store(i, "row", row_vals[k], None, block=False)
     return e.finish({"BLOCK_N": e.config["BLOCK_N"]})
+
+
+@dataclass
+class RowPlan:
+    """The looped row form's walks along the row (`row_passes`)."""
+    passes: list[list[tuple[int, str, str]]]      # (node, "sum" | "mean" | "max" | "min" | "expsum", name)
+    # A sum of exp(y - m) folded online with the max m of its pass: (node, agg) -> (m's node, y's arg,
+    # m's row value).
+    online: dict[tuple[int, str], tuple[int, tuple, str]] = field(default_factory=dict)
+    rescaled: set[tuple[int, str]] = field(default_factory=set)    # the maxes they fold with
+
+
+def row_passes(spec: KernelSpec) -> RowPlan:
+    """Groups a row kernel's reductions into walks along the row. A reduction joins the current
+    walk when every row value its input needs comes from an earlier walk (independent ones, as
+    cross-entropy's log-sum-exp and its target's logit, read each element once), or when the one
+    it needs from this walk is a max m and it sums exp(y - m) with y the value m reduces: softmax's
+    hidden sum, and the `m + log(sum(exp(x - m)))` a log-sum-exp spells out. Those run online
+    (FlashAttention's rescaling), so a softmax's statistics take one walk, not two."""
+    nodes = spec.nodes
+    needs_memo: dict[int, frozenset] = {}
+
+    def needs(a: tuple) -> frozenset:
+        """The reductions (node, agg) whose row values computing arg `a` needs."""
+        if a[0] != "n":
+            return frozenset()
+        k = a[1]
+        if k not in needs_memo:
+            n = nodes[k]
+            if n.op in REDUCTIONS:
+                out = frozenset({(k, n.op)})
+            elif n.op in ("softmax", "log_softmax"):
+                out = frozenset({(k, "max"), (k, "expsum")}) | needs(n.args[0])
+            else:
+                out = frozenset().union(*(needs(x) for x in n.args))
+            needs_memo[k] = out
+        return needs_memo[k]
+
+    def same(a: tuple, b: tuple) -> bool:
+        if a == b:
+            return True
+        if a[0] != "n" or b[0] != "n":
+            return False
+        x, y = nodes[a[1]], nodes[b[1]]
+        return (x.op, x.dtype, x.level, x.attrs, len(x.args)) == (y.op, y.dtype, y.level, y.attrs, len(y.args)) \
+            and x.op not in REDUCTIONS and x.op not in ("softmax", "log_softmax") \
+            and all(same(p, q) for p, q in zip(x.args, y.args))
+
+    def online_of(k: int, agg: str) -> tuple[int, tuple, str] | None:
+        """(the max, y) when reduction (k, agg) sums exp(y - max) with y the value the max reduces."""
+        n = nodes[k]
+        if agg == "expsum":
+            return k, n.args[0], f"smax{k}"
+        if n.op != "sum" or n.args[0][0] != "n":
+            return None
+        ex = nodes[n.args[0][1]]
+        if ex.op != "exp" or ex.args[0][0] != "n":
+            return None
+        sub = nodes[ex.args[0][1]]
+        exact = ("float32", "float64")
+        if sub.op != "sub" or len(sub.args) != 2 or sub.args[1][0] != "n" or ex.dtype not in exact \
+                or sub.dtype not in exact or ex.dtype != sub.dtype:
+            return None
+        m = nodes[sub.args[1][1]]
+        if m.op != "max" or m.dtype not in exact or not same(sub.args[0], m.args[0]):
+            return None
+        return sub.args[1][1], sub.args[0], f"red{sub.args[1][1]}"
+
+    reductions: list[tuple[int, str, str]] = []
+    for k, n in enumerate(nodes):
+        if n.op in REDUCTIONS:
+            reductions.append((k, n.op, f"red{k}"))
+        elif n.op in ("softmax", "log_softmax"):
+            reductions.append((k, "max", f"smax{k}"))
+            reductions.append((k, "expsum", f"ssum{k}"))
+    plan = RowPlan([])
+    done: set = set()
+    current: list[tuple[int, str, str]] = []
+    for k, agg, name in reductions:
+        n = nodes[k]
+        need = needs(n.args[0]) | ({(k, "max")} if agg == "expsum" else set())
+        inside = {(r[0], r[1]) for r in current}
+        pair = online_of(k, agg) if need & inside else None
+        if pair is not None and (pair[0], "max") in inside and need - done == {(pair[0], "max")} \
+                and compute_dtype(_in_dtype(spec, pair[0])) in FLOAT:
+            plan.online[(k, agg)] = pair
+            plan.rescaled.add((pair[0], "max"))
+        elif need & inside:
+            plan.passes.append(current)
+            done |= inside
+            current = []
+        current.append((k, agg, name))
+    if current:
+        plan.passes.append(current)
+    return plan
 
 
 def columns_fit(spec: KernelSpec) -> bool:

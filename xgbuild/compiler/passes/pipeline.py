@@ -28,6 +28,7 @@ from .sink_reshapes import sink_reshapes
 from .split_products import split_products
 from .split_reductions import split_reductions
 from .stage import stage
+from .transpose_products import transpose_products
 
 Pass = Callable[[Program], Program]
 
@@ -46,6 +47,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("split-reductions", split_reductions),
     ("cast-views", cast_views),
     ("pad-products", pad_products),
+    ("transpose-products", transpose_products),
     ("split-products", split_products),
     ("fork-casts", fork_casts),
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ...ir.graph import Node, Op
-from ..kernel import Kernel, Schedule, ScheduleError
+from ..kernel import Kernel, Schedule, ScheduleError, column_iota, row_forms, row_value_through_view
 from ..spec import KernelSpec, LocalNode, const
 
 # Nodes whose input is read at the full level, whatever their own level: they reduce (or
@@ -45,12 +45,24 @@ def build(sched: Schedule, k: Kernel, level_of: Callable[[Node], str], perm: tup
             return const(src.attr("value"), src.dtype)
         if tuple(src.shape) == () and domain_rank:
             level = "scalar"
+        elif level == "full" and forms is not None and tuple(src.shape) == forms[0]:
+            level = "row"       # a [T, 1] value in a last-dim row kernel: one load a row, not a column of them
         key = (nid, level)
         if key not in operand_index:
             operand_index[key] = len(operands)
             operands.append((src.dtype, level))
             operand_nodes.append(nid)
         return ("o", operand_index[key])
+
+    forms = row_forms(k)
+    iotas: dict[str, int] = {}
+
+    def iota(dtype: str) -> int:
+        """A local IOTA (the element's column index, `column_iota`), added before its first reader."""
+        if dtype not in iotas:
+            iotas[dtype] = len(nodes)
+            nodes.append(LocalNode("iota", (), dtype, "full"))
+        return iotas[dtype]
 
     matmul: tuple[int, ...] = ()
     for nid in k.nodes:
@@ -68,7 +80,11 @@ def build(sched: Schedule, k: Kernel, level_of: Callable[[Node], str], perm: tup
             elif n.op is Op.GATHER:     # starts its kernel (schedule.GATHERS): both inputs from memory
                 args = (operand(n.inputs[0], "table"), operand(n.inputs[1], "lead"))
             else:
-                args = tuple(("n", local[i]) if i in inside else operand(i, want) for i in n.inputs)
+                args = tuple(("n", local[i]) if i in inside else
+                             ("n", local[v]) if (v := row_value_through_view(g, k, i, inside)) is not None
+                             and level_of(g.node(v)) == "row" else
+                             ("n", iota(g.node(i).dtype)) if want == "full" and column_iota(g, k, i) else
+                             operand(i, want) for i in n.inputs)
         # Reductions reduce the kernel's columns and element-wise ops carry no attributes: only
         # FULL's value, UNINDEX's items, GATHER's count of index dims and a safe softmax matter to the code.
         attrs: tuple = (("value", const(n.attr("value"), n.dtype)[1]),) if n.op is Op.FULL else ()

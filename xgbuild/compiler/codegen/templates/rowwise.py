@@ -16,7 +16,7 @@ from ..emitter import Emitted, Emitter
 from ..kernel import Kernel, Schedule
 from ..launch_abi import Frame, Launch, Variant, align
 from ..spec import Binding, KernelSpec
-from ..triton_src import columns_fit, rowwise, rowwise_columns
+from ..triton_src import columns_fit, row_passes, rowwise, rowwise_columns
 from .base import Config, KernelTemplate, Problem, make_config, next_pow2, row_blocks_grid
 from .local import build
 from .roofline import (BASE_REGS_PER_THREAD, L1_SPEEDUP, L2_SPEEDUP, MEMORY_LATENCY_S, SPILL_PENALTY,
@@ -172,8 +172,7 @@ class RowwiseTemplate(KernelTemplate):
 
     def problem(self, spec: KernelSpec, ints: dict[str, int], dtype: str, work: int, moved: float,
                 widest: int, strides: tuple = ()) -> Problem:
-        passes = sum(2 if n.op in ("softmax", "log_softmax") else 1 for n in spec.nodes
-                     if n.op in ("sum", "mean", "max", "min", "softmax", "log_softmax"))
+        passes = len(row_passes(spec).passes)          # walks along the row in the looped form
         flops = float(work * ints["R"] * max(1, ints["C"]))
         columns = _strided_columns(spec, strides)
         short = not columns and 0 < ints["C"] <= SHORT_COLS and columns_fit(spec)
