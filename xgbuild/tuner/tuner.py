@@ -37,6 +37,7 @@ from ..compiler.codegen.schedule import VIEWS
 from ..compiler.codegen.templates import emit, template
 from ..compiler.codegen.templates.base import config_key
 from ..compiler.ir.graph import Node, Op
+from ..compiler.ops import BINARY, UNARY
 from ..errors import XGError
 from ..hw import GpuProfile
 from ..runtime.cpu import CpuExecutor
@@ -146,10 +147,11 @@ class JobData:
             on = {"device": self.device}
             dt = TORCH_DTYPES[n.dtype]
             shape = tuple(n.shape)
-            if n.op is Op.IOTA:
-                # Its own values: a row kernel computes a column iota from its column index
-                # (`codegen.kernel.column_iota`) where another kernel reads it from memory.
-                t = torch.arange(shape[0], **on).to(dt)
+            if self._index_only(nid):
+                # Its own values: a kernel computes an arange along its last dim, and element-wise
+                # ops of one (a padding's mask), from the index (`templates.local`'s `columnar`),
+                # where another kernel reads them from memory; both must see the same.
+                t = self._evaluated(nid).to(self.device)
             elif n.dtype in FLOAT_DTYPES:
                 t = torch.randn(shape, generator=g, dtype=torch.float32, **on).to(dt)
             elif self._is_index(nid):
@@ -164,6 +166,20 @@ class JobData:
                 t = torch.randint(-8, 8, shape, generator=g, **on).to(dt)
             self._bases[nid] = t
         return self._bases[nid]
+
+    def _index_only(self, nid: int) -> bool:
+        """An IOTA, or element-wise ops and reshapes of IOTAs and constants alone."""
+        n = self.job.graph.node(nid)
+        if n.op is Op.IOTA:
+            return True
+        return bool(n.inputs) and (n.op is Op.RESHAPE or n.op in UNARY or n.op in BINARY) and all(
+            self.job.graph.node(i).op is Op.CONST or self._index_only(i) for i in n.inputs)
+
+    def _evaluated(self, nid: int) -> torch.Tensor:
+        n = self.job.graph.node(nid)
+        args = [torch.tensor(self.job.graph.node(i).attr("value"), dtype=TORCH_DTYPES[self.job.graph.node(i).dtype])
+                if self.job.graph.node(i).op is Op.CONST else self._evaluated(i) for i in n.inputs]
+        return CpuExecutor(check=False, timings=False).eval(n, args, {})
 
     def _is_index(self, nid: int) -> bool:
         return any(n.op in (Op.INDEX, Op.UNINDEX) and nid in n.inputs[1:] for n in self.job.graph.nodes)

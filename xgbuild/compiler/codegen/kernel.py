@@ -88,14 +88,16 @@ def row_value_through_view(graph: Graph, k: Kernel, i: int, inside: set[int]) ->
 
 
 def column_iota(graph: Graph, k: Kernel, i: int) -> bool:
-    """Whether `i`, read by last-dim row kernel `k`, is a 1-D IOTA as long as its rows (or a
-    reshape of one to [1, .., 1, C]): the kernel computes it from each element's column index
-    (cross-entropy's one-hot `target == arange(V)`: 8 bytes of int64 per logit it read)."""
-    forms = row_forms(k)
+    """Whether `i`, read by a last-dim row kernel or an element-wise kernel `k` of rank >= 2, is a
+    1-D IOTA as long as k's last dim (or a reshape of one to [1, .., 1, C]): the kernel computes
+    it from each element's last index (cross-entropy's one-hot `target == arange(V)` and its
+    gradient's: 8 bytes of int64 per logit read, where the logit is 2)."""
+    if not (row_forms(k) is not None or (k.kind == "elementwise" and len(k.shape) >= 2)):
+        return False
     n = graph.node(i)
-    while n.op is Op.RESHAPE and forms is not None:
+    while n.op is Op.RESHAPE:
         shape = tuple(n.shape)
         if len(shape) > len(k.shape) or any(d != 1 for d in shape[:-1]) or not shape or shape[-1] != k.shape[-1]:
             return False
         n = graph.node(n.inputs[0])
-    return forms is not None and n.op is Op.IOTA and tuple(n.shape) == (k.shape[-1],)
+    return n.op is Op.IOTA and tuple(n.shape) == (k.shape[-1],)

@@ -100,8 +100,12 @@ def elementwise(e: Emitter) -> Emitted:
             unravel()
             vals[k] = _gather(e, k, n, e.arg(n.args[1], vals, load))
             continue
+        index = "lin"
+        if n.op == "iota" and ("last", True) in n.attrs:    # an arange along the last dim
+            unravel()
+            index = f"i{rank - 1}"
         v = w.tmp("v")
-        w.line(f"{v} = {e.op(n, [e.arg(a, vals, load) for a in n.args], index='lin')}")
+        w.line(f"{v} = {e.op(n, [e.arg(a, vals, load) for a in n.args], index=index)}")
         vals[k] = v
     for i, out in enumerate(spec.outputs):
         value = vals[out]

@@ -109,6 +109,11 @@ def pad_products(program: Program) -> Program:
                 out = base.id                                   # the padded product's own output
             elif node.op is Op.FULL:
                 out = add(Op.FULL, (), node.src, shape=want, dtype=node.dtype, **dict(node.attrs))
+            elif (iota := _arange_along(node, by_id)) is not None and sum(d != 1 for d in want) == 1:
+                # An arange (one-hot's `arange(V)`): an arange of the padded length, which a
+                # kernel computes from its index where a padded copy is read from memory.
+                longer = add(Op.IOTA, (), node.src, shape=(max(want),), dtype=iota.dtype)
+                out = longer if want == (max(want),) else add(Op.RESHAPE, (longer,), node.src, shape=want)
             elif node.op in ELEMENTWISE and node.inputs:
                 out = add(node.op, tuple(widened(i) for i in node.inputs), node.src, dtype=node.dtype,
                           **dict(node.attrs))
@@ -154,6 +159,13 @@ def pad_products(program: Program) -> Program:
         alias[viewed] = add(Op.INDEX, (product,), n.src, items=(FULL, ("s", 0, nn, 1)))
     # (The values computed padded leave their originals unread.)
     return dce(program.replace_main(g.with_nodes(out, tree_map(g.output, lambda i: alias.get(i, i)))))
+
+
+def _arange_along(node: Node, by_id: dict[int, Node]) -> Node | None:
+    """The 1-D IOTA that `node` is, or is a reshape of along its one non-unit dim; else None."""
+    while node.op is Op.RESHAPE and sum(d != 1 for d in node.shape) == 1:
+        node = by_id[node.inputs[0]]
+    return node if node.op is Op.IOTA and len(node.shape) == 1 else None
 
 
 def _odd_dims(n: Node, by_id: dict[int, Node]) -> tuple[tuple[int, int, int], tuple[int, int]] | None:

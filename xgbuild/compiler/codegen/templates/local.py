@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ...ir.graph import Node, Op
+from ...ops import BINARY, UNARY
 from ..kernel import Kernel, Schedule, ScheduleError, column_iota, row_forms, row_value_through_view
 from ..spec import KernelSpec, LocalNode, const
 
@@ -58,11 +59,41 @@ def build(sched: Schedule, k: Kernel, level_of: Callable[[Node], str], perm: tup
     iotas: dict[str, int] = {}
 
     def iota(dtype: str) -> int:
-        """A local IOTA (the element's column index, `column_iota`), added before its first reader."""
+        """A local IOTA along the domain's last dim (`column_iota`), added before its first reader."""
         if dtype not in iotas:
             iotas[dtype] = len(nodes)
-            nodes.append(LocalNode("iota", (), dtype, "full"))
+            nodes.append(LocalNode("iota", (), dtype, "full", (("last", True),)))
         return iotas[dtype]
+
+    columns: dict[int, bool] = {}
+
+    def columnar(i: int) -> bool:
+        """Whether `i`, made outside the kernel, is a function of the last index alone: an arange
+        along the last dim (`column_iota`), or element-wise ops of [.., 1, C] over such values and
+        constants (pad-products' mask `arange(C) < V`), which the kernel computes from the index."""
+        if i not in columns:
+            x = g.node(i)
+            shape = tuple(x.shape)
+            columns[i] = column_iota(g, k, i) or (
+                (x.op in UNARY or x.op in BINARY) and bool(shape) and len(shape) <= domain_rank
+                and shape[-1] == k.shape[-1] and all(d == 1 for d in shape[:-1])
+                and all(g.node(j).op is Op.CONST or columnar(j) for j in x.inputs))
+        return columns[i]
+
+    made: dict[int, int] = {}
+
+    def column(i: int) -> int:
+        """The local node computing `columnar` value i (its inputs first)."""
+        if i not in made:
+            x = g.node(i)
+            if column_iota(g, k, i):
+                made[i] = iota(x.dtype)
+            else:
+                args = tuple(const(g.node(j).attr("value"), g.node(j).dtype) if g.node(j).op is Op.CONST
+                             else ("n", column(j)) for j in x.inputs)
+                made[i] = len(nodes)
+                nodes.append(LocalNode(x.op.value, args, x.dtype, "full"))
+        return made[i]
 
     matmul: tuple[int, ...] = ()
     for nid in k.nodes:
@@ -83,7 +114,7 @@ def build(sched: Schedule, k: Kernel, level_of: Callable[[Node], str], perm: tup
                 args = tuple(("n", local[i]) if i in inside else
                              ("n", local[v]) if (v := row_value_through_view(g, k, i, inside)) is not None
                              and level_of(g.node(v)) == "row" else
-                             ("n", iota(g.node(i).dtype)) if want == "full" and column_iota(g, k, i) else
+                             ("n", column(i)) if want == "full" and columnar(i) else
                              operand(i, want) for i in n.inputs)
         # Reductions reduce the kernel's columns and element-wise ops carry no attributes: only
         # FULL's value, UNINDEX's items, GATHER's count of index dims and a safe softmax matter to the code.
