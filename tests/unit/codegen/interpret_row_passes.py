@@ -16,6 +16,8 @@ import json
 
 import torch
 
+from interpret_row_epilogue import CROSS_ENTROPY
+
 from xgbuild.build.interpreted import check_graph
 from xgbuild.runtime import interpret
 
@@ -31,17 +33,9 @@ def main() {
     return softmax(X, dim=1), log_softmax(X, dim=1), m, s, m + log(s), sum(X * W, dim=1), var
 }
 """
-# Cross-entropy over bf16 logits (std.nn, GPT-2's loss): the log-sum-exp and the target's logit
-# (`sum(onehot * x)`, a row kernel of its own before) over the same rows: one kernel, one walk.
-CROSS_ENTROPY = """import std.nn
-N = 24
-V = 300
-extern Tensor[bfloat16, N, V] Z
-extern Tensor[int64, N] Y
-def main() {
-    return cross_entropy(cast(Z, float32), Y)
-}
-"""
+# Cross-entropy over bf16 logits (std.nn, GPT-2's loss; interpret_row_epilogue's program): the
+# log-sum-exp and the target's logit (`sum(onehot * x)`, a row kernel of its own before) over the
+# same rows: one kernel, one walk.
 CONFIGS = {"whole": {"BLOCK_N": 512, "SINGLE": 1, "num_warps": 4, "num_stages": 1},
            "tiles": {"BLOCK_N": 64, "SINGLE": 0, "num_warps": 2, "num_stages": 1}}
 

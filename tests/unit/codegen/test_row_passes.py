@@ -47,8 +47,9 @@ def test_the_tuners_reference_computes_a_row_value_read_through_a_reshape() -> N
     from xgbuild.tuner.jobs import plan, tuning_env
     from xgbuild.tuner.tuner import JobData
 
-    source = (HERE / "interpret_row_passes.py").read_text().split('CROSS_ENTROPY = """')[1].split('"""')[0]
-    graph = compile_source(source, "ce.xg").optimized.main
+    sys.path.insert(0, str(HERE))
+    from interpret_row_epilogue import CROSS_ENTROPY
+    graph = compile_source(CROSS_ENTROPY, "ce.xg").optimized.main
     jobs, _ = plan(graph, tuning_env(graph, {}))
     (job,) = [j for j in jobs if j.spec.kind == "rowwise" and sum(n.op == "sum" for n in j.spec.nodes) == 2]
     data = JobData(job, seed=5)

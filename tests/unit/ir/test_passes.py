@@ -77,8 +77,8 @@ def test_dump_after_stops_early() -> None:
     with pytest.raises(ValueError, match="unknown pass"):
         run_pipeline(compile_file(path).lowered, stop_after="nope")
     assert PASS_NAMES == ["precision", "autodiff", "inline", "const-fold", "simplify", "lookups", "cse",
-                          "sink-reshapes", "dce", "stage", "shard", "split-reductions", "cast-views",
-                          "pad-products", "transpose-products", "split-products", "fork-casts"]
+                          "sink-reshapes", "dce", "stage", "shard", "split-reductions", "stack-partials",
+                          "cast-views", "pad-products", "transpose-products", "split-products", "fork-casts"]
 
 
 def _random(dtype: str, shape: tuple, gen: torch.Generator) -> torch.Tensor:

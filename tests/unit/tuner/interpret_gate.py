@@ -46,8 +46,9 @@ def verdicts(graph) -> list[dict]:
         data = JobData(job, seed=0)
         value = data.value_fn("cpu")
         binding = job.sites[0][0]
-        outs = [torch.full(tuple(job.graph.node(n).shape), float("nan") if TORCH_DTYPES[job.graph.node(n).dtype]
-                           .is_floating_point else 0, dtype=TORCH_DTYPES[job.graph.node(n).dtype]) for n in binding.outputs]
+        dtypes = [TORCH_DTYPES[job.graph.node(n).dtype] for n in binding.outputs]
+        outs = [torch.full(tuple(job.graph.node(n).shape), float("nan") if dt.is_floating_point else 0, dtype=dt)
+                for n, dt in zip(binding.outputs, dtypes)]   # poisoned: an unwritten element fails
         for variant in (job.fast_variant(config), Variant.generic()):
             em = emit(job.spec, config, variant)
             compiled = Compiled(variant, config, em.params, em.div16, (load_function(em), em))

@@ -415,7 +415,8 @@ def schedule(graph: Graph) -> Schedule:
                     or ks.reduce_dims != k.reduce_dims or not reads & full_reads(ks) \
                     or any(graph.node(x).attr("remat") for x in ks.nodes):
                 continue
-            if any(reaches(p, sib) for p in deps[idx] if p != sib) or any(reaches(p, idx) for p in deps[sib] if p != idx):
+            if any(reaches(p, sib) for p in deps[idx] if p != sib) \
+                    or any(reaches(p, idx) for p in deps[sib] if p != idx):
                 continue
             # (Values of one read by the other through a view would be read from memory the
             # merged kernel writes.)

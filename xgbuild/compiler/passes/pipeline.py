@@ -27,6 +27,7 @@ from .simplify import simplify
 from .sink_reshapes import sink_reshapes
 from .split_products import split_products
 from .split_reductions import split_reductions
+from .stack_partials import stack_partials
 from .stage import stage
 from .transpose_products import transpose_products
 
@@ -45,6 +46,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("stage", stage),
     ("shard", shard),
     ("split-reductions", split_reductions),
+    ("stack-partials", stack_partials),
     ("cast-views", cast_views),
     ("pad-products", pad_products),
     ("transpose-products", transpose_products),
