@@ -139,6 +139,7 @@ class JobData:
         self.device = torch.device(device)
         self._bases: dict[int, torch.Tensor] = {}
         self._placed: dict[tuple[int, str], torch.Tensor] = {}     # (node, device) -> base there, copied once
+        self._index_nodes: set[int] | None = None          # `_index_only`'s nodes, found on first use
 
     def base(self, nid: int) -> torch.Tensor:
         if nid not in self._bases:
@@ -168,18 +169,37 @@ class JobData:
         return self._bases[nid]
 
     def _index_only(self, nid: int) -> bool:
-        """An IOTA, or element-wise ops and reshapes of IOTAs and constants alone."""
-        n = self.job.graph.node(nid)
-        if n.op is Op.IOTA:
-            return True
-        return bool(n.inputs) and (n.op is Op.RESHAPE or n.op in UNARY or n.op in BINARY) and all(
-            self.job.graph.node(i).op is Op.CONST or self._index_only(i) for i in n.inputs)
+        """An IOTA, or element-wise ops and reshapes of IOTAs and constants alone (found once for
+        the whole graph, in program order: no recursion, no revisits of shared inputs)."""
+        if self._index_nodes is None:
+            graph, found = self.job.graph, set()
+            for n in graph.nodes:
+                if n.op is Op.IOTA or (n.inputs and (n.op is Op.RESHAPE or n.op in UNARY or n.op in BINARY)
+                                       and all(i in found or graph.node(i).op is Op.CONST for i in n.inputs)):
+                    found.add(n.id)
+            self._index_nodes = found
+        return nid in self._index_nodes
 
     def _evaluated(self, nid: int) -> torch.Tensor:
-        n = self.job.graph.node(nid)
-        args = [torch.tensor(self.job.graph.node(i).attr("value"), dtype=TORCH_DTYPES[self.job.graph.node(i).dtype])
-                if self.job.graph.node(i).op is Op.CONST else self._evaluated(i) for i in n.inputs]
-        return CpuExecutor(check=False, timings=False).eval(n, args, {})
+        """An index-only value computed on the CPU: the nodes it needs, in program order, once each."""
+        graph = self.job.graph
+        needed, stack = set(), [nid]
+        while stack:
+            i = stack.pop()
+            if i not in needed:
+                needed.add(i)
+                stack.extend(graph.node(i).inputs)
+        ex, vals = CpuExecutor(check=False, timings=False), {}
+        for n in graph.nodes:
+            if n.id not in needed:
+                continue
+            if n.op is Op.CONST:
+                vals[n.id] = torch.tensor(n.attr("value"), dtype=TORCH_DTYPES[n.dtype])
+            else:
+                vals[n.id] = ex.eval(n, [vals[i] for i in n.inputs], {})
+            if n.id == nid:
+                return vals[nid]
+        raise KeyError(nid)
 
     def _is_index(self, nid: int) -> bool:
         return any(n.op in (Op.INDEX, Op.UNINDEX) and nid in n.inputs[1:] for n in self.job.graph.nodes)

@@ -314,13 +314,10 @@ def rowwise(e: Emitter) -> Emitted:
             return f"tl.exp({x})"
         return e.op(spec.nodes[spec.nodes[k].args[0][1]], [x])
 
-    def arg_value(value, a: tuple) -> str:
-        return value(a[1]) if a[0] == "n" else value(("o", a[1]))
-
     def emit_reduction_step(k: int, agg: str, value, c: str, cmask: str, acc: str | None) -> str:
         """The reduction of one tile (acc is None in the single-tile form)."""
         a = spec.nodes[k].args[0]
-        x = arg_value(value, a)
+        x = value(a[1]) if a[0] == "n" else value(("o", a[1]))
         n = spec.nodes[k]
         dt = compute_dtype(spec.nodes[a[1]].dtype if a[0] == "n" else spec.operands[a[1]][0])
         if agg == "expsum":
@@ -398,6 +395,7 @@ def rowwise(e: Emitter) -> Emitted:
             return agg in ("max", "min") and compute_dtype(_in_dtype(spec, k)) in FLOAT \
                 and spec.nodes[k].op in ("max", "min")
 
+        rescaled = plan.rescaled
         for reds in plan.passes:
             # One walk along the row for the reductions of a pass. A sum of exp(x - max) whose max
             # is in the same pass (`row_passes`) runs online, lane by lane: each lane keeps its sum
@@ -416,15 +414,15 @@ def rowwise(e: Emitter) -> Emitted:
                 if (k, agg) in plan.online:
                     continue                        # folded with its max, below
                 acc = f"acc{k}_{agg}"
-                old = w.tmp("old")
-                if (k, agg) in plan.rescaled:
+                if (k, agg) in rescaled:
+                    old = w.tmp("old")
                     w.line(f"{old} = {acc}")
                 tile = emit_reduction_step(k, agg, value, "c", "cmask", acc)
-                if (k, agg) not in plan.rescaled:
+                if (k, agg) not in rescaled:
                     continue
                 d = w.tmp("d")
                 w.line(f"{d} = -tl.abs({tile} - {old})")
-                for (ke, agge), (km, _y, _m) in plan.online.items():
+                for (ke, agge), (km, _m) in plan.online.items():
                     if km != k:
                         continue
                     t, s_ = w.tmp("e"), f"acc{ke}_{agge}"
@@ -436,7 +434,7 @@ def rowwise(e: Emitter) -> Emitted:
             for k, agg, name in reds:
                 acc = f"acc{k}_{agg}"
                 if (k, agg) in plan.online:
-                    km, _y, m = plan.online[(k, agg)]
+                    km, m = plan.online[(k, agg)]
                     lanes = f"acc{km}_max"
                     w.line(f'{acc} = tl.where({lanes} == float("-inf"), 0.0, '
                            f"{acc} * {online_exp(k, agg, f'{lanes} - {m}')})")
@@ -466,10 +464,14 @@ def rowwise(e: Emitter) -> Emitted:
 class RowPlan:
     """The looped row form's walks along the row (`row_passes`)."""
     passes: list[list[tuple[int, str, str]]]      # (node, "sum" | "mean" | "max" | "min" | "expsum", name)
-    # A sum of exp(y - m) folded online with the max m of its pass: (node, agg) -> (m's node, y's arg,
-    # m's row value).
-    online: dict[tuple[int, str], tuple[int, tuple, str]] = field(default_factory=dict)
-    rescaled: set[tuple[int, str]] = field(default_factory=set)    # the maxes they fold with
+    # A sum of exp(x - m) folded online with the max m of its pass, over the values m reduces:
+    # (node, agg) -> (m's node, m's row value).
+    online: dict[tuple[int, str], tuple[int, str]] = field(default_factory=dict)
+
+    @property
+    def rescaled(self) -> set[tuple[int, str]]:
+        """The maxes the online sums fold with."""
+        return {(m, "max") for m, _ in self.online.values()}
 
 
 def row_passes(spec: KernelSpec) -> RowPlan:
@@ -498,21 +500,28 @@ def row_passes(spec: KernelSpec) -> RowPlan:
             needs_memo[k] = out
         return needs_memo[k]
 
+    same_memo: dict[tuple, bool] = {}
+
     def same(a: tuple, b: tuple) -> bool:
+        """Whether args a and b compute the same value (the same ops over the same operands)."""
         if a == b:
             return True
         if a[0] != "n" or b[0] != "n":
             return False
-        x, y = nodes[a[1]], nodes[b[1]]
-        return (x.op, x.dtype, x.level, x.attrs, len(x.args)) == (y.op, y.dtype, y.level, y.attrs, len(y.args)) \
-            and x.op not in REDUCTIONS and x.op not in ("softmax", "log_softmax") \
-            and all(same(p, q) for p, q in zip(x.args, y.args))
+        if (a, b) not in same_memo:
+            x, y = nodes[a[1]], nodes[b[1]]
+            same_memo[(a, b)] = (x.op, x.dtype, x.level, x.attrs, len(x.args)) == \
+                (y.op, y.dtype, y.level, y.attrs, len(y.args)) \
+                and x.op not in REDUCTIONS and x.op not in ("softmax", "log_softmax") \
+                and all(same(p, q) for p, q in zip(x.args, y.args))
+        return same_memo[(a, b)]
 
-    def online_of(k: int, agg: str) -> tuple[int, tuple, str] | None:
-        """(the max, y) when reduction (k, agg) sums exp(y - max) with y the value the max reduces."""
+    def online_of(k: int, agg: str) -> tuple[int, str] | None:
+        """(the max's node, its row value) when reduction (k, agg) sums exp(y - max), y the value
+        the max reduces."""
         n = nodes[k]
         if agg == "expsum":
-            return k, n.args[0], f"smax{k}"
+            return k, f"smax{k}"
         if n.op != "sum" or n.args[0][0] != "n":
             return None
         ex = nodes[n.args[0][1]]
@@ -526,7 +535,7 @@ def row_passes(spec: KernelSpec) -> RowPlan:
         m = nodes[sub.args[1][1]]
         if m.op != "max" or m.dtype not in exact or not same(sub.args[0], m.args[0]):
             return None
-        return sub.args[1][1], sub.args[0], f"red{sub.args[1][1]}"
+        return sub.args[1][1], f"red{sub.args[1][1]}"
 
     reductions: list[tuple[int, str, str]] = []
     for k, n in enumerate(nodes):
@@ -546,7 +555,6 @@ def row_passes(spec: KernelSpec) -> RowPlan:
         if pair is not None and (pair[0], "max") in inside and need - done == {(pair[0], "max")} \
                 and compute_dtype(_in_dtype(spec, pair[0])) in FLOAT:
             plan.online[(k, agg)] = pair
-            plan.rescaled.add((pair[0], "max"))
         elif need & inside:
             plan.passes.append(current)
             done |= inside

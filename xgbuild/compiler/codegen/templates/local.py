@@ -18,6 +18,9 @@ from ..spec import KernelSpec, LocalNode, const
 # Nodes whose input is read at the full level, whatever their own level: they reduce (or
 # normalise) the kernel's columns.
 REDUCTIONS = (Op.SUM, Op.MEAN, Op.MAX, Op.MIN, Op.SOFTMAX, Op.LOG_SOFTMAX)
+# Ops (the arange included) a kernel computes from the index for a value of its last dim alone:
+# past this, the value is read, not recomputed at every element.
+COLUMN_OPS = 8
 
 
 def domain_level(rank: int) -> Callable[[Node], str]:
@@ -65,34 +68,58 @@ def build(sched: Schedule, k: Kernel, level_of: Callable[[Node], str], perm: tup
             nodes.append(LocalNode("iota", (), dtype, "full", (("last", True),)))
         return iotas[dtype]
 
-    columns: dict[int, bool] = {}
+    columns: dict[int, int | None] = {}      # node -> the ops computing it from the index, or None
+
+    def column_op(x: Node) -> bool:
+        shape = tuple(x.shape)
+        return (x.op in UNARY or x.op in BINARY) and bool(shape) and len(shape) <= domain_rank \
+            and shape[-1] == k.shape[-1] and all(d == 1 for d in shape[:-1])
 
     def columnar(i: int) -> bool:
         """Whether `i`, made outside the kernel, is a function of the last index alone: an arange
-        along the last dim (`column_iota`), or element-wise ops of [.., 1, C] over such values and
-        constants (pad-products' mask `arange(C) < V`), which the kernel computes from the index."""
-        if i not in columns:
-            x = g.node(i)
-            shape = tuple(x.shape)
-            columns[i] = column_iota(g, k, i) or (
-                (x.op in UNARY or x.op in BINARY) and bool(shape) and len(shape) <= domain_rank
-                and shape[-1] == k.shape[-1] and all(d == 1 for d in shape[:-1])
-                and all(g.node(j).op is Op.CONST or columnar(j) for j in x.inputs))
-        return columns[i]
+        along the last dim (`column_iota`), or at most COLUMN_OPS element-wise ops of [.., 1, C]
+        over such values and constants (pad-products' mask `arange(C) < V`), which the kernel
+        computes from the index at each element instead of loading. (A walk with a stack: such a
+        chain may be long; a long one is read from memory.)"""
+        stack = [i]
+        while stack:
+            j = stack[-1]
+            x = g.node(j)
+            if j in columns:
+                stack.pop()
+            elif column_iota(g, k, j) or not column_op(x):
+                columns[j] = 1 if column_iota(g, k, j) else None
+                stack.pop()
+            elif pending := [q for q in x.inputs if g.node(q).op is not Op.CONST and q not in columns]:
+                stack.extend(pending)
+            else:
+                parts = [0 if g.node(q).op is Op.CONST else columns[q] for q in x.inputs]
+                total = None if None in parts else 1 + sum(parts)
+                columns[j] = total if total is not None and total <= COLUMN_OPS else None
+                stack.pop()
+        return columns[i] is not None
 
     made: dict[int, int] = {}
 
     def column(i: int) -> int:
-        """The local node computing `columnar` value i (its inputs first)."""
-        if i not in made:
-            x = g.node(i)
-            if column_iota(g, k, i):
-                made[i] = iota(x.dtype)
+        """The local node computing `columnar` value i, its inputs first."""
+        stack = [i]
+        while stack:
+            j = stack[-1]
+            x = g.node(j)
+            if j in made:
+                stack.pop()
+            elif column_iota(g, k, j):
+                made[j] = iota(x.dtype)
+                stack.pop()
+            elif pending := [q for q in x.inputs if g.node(q).op is not Op.CONST and q not in made]:
+                stack.extend(pending)
             else:
-                args = tuple(const(g.node(j).attr("value"), g.node(j).dtype) if g.node(j).op is Op.CONST
-                             else ("n", column(j)) for j in x.inputs)
-                made[i] = len(nodes)
+                args = tuple(const(g.node(q).attr("value"), g.node(q).dtype) if g.node(q).op is Op.CONST
+                             else ("n", made[q]) for q in x.inputs)
+                made[j] = len(nodes)
                 nodes.append(LocalNode(x.op.value, args, x.dtype, "full"))
+                stack.pop()
         return made[i]
 
     matmul: tuple[int, ...] = ()
