@@ -23,10 +23,10 @@ def f(Tensor[{dt}, 2, 3, T, D] q, Tensor[{dt}, 2, 3, S, D] k, Tensor[{dt}, 2, 3,
     keep = reshape(arange(T), [T, 1]) >= reshape(arange(S), [1, S])
     x = cast(q @ transpose(k), float32) * {scale}
     p = softmax({scores}, dim=3)
-    return sum(cast(cast(p, {dt}) @ v, float32) * g)
+    return {ret}
 }}
 def main() {{
-    return grad(f, wrt=(q, k, v))(Q, K, V, G)
+    return grad(f, wrt={wrt})(Q, K, V, G)
 }}
 """
 PROGRAMS = {
@@ -36,6 +36,17 @@ PROGRAMS = {
     "causal_near_f32": dict(dt="float32", scale="0.125", scores="where(keep, x, -2.0)"),
     "plain_f32": dict(dt="float32", scale="0.3", scores="x"),
     "causal_bf16": dict(dt="bfloat16", scale="0.125", scores="where(keep, x, -1e9)"),
+}
+# Above, dO's own ops share the delta's row kernel, which stays. Below, dO is a product's: dq's kernel
+# computes the delta, writing it when dk and dv read it; with no dq the delta is a row kernel of its own.
+PARTIAL = {
+    # (dO a product's, so the delta's row kernel is its ops alone and joins dq's)
+    "q_only_bf16": dict(dt="bfloat16", scale="0.125", scores="where(keep, x, -1e9)", wrt="(q,)",
+                        ret="sum(cast((cast(p, bfloat16) @ v) @ transpose(v), float32))"),
+    # all three, dO a product's: dq's kernel writes the delta that dk and dv read
+    "qkv_product_f32": dict(dt="float32", scale="0.125", scores="where(keep, x, -2.0)", wrt="(q, k, v)",
+                            ret="sum((cast(p, float32) @ v) @ transpose(v))"),
+    "kv_only_f32": dict(dt="float32", scale="0.125", scores="where(keep, x, -2.0)", wrt="(k, v)"),
 }
 CONFIGS = [(32, 32), (64, 32), (32, 64)]
 DIMS = [{"T": 70, "S": 70, "D": 24, "E": 40}, {"T": 45, "S": 29, "D": 16, "E": 16}]
@@ -50,7 +61,11 @@ def main() -> None:
 
     report: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, fmt in PROGRAMS.items():
+        ret = "sum(cast(cast(p, {dt}) @ v, float32) * g)"
+        runs = [(name, {"wrt": "(q, k, v)", "ret": ret.format(**fmt), **fmt}, DIMS, CONFIGS)
+                for name, fmt in PROGRAMS.items()]
+        runs += [(name, {"ret": ret.format(**fmt), **fmt}, DIMS[:1], CONFIGS[1:2]) for name, fmt in PARTIAL.items()]
+        for name, fmt, dims_list, configs in runs:
             path = Path(tmp) / f"{name}.xg"
             path.write_text(BODY.format(**fmt))
             compiled = compile_file(str(path))
@@ -58,13 +73,13 @@ def main() -> None:
             flash = sum(n.op.value == "attn_grad" for n in graph.nodes)
             from xgbuild.compiler.codegen.schedule import schedule
             kernels = sorted("+".join(dict(graph.node(i).attrs).get("wrt", graph.node(i).op.value) for i in k.nodes
-                                      if graph.node(i).op.value in ("attn_grad", "attn_lse"))
+                                      if graph.node(i).op.value in ("attn_grad", "attn_lse", "sum"))
                              for k in schedule(graph).kernels if k.kind in ("flash", "attention"))
             engine = engine_of(compiled)
-            for dims in DIMS:
+            for dims in dims_list:
                 sig = {s["name"]: (s["dtype"], tuple(dims[d] if isinstance(d, str) else d for d in s["shape"]))
                        for s in engine.signature}
-                for bm, bn in CONFIGS:
+                for bm, bn in configs:
                     def choose(job, config, bm=bm, bn=bn):
                         if job.spec.kind == "attention" and bm > bn:
                             # v's columns in several programs: the first block's write the lse.

@@ -88,10 +88,18 @@ def test_other_forms_keep_the_op_by_op_gradient(body: str) -> None:
 
 def test_kernels_match_the_reference_at_several_block_shapes() -> None:
     report = interpreted_report(Path(__file__).parent / "interpret_flash.py")
-    assert len(report) == 4 * 2 * 3
+    assert len(report) == 4 * 2 * 3 + 3
+    # dO a product's: dq's kernel computes each row's delta (writing it for dk and dv when they
+    # read it); without dq the delta stays a row kernel of its own.
+    for key, grads, kernels, tol in (("q_only_bf16", 1, ["attn_lse", "sum+q"], 3e-2),
+                                     ("qkv_product_f32", 3, ["attn_lse", "k+v", "sum+q"], 1e-5),
+                                     ("kv_only_f32", 2, ["attn_lse", "k+v"], 1e-5)):
+        r = report.pop(f"{key} T70 S70 64x32")
+        assert r["flash_grads"] == grads and r["kernels"] == kernels and r["rel_err"] < tol, (key, r)
     for key, r in report.items():
         assert r["flash_grads"] == 3, key
-        # dk and dv in one kernel, beside dq's; the forward attention kernel writes the log-sum-exp.
+        # dk and dv in one kernel, beside dq's (the delta's row kernel computes dO's ops too); the
+        # forward attention kernel writes the log-sum-exp.
         assert r["kernels"] == ["attn_lse", "k+v", "q"], (key, r)
         assert r["rel_err"] < (3e-2 if "bf16" in key else 1e-5), (key, r)
 

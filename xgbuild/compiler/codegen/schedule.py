@@ -118,6 +118,33 @@ def _flash_key(n: Node) -> tuple:
     return n.inputs, tuple((k, v) for k, v in n.attrs if k != "wrt")
 
 
+def _delta_chain(graph: Graph, users: dict, n: Node, outputs: set[int]) -> list[int] | None:
+    """For dq's `attn_grad` n: the nodes of its delta, `sum(cast?(dO) * cast?(o), dim=-1)`
+    (passes/flash.py), when nothing else reads them but the delta itself, and dO is n's; in program
+    order, the sum last. None otherwise."""
+    d = graph.node(n.inputs[5])
+    if d.op is not Op.SUM or d.attr("keepdim") or not d.inputs or d.id in outputs:
+        return None
+    prod = graph.node(d.inputs[0])
+    if prod.op is not Op.MUL or d.attr("dim") != len(prod.shape) - 1 or users[prod.id] != [d.id] \
+            or prod.id in outputs:
+        return None
+    chain, leaves = [prod.id], []
+    for i in prod.inputs:
+        x = graph.node(i)
+        if x.op is Op.CAST and users[x.id] == [prod.id] and x.id not in outputs and x.id not in chain:
+            chain.append(x.id)
+            x = graph.node(x.inputs[0])
+        leaves.append(x)
+    g = graph.node(n.inputs[3])
+    if len(leaves) != 2 or g.id not in (leaves[0].id, leaves[1].id) or leaves[0].id == leaves[1].id:
+        return None
+    o = leaves[1] if leaves[0].id == g.id else leaves[0]
+    if tuple(o.shape) != tuple(g.shape) or o.dtype not in ("bfloat16", "float16", "float32", "float64"):
+        return None
+    return sorted(chain) + [d.id]
+
+
 def _is_last_dim_reduction(n: Node, x: Node) -> bool:
     if n.op in (Op.SOFTMAX, Op.LOG_SOFTMAX):
         return n.attr("dim") == len(x.shape) - 1
@@ -546,6 +573,16 @@ def schedule(graph: Graph) -> Schedule:
             if pair is not None:
                 kernels[pair].nodes.append(n.id)
                 owner[n.id] = pair
+                continue
+            chain = _delta_chain(graph, users, n, out_ids) \
+                if n.op is Op.ATTN_GRAD and n.attr("wrt") == "q" else None
+            kd = owner.get(chain[-1]) if chain else None
+            if kd is not None and kernels[kd].kind == "rowwise" and sorted(kernels[kd].nodes) == sorted(chain):
+                # dq's kernel loads each query block's dO anyway: it computes their rows' delta
+                # (reading o) and writes it for dk and dv, in the delta's kernel's place.
+                kernels[kd] = Kernel("flash", n.id, chain + [n.id], tuple(n.shape))
+                owner[n.id] = kd
+                deps[kd] = (deps[kd] | producers(n, kd)) - {kd}
                 continue
             new_kernel(Kernel("flash", n.id, [n.id], tuple(n.shape)), n)
             if n.op is Op.ATTN_GRAD and n.attr("wrt") == "k":

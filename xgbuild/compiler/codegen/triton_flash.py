@@ -34,7 +34,8 @@ from .triton_attention import LOG2E
 def role(spec: KernelSpec) -> str:
     """"lse", or which operands' gradients the kernel makes: "q", "k", "v" or "kv" (both)."""
     n = spec.nodes[0]
-    return "lse" if n.op == "attn_lse" else "".join(dict(m.attrs)["wrt"] for m in spec.nodes)
+    return "lse" if n.op == "attn_lse" else "".join(dict(m.attrs)["wrt"] for m in spec.nodes
+                                                    if m.op == "attn_grad")
 
 
 def _dot(a: str, b: str, acc: str | None, dtype: str) -> str:
@@ -86,6 +87,9 @@ def flash(e: Emitter) -> Emitted:
     skd, skn = e.stride(1, nb), e.stride(1, nb + 1)
     w.line("rd = tl.arange(0, BLOCK_D)")
     w.line("rd_ok = rd < K")
+    # dq computing its rows' delta itself (templates/flash.py): operand 5 is o, and the delta's
+    # dtype is the `sum` output's, or o's compute dtype when nothing else reads the delta.
+    own_delta = next((m.dtype for m in spec.nodes if m.op == "sum"), None) if ("delta", "o") in node.attrs else None
     if what != "lse":
         for j, name in ((2, "v"), (3, "o"), (4, "l"), (5, "x")):
             w.line(f"{name}_base = p{j} + {offset(j)}")
@@ -164,6 +168,18 @@ def flash(e: Emitter) -> Emitted:
         if what == "lse":
             w.line(f'm_i = tl.full([BLOCK_M], float("-inf"), {CT})')
             w.line(f"l_i = tl.zeros([BLOCK_M], {CT})")
+        elif own_delta:
+            # delta = sum(dO * o) over each row, from the dO tile this program holds and o's
+            # (in the delta's dtype, as its ops were), written for dk and dv when they read it.
+            load_do("rm")
+            row_stats("rm", False)
+            tile("yo", "x_base", "rm", "rv", sxm, e.stride(5, nb + 1))
+            DT = TL[own_delta]
+            w.line(f"delta = tl.sum(do.to({DT}) * yo.to({DT}), axis=1)")
+            if len(spec.outputs) > 1:
+                e.store(1, "bid * M + rm", "delta", "rm_ok")
+            w.line(f"delta = delta.to({CT})")
+            w.line(f"acc = tl.zeros([BLOCK_M, BLOCK_D], {AT})")
         else:
             load_do("rm")
             row_stats("rm", True)

@@ -74,6 +74,15 @@ def _regs(p: Problem, c: Config, hw: GpuProfile) -> str | None:
     return None
 
 
+def _delta_o(graph, d, g: int) -> int:
+    """The o that delta `d` = sum(cast?(g) * cast?(o)) reads beside dO `g` (schedule.py `_delta_chain`)."""
+    leaves = []
+    for i in graph.node(d.inputs[0]).inputs:
+        x = graph.node(i)
+        leaves.append(x.inputs[0] if x.op is Op.CAST else x.id)
+    return leaves[1] if leaves[0] == g else leaves[0]
+
+
 class FlashTemplate(KernelTemplate):
     kind = "flash"
     params = ("BLOCK_D", "BLOCK_DV", "BLOCK_M", "BLOCK_N")
@@ -87,13 +96,19 @@ class FlashTemplate(KernelTemplate):
 
     def spec(self, sched: Schedule, k: Kernel) -> tuple[KernelSpec, Binding]:
         """One local node, the op, reading every tensor input as an operand of its own ("full") and
-        the scale as a constant or a "scalar" operand."""
+        the scale as a constant or a "scalar" operand. dq's kernel may compute its delta too
+        (schedule.py `_delta_chain`): then its delta operand is o instead, and the delta (a `sum`
+        local node after the op) is written when others read it."""
         g = sched.graph
         n = g.node(k.anchor)
+        inside = set(k.nodes)
+        delta = n.op is Op.ATTN_GRAD and len(n.inputs) > 5 and n.inputs[5] in inside
         operands: list[tuple[str, str]] = []
         nodes: list[int] = []
         args = []
         for pos, i in enumerate(n.inputs):
+            if delta and pos == 5:
+                i = _delta_o(g, g.node(i), n.inputs[3])
             src = g.node(i)
             if pos == len(n.inputs) - 1 and src.op is Op.CONST:
                 args.append(const(float(src.attr("value")), src.dtype))
@@ -102,14 +117,24 @@ class FlashTemplate(KernelTemplate):
             operands.append((src.dtype, "scalar" if pos == len(n.inputs) - 1 else "full"))
             nodes.append(i)
         # One local node per op: the gradient of k alone, or of k and then v (schedule.py pairs them).
-        local = []
+        local, written = [], []
         for nid in k.nodes:
             m = g.node(nid)
+            if m.op not in (Op.ATTN_LSE, Op.ATTN_GRAD):
+                continue
             attrs = tuple(sorted((key, value) for key, value in m.attrs if key in ("wrt", "causal", "fill")))
-            local.append(LocalNode(m.op.value, tuple(args), m.dtype, "full", attrs))
+            local.append(LocalNode(m.op.value, tuple(args), m.dtype, "full", attrs + ((("delta", "o"),) if delta else ())))
+            written.append(nid)
+        outputs = tuple(range(len(local)))
+        if delta:
+            d = g.node(n.inputs[5])
+            local.append(LocalNode("sum", (("o", 3), ("o", 5)), d.dtype, "row", ()))
+            if d.id in sched.outputs(k):
+                outputs += (len(local) - 1,)
+                written.append(d.id)
         spec = KernelSpec("flash", len(n.shape) + (1 if n.op is Op.ATTN_LSE else 0), tuple(operands), tuple(local),
-                          tuple(range(len(local))))
-        return spec, Binding(tuple(nodes), tuple(k.nodes), n.id, "shape")
+                          outputs)
+        return spec, Binding(tuple(nodes), tuple(written), n.id, "shape")
 
     def emit(self, e: Emitter) -> Emitted:
         return flash(e)
