@@ -22,12 +22,13 @@ from ..compiler.ir.graph import COLLECTIVE, Graph, Node, Op, tree_ids
 from ..dtypes import ITEMSIZE
 
 
-def _roots(graph: Graph, nid: int, memo: dict[int, frozenset[int]]) -> frozenset[int]:
-    """The non-view nodes whose memory node `nid`'s value reads."""
+def _roots(graph: Graph, nid: int, memo: dict[int, frozenset[int]], made: dict | None = None) -> frozenset[int]:
+    """The non-view nodes whose memory node `nid`'s value reads. A view a step writes (an attention
+    kernel's output written as its merged heads) is a root of its own."""
     if nid not in memo:
         n = graph.node(nid)
-        memo[nid] = frozenset().union(*(_roots(graph, i, memo) for i in n.inputs)) \
-            if n.op in VIEWS and n.inputs else frozenset({nid})
+        memo[nid] = frozenset().union(*(_roots(graph, i, memo, made) for i in n.inputs)) \
+            if n.op in VIEWS and n.inputs and not (made and nid in made) else frozenset({nid})
     return memo[nid]
 
 
@@ -40,18 +41,18 @@ def frees(graph: Graph, plans: list, made: dict[int, tuple[int, int]]) -> list[t
     for index, plan in enumerate(plans):
         reads = graph.node(plan.node).inputs if isinstance(plan, ExternStep) else plan.binding.operands
         for nid in reads:
-            for r in _roots(graph, nid, memo):
+            for r in _roots(graph, nid, memo, made):
                 last[r] = index
     kept: set[int] = set()
     for nid in tree_ids(graph.output):
-        kept |= _roots(graph, nid, memo)
+        kept |= _roots(graph, nid, memo, made)
     for n in graph.nodes:
         if n.op is Op.GATHER:
-            kept |= _roots(graph, n.inputs[1], memo)
+            kept |= _roots(graph, n.inputs[1], memo, made)
     views: dict[int, list[int]] = {}
     for n in graph.nodes:
-        if n.op in VIEWS and n.inputs:
-            for r in _roots(graph, n.id, memo):
+        if n.op in VIEWS and n.inputs and n.id not in made:
+            for r in _roots(graph, n.id, memo, made):
                 views.setdefault(r, []).append(n.id)
     out: list[list[int]] = [[] for _ in plans]
     for nid, (index, _pos) in made.items():

@@ -368,3 +368,40 @@ def test_float32_attention_with_3xtf32_compiles_to_tensor_core_products() -> Non
     assert emitted.source.count('input_precision="tf32x3"') == products and "ieee" not in emitted.source
     ptx = compile_emitted(emitted, 90, 4, 2).asm["ptx"]
     assert "tf32" in ptx
+
+
+MERGED = """extern Tensor[float32, 2, 4, 16, 8] Q
+extern Tensor[float32, 2, 4, 16, 8] K
+extern Tensor[float32, 2, 4, 16, 8] V
+extern Tensor[float32, 32, 8] W
+def main() {{
+    o = softmax((Q @ transpose(K)) * 0.35, dim=3) @ V
+    {body}
+}}
+"""
+
+
+@pytest.mark.parametrize("body,strided", [
+    # heads merged: a reshape of the transposed output is a copy; the kernel writes it instead
+    ("return reshape(transpose(o, 1, 2), [2, 16, 32]) @ W", True),
+    # a permutation alone is a view: nothing to save
+    ("return transpose(o, 1, 2) * 2.0", False),
+    # the output read elsewhere too: it is written as it is
+    ("return (reshape(transpose(o, 1, 2), [2, 16, 32]) @ W, o)", False),
+    # a reshape that is a view of the contiguous output: nothing to save
+    ("return reshape(o, [2, 64, 8]) @ reshape(W, [8, 32])", False),
+], ids=["merged", "transpose_only", "two_readers", "view_reshape"])
+def test_attention_writes_its_output_as_the_merged_heads_view(body: str, strided: bool) -> None:
+    from xgbuild.compiler.codegen.templates import template
+    from xgbuild.compiler.ir.graph import Op
+    graph = compile_source(MERGED.format(body=body)).optimized.main
+    sched = schedule(graph)
+    (k,) = [k for k in sched.kernels if k.kind == "attention"]
+    spec, binding = template("attention").spec(sched, k)
+    assert spec.strided_out is strided
+    written = graph.node(binding.outputs[0])
+    if strided:
+        assert written.op is Op.RESHAPE and tuple(written.shape) == (2, 16, 32)
+        assert binding.outputs[0] in sched.outputs(k) and k.anchor not in sched.outputs(k)
+    else:
+        assert binding.outputs[0] == k.anchor

@@ -50,6 +50,21 @@ def test_onnx_import_kernels_match_reference_under_interpreter(tmp_path) -> None
     assert report and all(out["rel_err"] < TOL for out in report), report
 
 
+def test_attention_writes_merged_heads_under_interpreter() -> None:
+    """transformers' Llama (grouped-query) in bfloat16 and GPT-2 in float32: each attention kernel
+    writes its output as `o.transpose(1, 2).reshape(B, T, H * D)` (no copy between kernels), and
+    the outputs match the float64 reference (interpret_heads.py)."""
+    pytest.importorskip("transformers")
+    proc = subprocess.run([sys.executable, str(HERE / "interpret_heads.py")], capture_output=True, text=True,
+                          timeout=600, cwd=str(HERE))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(report) == {"llama_gqa_bf16", "gpt2_f32"}
+    for name, r in report.items():
+        assert r["attention"] == 1 and r["strided"] == 1, (name, r)
+        assert r["rel_err"] < (3e-2 if "bf16" in name else 1e-5), (name, r)
+
+
 @pytest.mark.parametrize("name", ["gpt", "resnet"])
 def test_engine_cross_compiles_for_h100(name: str, tmp_path) -> None:
     model, inputs, dyn = make(name)

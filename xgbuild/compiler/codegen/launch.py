@@ -59,6 +59,10 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
         if frame.out_perm is not None and out.dim() == len(domain) and len(domain):
             for d, s in enumerate(out.permute(frame.out_perm).stride()):   # full-level outputs in kernel order
                 ints[f"q{i}_s{d}"] = int(s)
+        seen = frame.out_view(i, out) if frame.out_view is not None else None
+        if seen is not None:
+            for d, s in enumerate(seen.stride()):
+                ints[f"q{i}_s{d}"] = int(s)
     ints.update(frame.sizes(tensors))
     for d, size in enumerate(frame.unravel):    # the sizes kernels unravel, and their division magic
         ints[f"d{d}"] = int(size)

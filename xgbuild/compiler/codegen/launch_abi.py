@@ -105,6 +105,8 @@ class Frame:
     sizes: Callable[[dict], dict[str, int]]                 # the bound tensors -> size arguments
     unravel: tuple                                          # the sizes kernels unravel (d0, d1, ...)
     out_perm: tuple | None = None                           # full outputs' strides taken in this order
+    # output i -> its buffer seen as the domain's dims (None: as it is): strides passed as q{i}_s{d}
+    out_view: Callable[[int, torch.Tensor], torch.Tensor | None] | None = None
 
 
 def align(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ..ir.graph import BINARY, COLLECTIVE, UNARY, Graph, Node, Op, tree_ids
 from ..ir.shapes import index_axis, numel
 from ..passes.flash import find_attention
@@ -143,6 +145,43 @@ def _delta_chain(graph: Graph, users: dict, n: Node, outputs: set[int]) -> list[
     if tuple(o.shape) != tuple(g.shape) or o.dtype not in ("bfloat16", "float16", "float32", "float64"):
         return None
     return sorted(chain) + [d.id]
+
+
+def merged_heads(graph: Graph, users: dict, anchor: int, outputs: set[int]) -> list[int]:
+    """The views after an attention's output `anchor` that the kernel writes through instead: the
+    chain of single-reader reshapes and transposes up to the first reshape that is no view of a
+    contiguous output (heads merged, `o.transpose(1, 2).reshape(B, T, H * D)`: PyTorch copied it
+    between kernels), when the output's buffer seen back through the chain, reshape by reshape, is
+    a strided view in the output's shape (the kernel stores through those strides,
+    templates/attention.py). Static shapes only; [] when there is no such chain."""
+    chain, x = [], graph.node(anchor)
+    if not all(isinstance(d, int) for d in x.shape):
+        return []
+    t = torch.empty(tuple(x.shape), device="meta")
+    while x.id not in outputs and len(users[x.id]) == 1:
+        u = graph.node(users[x.id][0])
+        if u.op not in (Op.RESHAPE, Op.TRANSPOSE) or not all(isinstance(d, int) for d in u.shape):
+            return []
+        chain.append(u.id)
+        if u.op is Op.TRANSPOSE:
+            t = t.transpose(u.attr("dim0"), u.attr("dim1"))
+        else:
+            try:
+                t = t.view(tuple(u.shape))
+            except RuntimeError:
+                break               # a copy: this reshape is the one the kernel writes
+        x = u
+    else:
+        return []
+    back = torch.empty(tuple(graph.node(chain[-1]).shape), device="meta")
+    try:
+        for nid in reversed(chain):
+            u, before = graph.node(nid), graph.node(graph.node(nid).inputs[0])
+            back = back.transpose(u.attr("dim0"), u.attr("dim1")) if u.op is Op.TRANSPOSE \
+                else back.view(tuple(before.shape))
+    except RuntimeError:
+        return []
+    return chain
 
 
 def _is_last_dim_reduction(n: Node, x: Node) -> bool:
@@ -473,6 +512,7 @@ def schedule(graph: Graph) -> Schedule:
     # kernels by what an `attn_lse` of the same scores reads (`_lse_key`).
     differentiated = find_attention(graph) if any(n.op is Op.ATTN_LSE for n in graph.nodes) else {}
     attention_of: dict[tuple, int] = {}
+    heads_of = {v: p.nodes[-1] for p in patterns for v in merged_heads(graph, users, p.nodes[-1], out_ids)}
     for n in graph.nodes:
         if n.op in (Op.INPUT, Op.CONST) or n.id in inlined or n.id in reserved:
             continue
@@ -487,6 +527,12 @@ def schedule(graph: Graph) -> Schedule:
                 owner[nid] = idx
             for nid in p.nodes:
                 deps[idx] |= producers(graph.node(nid), idx)
+            continue
+        if n.op in VIEWS and n.id in heads_of:
+            # The attention kernel writes its output as this view of it (`merged_heads`).
+            idx = owner[heads_of[n.id]]
+            kernels[idx].nodes.append(n.id)
+            owner[n.id] = idx
             continue
         if n.op in VIEWS:
             views.add(n.id)

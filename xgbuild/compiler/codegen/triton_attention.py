@@ -271,7 +271,14 @@ def attention(e: Emitter) -> Emitted:
         w.line("out = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)")
     else:
         w.line("out = tl.where(N > 0, acc / l_i[:, None], 0.0)     # no keys at all: an empty sum, as torch")
-    e.store(0, "bid * M * DV + rm[:, None] * DV + rv[None, :]", "out", "m_ok[:, None] & v_ok[None, :]")
+    if spec.strided_out:
+        # Written as a view of the output (heads merged: [B, T, H * D] of the [B, H, T, D] result,
+        # templates/attention.py): through the strides of that buffer seen in the domain's shape.
+        where = e.dot([(f"bi{d}", e.int_param(f"q0_s{d}")) for d in range(nb)]
+                      + [("rm[:, None]", e.int_param(f"q0_s{nb}")), ("rv[None, :]", e.int_param(f"q0_s{nb + 1}"))])
+    else:
+        where = "bid * M * DV + rm[:, None] * DV + rv[None, :]"
+    e.store(0, where, "out", "m_ok[:, None] & v_ok[None, :]")
     if any(n.op == "attn_lse" for n in spec.nodes):
         # Each row's log-sum-exp of the scores, for the gradient (ops/attention.py `attn_lse`):
         # -inf for a row with no weight; written by the programs of the first block of v's columns.

@@ -181,9 +181,12 @@ class AttentionTemplate(KernelTemplate):
 
         mm: list[int] = []
         lse: list[int] = []
+        heads: list[int] = []       # views of the output it is written as (schedule.merged_heads)
         for pos, nid in enumerate(k.nodes):
             n = g.node(nid)
-            if n.op is Op.ATTN_LSE:
+            if n.op in (Op.RESHAPE, Op.TRANSPOSE) and (heads or n.inputs[0] == k.anchor):
+                heads.append(nid)
+            elif n.op is Op.ATTN_LSE:
                 # The gradient's log-sum-exp of these scores (schedule.py): each row's, written too.
                 add(nid, LocalNode("attn_lse", (), n.dtype, "row"))
                 lse.append(nid)
@@ -201,8 +204,8 @@ class AttentionTemplate(KernelTemplate):
                 add(nid, LocalNode(n.op.value, args, n.dtype, "full", attrs))
         outs = [k.anchor] + lse
         spec = KernelSpec("attention", out_rank, tuple(operands), tuple(nodes), tuple(local[i] for i in outs), 0,
-                          tuple(mm))
-        return spec, Binding(tuple(operand_nodes), tuple(outs), k.anchor, "shape")
+                          tuple(mm), strided_out=bool(heads))
+        return spec, Binding(tuple(operand_nodes), tuple(heads[-1:] or [k.anchor]) + tuple(lse), k.anchor, "shape")
 
     def emit(self, e: Emitter) -> Emitted:
         return attention(e)
@@ -218,7 +221,21 @@ class AttentionTemplate(KernelTemplate):
 
         def sizes(_tensors: dict) -> dict[str, int]:
             return {"M": T, "N": S, "K": D, "DV": DV, "batch": math.prod(batch)}
-        return Frame(domain, lambda j, _level, t: align(t, want_of.get(j, batch + (T, S))), sizes, batch)
+
+        def out_view(i: int, out):
+            """The output written as a view of the attention's (`spec.strided_out`): its buffer
+            seen back through the views, in the domain's shape."""
+            if i or not spec.strided_out:
+                return None
+            nid = b.outputs[0]
+            while nid != b.domain:
+                n = graph.node(nid)
+                nid = n.inputs[0]
+                out = out.transpose(n.attr("dim0"), n.attr("dim1")) if n.op is Op.TRANSPOSE \
+                    else out.view(tuple(graph.node(nid).shape))
+            return out
+        return Frame(domain, lambda j, _level, t: align(t, want_of.get(j, batch + (T, S))), sizes, batch,
+                     out_view=out_view)
 
     def grid(self, config: Config, ints: dict[str, int]) -> tuple[int, int, int]:
         tiles = -(-ints["M"] // config["BLOCK_M"]) * -(-ints["DV"] // config["BLOCK_DV"])
