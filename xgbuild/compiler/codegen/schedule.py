@@ -181,7 +181,8 @@ def merged_heads(graph: Graph, users: dict, anchor: int, outputs: set[int]) -> l
                 else back.view(tuple(before.shape))
     except RuntimeError:
         return []
-    return chain
+    # (the kernel stores the head dim as a contiguous run: vectorised, as its own layout's)
+    return chain if back.stride()[-1] == 1 else []
 
 
 def _is_last_dim_reduction(n: Node, x: Node) -> bool:

@@ -274,8 +274,10 @@ def attention(e: Emitter) -> Emitted:
     if spec.strided_out:
         # Written as a view of the output (heads merged: [B, T, H * D] of the [B, H, T, D] result,
         # templates/attention.py): through the strides of that buffer seen in the domain's shape.
-        where = e.dot([(f"bi{d}", e.int_param(f"q0_s{d}")) for d in range(nb)]
-                      + [("rm[:, None]", e.int_param(f"q0_s{nb}")), ("rv[None, :]", e.int_param(f"q0_s{nb + 1}"))])
+        # The head dim is contiguous there (schedule.merged_heads): its stride is not a parameter,
+        # so the stores vectorise; the others are hinted multiples of 16 where they are.
+        where = e.dot([(f"bi{d}", e.int_param(f"q0_s{d}", hint16=True)) for d in range(nb)]
+                      + [("rm[:, None]", e.int_param(f"q0_s{nb}", hint16=True)), ("rv[None, :]", "1")])
     else:
         where = "bid * M * DV + rm[:, None] * DV + rv[None, :]"
     e.store(0, where, "out", "m_ok[:, None] & v_ok[None, :]")

@@ -10,6 +10,7 @@ import math
 from xgbuild.hw import GpuProfile
 
 from ....dtypes import ITEMSIZE
+from ....errors import ExecutionError
 from ...ir.graph import Op
 from ...ir.shapes import index_axis
 from ..emitter import Emitted, Emitter
@@ -233,6 +234,8 @@ class AttentionTemplate(KernelTemplate):
                 nid = n.inputs[0]
                 out = out.transpose(n.attr("dim0"), n.attr("dim1")) if n.op is Op.TRANSPOSE \
                     else out.view(tuple(graph.node(nid).shape))
+            if out.dim() and out.shape[-1] > 1 and out.stride(-1) != 1:
+                raise ExecutionError("internal: an attention output written as merged heads needs a contiguous head dim")
             return out
         return Frame(domain, lambda j, _level, t: align(t, want_of.get(j, batch + (T, S))), sizes, batch,
                      out_view=out_view)
