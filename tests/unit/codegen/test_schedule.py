@@ -45,6 +45,20 @@ def test_mlp_bias_and_gelu_are_a_matmul_epilogue() -> None:
     assert first == [Op.MATMUL, Op.ADD, Op.GELU]
 
 
+@pytest.mark.parametrize("k,fused", [(512, False), (1536, False), (4096, True)])
+def test_gelu_joins_only_long_k_products(k: int, fused: bool) -> None:
+    # libdevice's erf repeats for every accumulator element of a thread: after a short main loop it
+    # is an element-wise kernel of its own (schedule.UNROLLED_EPILOGUE).
+    # (products of enough tiles that split-products leaves them whole)
+    src = (f"extern Tensor[bfloat16, 8192, {k}] X\nextern Tensor[bfloat16, {k}, 4096] W\n"
+           f"extern Tensor[bfloat16, 4096] B\nextern Tensor[bfloat16, 4096, {k}] W2\n"
+           "def main() {\n    return gelu(X @ W + B) @ W2\n}\n")
+    g = compile_source(src).optimized.main
+    s = schedule(g)
+    assert [k.kind for k in s.kernels] == (["matmul", "matmul"] if fused else ["matmul", "elementwise", "matmul"])
+    assert [g.node(i).op for i in s.kernels[0].nodes] == [Op.MATMUL, Op.ADD] + ([Op.GELU] if fused else [])
+
+
 def test_product_written_anyway_is_not_given_an_epilogue() -> None:
     # contract.xg: y = A @ B feeds rmsnorm twice (x * x and x * rsqrt(...)): the square belongs in
     # the row kernel's prologue, not in the matmul's epilogue (which would write a second tensor).
