@@ -122,8 +122,8 @@ def _flash_key(n: Node) -> tuple:
 
 def _delta_chain(graph: Graph, users: dict, n: Node, outputs: set[int]) -> list[int] | None:
     """For dq's `attn_grad` n: the nodes of its delta, `sum(cast?(dO) * cast?(o), dim=-1)`
-    (passes/flash.py), when nothing else reads them but the delta itself, and dO is n's; in program
-    order, the sum last. None otherwise."""
+    (passes/flash.py), when nothing else reads them but the delta itself, and dO is n's; in an
+    order they can be computed in, the sum last. None otherwise."""
     d = graph.node(n.inputs[5])
     if d.op is not Op.SUM or d.attr("keepdim") or not d.inputs or d.id in outputs:
         return None
@@ -131,11 +131,11 @@ def _delta_chain(graph: Graph, users: dict, n: Node, outputs: set[int]) -> list[
     if prod.op is not Op.MUL or d.attr("dim") != len(prod.shape) - 1 or users[prod.id] != [d.id] \
             or prod.id in outputs:
         return None
-    chain, leaves = [prod.id], []
+    casts, leaves = [], []
     for i in prod.inputs:
         x = graph.node(i)
-        if x.op is Op.CAST and users[x.id] == [prod.id] and x.id not in outputs and x.id not in chain:
-            chain.append(x.id)
+        if x.op is Op.CAST and users[x.id] == [prod.id] and x.id not in outputs and x.id not in casts:
+            casts.append(x.id)
             x = graph.node(x.inputs[0])
         leaves.append(x)
     g = graph.node(n.inputs[3])
@@ -144,7 +144,7 @@ def _delta_chain(graph: Graph, users: dict, n: Node, outputs: set[int]) -> list[
     o = leaves[1] if leaves[0].id == g.id else leaves[0]
     if tuple(o.shape) != tuple(g.shape) or o.dtype not in ("bfloat16", "float16", "float32", "float64"):
         return None
-    return sorted(chain) + [d.id]
+    return casts + [prod.id, d.id]          # (the casts come before the product that reads them)
 
 
 # Ops the epilogue of a product with a short K does not take: libdevice's erf (the exact GELU) is a
@@ -387,7 +387,6 @@ def schedule(graph: Graph) -> Schedule:
             return False
         if k.kind == "matmul" and n.op in UNROLLED_EPILOGUE and _short_k(graph, k):
             return False
-
         if n.attr("remat") and any(not graph.node(x).attr("remat") for x in k.nodes):
             return False        # a value recomputed for the backward pass stays out of earlier kernels
         inner = [i for i in n.inputs if owner.get(i) == owner_index(k)]
