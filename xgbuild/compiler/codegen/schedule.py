@@ -28,10 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from ..ir.graph import BINARY, COLLECTIVE, UNARY, Graph, Node, Op, tree_ids
 from ..ir.shapes import index_axis, numel
+from ..ir.strides import contiguous_strides, view_strides
 from ..passes.flash import find_attention
 from .kernel import Kernel, Schedule, ScheduleError, row_value_through_view
 from .templates import KernelTemplate, template
@@ -171,37 +170,48 @@ def merged_heads(graph: Graph, users: dict, anchor: int, outputs: set[int]) -> l
     chain of single-reader reshapes and transposes up to the first reshape that is no view of a
     contiguous output (heads merged, `o.transpose(1, 2).reshape(B, T, H * D)`: PyTorch copied it
     between kernels), when the output's buffer seen back through the chain, reshape by reshape, is
-    a strided view in the output's shape (the kernel stores through those strides,
-    templates/attention.py). Static shapes only; [] when there is no such chain."""
+    a strided view in the output's shape with a contiguous last dim (the kernel stores through
+    those strides, templates/attention.py). Static shapes only; [] when there is no such chain.
+    (Stride arithmetic alone, `ir.strides`: the deploy runtime imports this module without torch.)"""
     chain, x = [], graph.node(anchor)
     if not all(isinstance(d, int) for d in x.shape):
         return []
-    t = torch.empty(tuple(x.shape), device="meta")
+    shape, strides = tuple(x.shape), contiguous_strides(x.shape)
     while x.id not in outputs and len(users[x.id]) == 1:
         u = graph.node(users[x.id][0])
         if u.op not in (Op.RESHAPE, Op.TRANSPOSE) or not all(isinstance(d, int) for d in u.shape):
             return []
         chain.append(u.id)
         if u.op is Op.TRANSPOSE:
-            t = t.transpose(u.attr("dim0"), u.attr("dim1"))
+            shape, strides = _swapped(shape, u), _swapped(strides, u)
         else:
-            try:
-                t = t.view(tuple(u.shape))
-            except RuntimeError:
+            seen = view_strides(shape, strides, tuple(u.shape))
+            if seen is None:
                 break               # a copy: this reshape is the one the kernel writes
+            shape, strides = tuple(u.shape), seen
         x = u
     else:
         return []
-    back = torch.empty(tuple(graph.node(chain[-1]).shape), device="meta")
-    try:
-        for nid in reversed(chain):
-            u, before = graph.node(nid), graph.node(graph.node(nid).inputs[0])
-            back = back.transpose(u.attr("dim0"), u.attr("dim1")) if u.op is Op.TRANSPOSE \
-                else back.view(tuple(before.shape))
-    except RuntimeError:
-        return []
+    shape = tuple(graph.node(chain[-1]).shape)
+    strides = contiguous_strides(shape)
+    for nid in reversed(chain):
+        u, before = graph.node(nid), graph.node(graph.node(nid).inputs[0])
+        if u.op is Op.TRANSPOSE:
+            shape, strides = _swapped(shape, u), _swapped(strides, u)
+            continue
+        seen = view_strides(shape, strides, tuple(before.shape))
+        if seen is None:
+            return []
+        shape, strides = tuple(before.shape), seen
     # (the kernel stores the head dim as a contiguous run: vectorised, as its own layout's)
-    return chain if back.stride()[-1] == 1 else []
+    return chain if not strides or strides[-1] == 1 or shape[-1] == 1 else []
+
+
+def _swapped(values: tuple, transpose: Node) -> tuple:
+    out = list(values)
+    a, b = transpose.attr("dim0"), transpose.attr("dim1")
+    out[a], out[b] = out[b], out[a]
+    return tuple(out)
 
 
 def _is_last_dim_reduction(n: Node, x: Node) -> bool:
