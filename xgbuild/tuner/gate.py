@@ -1,6 +1,6 @@
 """The tuner's correctness gate: whether a candidate kernel's outputs are right.
 
-Each output is compared with the float64 reference of its job (`tuner.JobData.reference`): a float
+Each output is compared with the float64 reference of its job (`jobdata.JobData.reference`): a float
 output within its dtype's tolerance by relative error (`TOLERANCE`, the dtype the kernel rounds to
 least precisely: `gate_dtypes`), any other output exactly. An output off by more still passes when
 eager PyTorch, computing the same ops in the program's dtypes, is nearly as far off (within

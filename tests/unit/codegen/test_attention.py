@@ -311,7 +311,7 @@ def test_tuning_reference_computes_the_inlined_causal_mask() -> None:
     # the causal mask has no kernel, so it must be recomputed too (not drawn at random).
     import torch
 
-    from xgbuild.tuner.tuner import JobData
+    from xgbuild.tuner.jobdata import JobData
     g = compile_source(CAUSAL).optimized.main
     jobs, _ = plan(g, tuning_env(g, {"T": 24, "D": 16}))
     (job,) = [j for j in jobs if j.spec.kind == "attention"]

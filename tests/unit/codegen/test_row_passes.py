@@ -45,7 +45,7 @@ def test_the_tuners_reference_computes_a_row_value_read_through_a_reshape() -> N
 
     from xgbuild.compiler.driver import compile_source
     from xgbuild.tuner.jobs import plan, tuning_env
-    from xgbuild.tuner.tuner import JobData
+    from xgbuild.tuner.jobdata import JobData
 
     sys.path.insert(0, str(HERE))
     from interpret_row_epilogue import CROSS_ENTROPY

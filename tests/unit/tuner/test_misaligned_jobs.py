@@ -15,7 +15,7 @@ from xgbuild.dtypes import TORCH_DTYPES
 from xgbuild.tuner.jobfile import job_from_json, job_to_json
 from xgbuild.tuner.jobs import plan, tuning_env
 from xgbuild.tuner.space import default_config
-from xgbuild.tuner.tuner import JobData
+from xgbuild.tuner.jobdata import JobData
 
 
 class Shifted(torch.nn.Module):

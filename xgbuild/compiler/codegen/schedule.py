@@ -158,7 +158,7 @@ UNROLLED_EPILOGUE = frozenset({Op.GELU, Op.ERF})
 SHORT_K = 2048
 
 
-def _short_k(graph: Graph, k) -> bool:
+def _short_k(graph: Graph, k: Kernel) -> bool:
     """Is matmul kernel k's reduced dim static and below SHORT_K?"""
     a = graph.node(graph.node(k.anchor).inputs[0])
     kdim = a.shape[-1] if a.shape else 1
