@@ -47,6 +47,10 @@ PARTIAL = {
     "qkv_product_f32": dict(dt="float32", scale="0.125", scores="where(keep, x, -2.0)", wrt="(q, k, v)",
                             ret="sum((cast(p, float32) @ v) @ transpose(v))"),
     "kv_only_f32": dict(dt="float32", scale="0.125", scores="where(keep, x, -2.0)", wrt="(k, v)"),
+    # Sharp bfloat16 scores (standard deviation about 40, D = 24): bfloat16's spacing there is 0.25,
+    # so scores rounded to the product's dtype would move the probabilities by up to 12%. The
+    # kernels keep them float32, as the forward does (triton_attention.py).
+    "sharp_bf16": dict(dt="bfloat16", scale="8.0", scores="where(keep, x, -1e9)", wrt="(q, k, v)"),
 }
 CONFIGS = [(32, 32), (64, 32), (32, 64)]
 DIMS = [{"T": 70, "S": 70, "D": 24, "E": 40}, {"T": 45, "S": 29, "D": 16, "E": 16}]

@@ -19,6 +19,8 @@ from xgbuild.runtime.cpu import CpuExecutor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from interpreted import interpreted_report  # noqa: E402
 
+SHARP_TOL = 4e-2
+
 HEAD = """extern Tensor[float64, B, T, D] Q
 extern Tensor[float64, B, S, D] K
 extern Tensor[float64, B, S, E] V
@@ -88,7 +90,7 @@ def test_other_forms_keep_the_op_by_op_gradient(body: str) -> None:
 
 def test_kernels_match_the_reference_at_several_block_shapes() -> None:
     report = interpreted_report(Path(__file__).parent / "interpret_flash.py")
-    assert len(report) == 4 * 2 * 3 + 3
+    assert len(report) == 4 * 2 * 3 + 4
     # dO a product's: dq's kernel computes each row's delta (writing it for dk and dv when they
     # read it); without dq the delta stays a row kernel of its own.
     for key, grads, kernels, tol in (("q_only_bf16", 1, ["attn_lse", "sum+q"], 3e-2),
@@ -96,6 +98,10 @@ def test_kernels_match_the_reference_at_several_block_shapes() -> None:
                                      ("kv_only_f32", 2, ["attn_lse", "k+v"], 1e-5)):
         r = report.pop(f"{key} T70 S70 64x32")
         assert r["flash_grads"] == grads and r["kernels"] == kernels and r["rel_err"] < tol, (key, r)
+    # Scores far apart (bfloat16's spacing there is 0.25): rounded to the product's dtype before the
+    # softmax, the gradients were 5.7e-2 off (under the interpreter); kept float32, 2.5e-2.
+    r = report.pop("sharp_bf16 T70 S70 64x32")
+    assert r["kernels"] == ["attn_lse", "k+v", "q"] and r["rel_err"] < SHARP_TOL, r
     for key, r in report.items():
         assert r["flash_grads"] == 3, key
         # dk and dv in one kernel, beside dq's (the delta's row kernel computes dO's ops too); the
