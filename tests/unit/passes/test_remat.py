@@ -1,10 +1,11 @@
 """Rematerialisation (passes/remat.py): element-wise values a backward pass reads are computed again
 there instead of kept from the forward pass; gradients unchanged (float64, against torch.autograd),
-no recomputed value fused into an earlier kernel, bfloat16 element-wise values never recomputed,
+no recomputed value fused into an earlier kernel (but per-row values a few KB in size), bfloat16 element-wise values never recomputed,
 and a GPT-2-small training step's peak held memory far lower."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,9 @@ from xgbuild.runtime.native import made_by
 from xgbuild.tuner.jobs import plan, tuning_env
 
 REPO = Path(__file__).resolve().parents[3]
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(REPO / "tests" / "unit" / "runtime"))
+from interpreted import interpreted_report  # noqa: E402
 BLOCK = """extern Tensor[{dt}, T, D] X
 extern Tensor[{dt}, D, F] W
 extern Tensor[{dt}, F] C
@@ -35,6 +39,10 @@ def main() {{
     return value_and_grad(f, wrt=(x, w, b))(X, W, C)
 }}
 """
+
+
+# The block at fixed sizes: its [256, 1] per-row values are tiny beside the [256, 64] row kernel.
+SIZED_BLOCK = BLOCK.format(dt="float32").replace("T, D]", "256, 64]").replace("D, F]", "64, 128]").replace("F]", "128]")
 
 
 def _torch_block(x, w, b):
@@ -63,16 +71,53 @@ def test_gradients_are_unchanged_and_values_are_recomputed() -> None:
         assert float((got - want).norm() / want.norm()) < 1e-10
 
 
-def test_recomputed_values_stay_out_of_earlier_kernels() -> None:
-    graph = compile_source(BLOCK.format(dt="float32"), "block.xg").optimized.main
+def _clones_in_earlier_kernels(graph) -> tuple[int, list]:
+    """(kernels holding recomputed values, [(kernel, clone)] for each clone in a kernel with an
+    earlier node that is not a clone)"""
     position = {n.id: i for i, n in enumerate(graph.nodes)}
-    checked = 0
+    checked, early = 0, []
     for k in schedule(graph).kernels:
-        re = [position[x] for x in k.nodes if graph.node(x).attr("remat")]
+        re = [x for x in k.nodes if graph.node(x).attr("remat")]
         if re:
             checked += 1
-            assert not any(position[x] < min(re) and not graph.node(x).attr("remat") for x in k.nodes), k
-    assert checked
+            first = min(position[x] for x in re)
+            if any(position[x] < first and not graph.node(x).attr("remat") for x in k.nodes):
+                early += [(k, graph.node(x)) for x in re]
+    return checked, early
+
+
+def test_recomputed_values_stay_out_of_earlier_kernels() -> None:
+    graph = compile_source(BLOCK.format(dt="float32"), "block.xg").optimized.main
+    checked, early = _clones_in_earlier_kernels(graph)
+    assert checked and not early, early
+
+
+def test_tiny_recomputed_values_join_the_forward_kernel(monkeypatch) -> None:
+    """GPT-2 small's training step: each LayerNorm's 1 / sqrt(var + eps) and its cube, recomputed
+    for the backward pass from the saved variance ([8192, 1], 32 KB), were an element-wise kernel of
+    their own (25 launches). Values that small (`schedule.TINY_REMAT` of the kernel's domain) join
+    the forward row kernel that has the variance, which writes them; no larger clone moves."""
+    from xgbuild.compiler.codegen import schedule as sched
+    from xgbuild.compiler.ir.shapes import numel
+    graph = compile_source((REPO / "models" / "train.xg").read_text(), "train.xg").optimized.main
+    kernels = schedule(graph).kernels
+    assert not [k for k in kernels if k.kind == "elementwise" and tuple(k.shape) == (8192, 1)]
+    _checked, early = _clones_in_earlier_kernels(graph)
+    monkeypatch.setattr(sched, "TINY_REMAT", 0)
+    _checked, before = _clones_in_earlier_kernels(graph)
+    assert len(kernels) == len(schedule(graph).kernels) - 25
+    moved = {n.id for _k, n in early} - {n.id for _k, n in before}
+    joined = {id(k): k for k, n in early if n.id in moved}
+    assert len(joined) == 25 and all(k.kind == "rowwise" for k in joined.values())
+    for k, n in early:
+        if n.id in moved:
+            assert tuple(n.shape) == (8192, 1) and numel(n.shape) <= numel(k.shape) / 64, (k, n)
+
+
+def test_tiny_recomputed_values_written_by_the_forward_kernel_match_float64() -> None:
+    report = interpreted_report(HERE / "interpret_remat.py")
+    assert report["joined"] == ["rowwise"], report
+    assert report["errors"] and all(err < 1e-5 for err in report["errors"]), report
 
 
 def test_bfloat16_element_wise_values_are_not_recomputed() -> None:

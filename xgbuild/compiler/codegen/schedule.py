@@ -158,6 +158,18 @@ UNROLLED_EPILOGUE = frozenset({Op.GELU, Op.ERF})
 SHORT_K = 2048
 
 
+# A value recomputed for the backward pass (`remat`) may join an earlier kernel when it is at most
+# this fraction of the kernel's domain: a row kernel's per-row values ([T, 1], a LayerNorm's
+# 1 / sqrt(var + eps) and its cube from the saved variance) held until the backward cost a few
+# KB, where a kernel of their own was a launch each (25 in GPT-2 small's training step).
+TINY_REMAT = 1 / 64
+
+
+def _tiny(n: Node, k: Kernel) -> bool:
+    size, domain = numel(n.shape), numel(k.shape)
+    return size is not None and domain is not None and size <= domain * TINY_REMAT
+
+
 def _short_k(graph: Graph, k: Kernel) -> bool:
     """Is matmul kernel k's reduced dim static and below SHORT_K?"""
     a = graph.node(graph.node(k.anchor).inputs[0])
@@ -397,7 +409,7 @@ def schedule(graph: Graph) -> Schedule:
             return False
         if k.kind == "matmul" and n.op in UNROLLED_EPILOGUE and _short_k(graph, k):
             return False
-        if n.attr("remat") and any(not graph.node(x).attr("remat") for x in k.nodes):
+        if n.attr("remat") and any(not graph.node(x).attr("remat") for x in k.nodes) and not _tiny(n, k):
             return False        # a value recomputed for the backward pass stays out of earlier kernels
         inner = [i for i in n.inputs if owner.get(i) == owner_index(k)]
         # A value of the kernel read through a view would be read from the memory it writes; a
