@@ -30,8 +30,9 @@ before the chain reads it, as element-wise chains keep their 16-bit intermediate
 round only where the program casts or stores (`emitter.compute_dtype`); FlashAttention, cuDNN and
 torch.compile's fused attention score in float32 alike. Rounding each score cost about 18% of a
 kernel of this one's structure on an H200 (GPT-2's causal 8 x 12 x 1024 x 64: 65.0 -> 53.4 us,
-cuDNN 49.7; docs/codegen.md), and the unrounded scores are the closer to the float64 reference. The flash backward kernels recompute
-the same float32 scores (`triton_flash.py`), so their probabilities are the forward's.
+cuDNN 49.7; docs/codegen.md), and the unrounded scores are the closer to the float64 reference.
+The flash backward kernels recompute the same float32 scores (`triton_flash.py`), so their
+probabilities are the forward's.
 
 When the attention is differentiated (passes/flash.py), its gradient's `attn_lse` of the same
 scores is a second output: each row's max plus the log of its sum, as the loop ends with them.
