@@ -158,6 +158,13 @@ UNROLLED_EPILOGUE = frozenset({Op.GELU, Op.ERF})
 SHORT_K = 2048
 
 
+def _short_k(graph: Graph, k: Kernel) -> bool:
+    """Is matmul kernel k's reduced dim static and below SHORT_K?"""
+    a = graph.node(graph.node(k.anchor).inputs[0])
+    kdim = a.shape[-1] if a.shape else 1
+    return isinstance(kdim, int) and kdim < SHORT_K
+
+
 # A value recomputed for the backward pass (`remat`) may join an earlier kernel when it is at most
 # this fraction of the kernel's domain: a row kernel's per-row values ([T, 1], a LayerNorm's
 # 1 / sqrt(var + eps) and its cube from the saved variance) held until the backward cost a few
@@ -168,13 +175,6 @@ TINY_REMAT = 1 / 64
 def _tiny(n: Node, k: Kernel) -> bool:
     size, domain = numel(n.shape), numel(k.shape)
     return size is not None and domain is not None and size <= domain * TINY_REMAT
-
-
-def _short_k(graph: Graph, k: Kernel) -> bool:
-    """Is matmul kernel k's reduced dim static and below SHORT_K?"""
-    a = graph.node(graph.node(k.anchor).inputs[0])
-    kdim = a.shape[-1] if a.shape else 1
-    return isinstance(kdim, int) and kdim < SHORT_K
 
 
 def merged_heads(graph: Graph, users: dict, anchor: int, outputs: set[int]) -> list[int]:
@@ -188,35 +188,37 @@ def merged_heads(graph: Graph, users: dict, anchor: int, outputs: set[int]) -> l
     chain, x = [], graph.node(anchor)
     if not all(isinstance(d, int) for d in x.shape):
         return []
-    shape, strides = tuple(x.shape), contiguous_strides(x.shape)
+    view = (tuple(x.shape), contiguous_strides(x.shape))
     while x.id not in outputs and len(users[x.id]) == 1:
         u = graph.node(users[x.id][0])
         if u.op not in (Op.RESHAPE, Op.TRANSPOSE) or not all(isinstance(d, int) for d in u.shape):
             return []
         chain.append(u.id)
-        if u.op is Op.TRANSPOSE:
-            shape, strides = _swapped(shape, u), _swapped(strides, u)
-        else:
-            seen = view_strides(shape, strides, tuple(u.shape))
-            if seen is None:
-                break               # a copy: this reshape is the one the kernel writes
-            shape, strides = tuple(u.shape), seen
+        view = _view_step(view, u, tuple(u.shape))
+        if view is None:
+            break                   # a copy: this reshape is the one the kernel writes
         x = u
     else:
         return []
-    shape = tuple(graph.node(chain[-1]).shape)
-    strides = contiguous_strides(shape)
+    last = tuple(graph.node(chain[-1]).shape)
+    view = (last, contiguous_strides(last))
     for nid in reversed(chain):
-        u, before = graph.node(nid), graph.node(graph.node(nid).inputs[0])
-        if u.op is Op.TRANSPOSE:
-            shape, strides = _swapped(shape, u), _swapped(strides, u)
-            continue
-        seen = view_strides(shape, strides, tuple(before.shape))
-        if seen is None:
+        u = graph.node(nid)
+        view = _view_step(view, u, tuple(graph.node(u.inputs[0]).shape))
+        if view is None:
             return []
-        shape, strides = tuple(before.shape), seen
     # (the kernel stores the head dim as a contiguous run: vectorised, as its own layout's)
+    shape, strides = view
     return chain if not strides or strides[-1] == 1 or shape[-1] == 1 else []
+
+
+def _view_step(view: tuple[tuple, tuple], u: Node, shape: tuple) -> tuple[tuple, tuple] | None:
+    """(shape, strides) of a strided view seen through view node `u`, a transpose (its own inverse)
+    or a reshape to `shape`; None where that reshape is no view (a copy)."""
+    if u.op is Op.TRANSPOSE:
+        return tuple(_swapped(v, u) for v in view)
+    strides = view_strides(*view, shape)
+    return None if strides is None else (shape, strides)
 
 
 def _swapped(values: tuple, transpose: Node) -> tuple:

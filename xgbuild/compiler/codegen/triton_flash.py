@@ -21,8 +21,8 @@ scores (one FMA a score: `t = s * scale2`, the fill scaled alike), lse times log
 D 64) dk+dv went 1.70 -> 1.45 ms and dq 0.90 -> 0.75 ms.
 
 Scores stay float32, unrounded, as the forward attention kernel keeps them. Other products take
-the operands' dtype with float32 accumulators (exact "ieee" products for float32,
-as the matmul template); every program works on whole heads (D, DV <= BLOCK_D, BLOCK_DV).
+the operands' dtype with float32 accumulators (exact "ieee" products for float32, as the matmul
+template); every program works on whole heads (D, DV <= BLOCK_D, BLOCK_DV).
 """
 
 from __future__ import annotations
