@@ -27,6 +27,7 @@ from ..runtime.values import Values
 
 DEFAULT_DIM = 1024     # a symbolic dim the build was not told about is tuned at this size
 MAGIC = re.compile(r"d\d+[ms]")    # a size's division magic (launch.div_magic), not a size of its own
+OUT_STRIDE = re.compile(r"q\d+_s\d+")   # an output's run-time stride (hinted as a multiple of 16 where it is one)
 
 
 @dataclass
@@ -67,7 +68,8 @@ class Job:
         single, even_k = template(self.problem.kind).assumptions(self.problem, config)
         # Sizes and run-time strides compiled as multiples of 16 must be so at the tuning shape.
         hinted = ["N", "K", "C", "L", "DV", "numel"] + [f"p{j}_s{d}" for j, lay in enumerate(self.layouts)
-                                              if lay != "dense" for d, s in enumerate(lay) if s is None]
+                                              if lay != "dense" for d, s in enumerate(lay) if s is None] \
+            + [name for name in self.sizes if OUT_STRIDE.fullmatch(name)]
         unaligned = tuple(name for name in hinted if name in self.sizes and self.sizes[name] % 16)
         return Variant(wide=wide, layouts=self.layouts, aligned=not self.misaligned, single=single,
                        even_k=even_k, unaligned=unaligned)

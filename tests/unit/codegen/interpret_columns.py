@@ -3,7 +3,8 @@ Triton's interpreter (CPU) against the float64 reference, every such job forced 
 column configs: one kept dim (a bias's gradient), two and three (a split reduction's first stage),
 a last kept dim that no ROWS divides, a transposed operand, max with a NaN, bfloat16 rows (also
 widened through a view, the cast the kernel's prologue), short rows reduced along the last dim,
-LayerNorm's weight and bias gradients sharing a first stage. Prints,
+LayerNorm's weight and bias gradients sharing a first stage, the MLP's bias gradient writing the
+bfloat16 cast of what it sums (also in the one-row forms). Prints,
 as JSON, each case's errors under each config and the configs the column jobs ran. A script, not a
 test: TRITON_INTERPRET must be set before Triton is imported, so the test runs it in a fresh
 process.
@@ -49,14 +50,29 @@ CASES = {   # name: (source, input shapes and dtypes, the sizes it is tuned at)
                "    dy = cast(DY, float32)\n    return sum(dy * ((X - M) * R), dim=0), sum(dy, dim=0)\n}\n",
                {"DY": ((1024, 24), torch.bfloat16), "X": ((1024, 24), torch.float32),
                 "M": ((1024, 1), torch.float32), "R": ((1024, 1), torch.float32)}, {}),
+    # The MLP's bias gradient (passes/split_reductions.py): the tanh GELU's gradient summed over
+    # the tokens and cast to bfloat16 for the products. Its ops are rebuilt in the split shape
+    # [T / 64, 64, D] and the first stage writes the cast through its strides beside the sums.
+    "bf16cast": ("extern Tensor[bfloat16, 1024, 40] A\nextern Tensor[float32, 40] B\n"
+                 "extern Tensor[bfloat16, 1024, 40] G\ndef main() {\n"
+                 "    u = cast(A, float32) + B\n    t = tanh(0.79788456 * (u + 0.044715 * u * u * u))\n"
+                 "    d = cast(G, float32) * (0.5 * (1.0 + t) + 0.5 * u * (1.0 - t * t) * 0.79788456 * "
+                 "(1.0 + 0.134145 * u * u))\n"
+                 "    return sum(d, dim=0), cast(d, bfloat16)\n}\n",
+                 {"A": ((1024, 40), torch.bfloat16), "B": ((40,), torch.float32),
+                  "G": ((1024, 40), torch.bfloat16)}, {}),
 }
 CONFIGS = [{"BLOCK_N": 8, "ROWS": 16, "SINGLE": 0, "num_warps": 2, "num_stages": 1},
            {"BLOCK_N": 16, "ROWS": 32, "SINGLE": 0, "num_warps": 4, "num_stages": 1},
            {"BLOCK_N": 4, "ROWS": 64, "SINGLE": 0, "num_warps": 2, "num_stages": 1}]
 
+ONE_ROW = {"looped": {"BLOCK_N": 16, "SINGLE": 0, "num_warps": 2, "num_stages": 1},
+           "single": {"BLOCK_N": 64, "SINGLE": 1, "num_warps": 2, "num_stages": 1}}
 
-def main() -> None:
-    interpret.enable()
+
+def report(device: str = "cpu") -> dict:
+    """Each case at each forced config: errors and the row kernels' ROWS as they ran. On "cuda" the
+    same kernels run compiled for the local GPU (tests/gpu/test_column_reductions_cuda.py)."""
     from xgbuild.compiler.driver import compile_source
     launched: list[dict] = []
     run = interpret.launch
@@ -66,24 +82,29 @@ def main() -> None:
             launched.append(c.config)
         run(c, grid, args)
     interpret.launch = launch
-    report = {}
+    out_report = {}
     for name, (src, shapes, dims) in CASES.items():
         graph = compile_source(src, f"{name}.xg").optimized.main
-        g = torch.Generator().manual_seed(len(report))
+        g = torch.Generator().manual_seed(len(out_report))
         values = {k: torch.randn(s, generator=g).to(dt) for k, (s, dt) in shapes.items()}
         if name == "three":
             values["X"][1, 4, 2, 7] = float("nan")
-        for i, cfg in enumerate(CONFIGS):
-            def choose(job, config, cfg=cfg):
-                column = job.problem.columns or job.problem.short_rows
-                return cfg if job.spec.kind == "rowwise" and column else config
+        forced = {str(i): (cfg, lambda job: job.problem.columns or job.problem.short_rows)
+                  for i, cfg in enumerate(CONFIGS)}
+        if name == "bf16cast":      # the one-row forms write the cast through its strides too
+            forced |= {form: (cfg, lambda job: job.problem.columns) for form, cfg in ONE_ROW.items()}
+        for key, (cfg, column) in forced.items():
+            def choose(job, config, cfg=cfg, column=column):
+                return cfg if job.spec.kind == "rowwise" and column(job) else config
 
             launched.clear()
-            out = check_graph(graph, values, dims, choose=choose)
-            report[f"{name} {i}"] = {"errors": [r["rel_err"] for r in out],
-                                     "rowwise": [c.get("ROWS", 0) for c in launched]}
-    print(json.dumps(report))
+            out = check_graph(graph, values, dims, choose=choose, device=device)
+            out_report[f"{name} {key}"] = {"errors": [r["rel_err"] for r in out],
+                                           "rowwise": [c.get("ROWS", 0) for c in launched]}
+    interpret.launch = run
+    return out_report
 
 
 if __name__ == "__main__":
-    main()
+    interpret.enable()
+    print(json.dumps(report()))

@@ -25,15 +25,44 @@ def report() -> dict:
     return interpreted_report(HERE / "interpret_columns.py")
 
 
-@pytest.mark.parametrize("case", ["bias", "split", "three", "transposed", "bf16", "bf16t", "short", "lngrad"])
+def _tolerances(case: str, n: int) -> list[float]:
+    if case == "bf16cast":          # the float32 sums, then the bfloat16 cast (its rounding)
+        return [1e-6, 1e-2]
+    # "short" and "lngrad": bfloat16 inputs, float32 sums
+    return [1e-2 if case.startswith("bf16") else 1e-6] * n
+
+
+@pytest.mark.parametrize("case", ["bias", "split", "three", "transposed", "bf16", "bf16t", "short", "lngrad",
+                                  "bf16cast"])
 @pytest.mark.parametrize("config", [0, 1, 2])
 def test_column_form_matches_float64(report, case, config):
     got = report[f"{case} {config}"]
     # Every row reduction ran in the column form at the forced config, none in the one-row form.
     assert got["rowwise"] and all(rows == CONFIGS[config]["ROWS"] for rows in got["rowwise"]), got
-    # "short" and "lngrad": bfloat16 inputs, float32 sums
-    tol = 1e-2 if case.startswith("bf16") else 1e-6
-    assert all(err < tol for err in got["errors"]), got
+    assert all(err < tol for err, tol in zip(got["errors"], _tolerances(case, len(got["errors"])), strict=True)), got
+
+
+@pytest.mark.parametrize("form", ["looped", "single"])
+def test_a_first_stage_writing_a_cast_matches_float64_in_the_one_row_forms(report, form):
+    got = report[f"bf16cast {form}"]
+    assert got["rowwise"] == [0, 0], got
+    assert all(err < tol for err, tol in zip(got["errors"], _tolerances("bf16cast", 2), strict=True)), got
+
+
+def test_the_bias_gradients_first_stage_writes_the_cast_of_what_it_sums():
+    """The tanh GELU's gradient, summed over the tokens and cast to bfloat16, is no kernel of its
+    own: the first stage computes it over [T / 64, 64, D] and writes the cast there, the sums
+    beside it; the float32 gradient is never written."""
+    from interpret_columns import CASES
+    from xgbuild.compiler.codegen.schedule import schedule
+    from xgbuild.compiler.driver import compile_source
+    g = compile_source(CASES["bf16cast"][0]).optimized.main
+    sched = schedule(g)
+    assert [(k.kind, tuple(k.shape)) for k in sched.kernels] == [("rowwise", (16, 64, 40)), ("rowwise", (16, 40))]
+    first = sched.kernels[0]
+    assert sorted((g.node(o).dtype, tuple(g.node(o).shape)) for o in sched.outputs(first)) == \
+        [("bfloat16", (16, 64, 40)), ("float32", (16, 40))]
+    assert sorted(g.node(i).dtype for i in sched.inputs(first)) == ["bfloat16", "bfloat16", "float32"]
 
 
 @pytest.mark.parametrize("case", ["bf16", "bf16t"])

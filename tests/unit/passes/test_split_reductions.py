@@ -198,3 +198,50 @@ def test_a_product_read_elsewhere_is_split_through_a_view_of_it() -> None:
     view = g.node(first.inputs[0])
     assert view.op is Op.RESHAPE and tuple(g.node(view.inputs[0]).shape) == (2048, 96)
 
+
+
+CAST_READ = """extern Tensor[bfloat16, 2048, 96] A
+extern Tensor[float32, 96] B
+extern Tensor[bfloat16, 96, 32] W
+def main() {
+    d = tanh(cast(A, float32) + B) * B
+    y = cast(d, bfloat16) @ W
+    return y, sum(d, dim=0)
+}
+"""
+
+
+def test_a_value_read_by_its_casts_is_rebuilt_and_the_casts_are_views_of_the_split_ones() -> None:
+    """The MLP's bias gradient: the summed value is read by the sum and by its bfloat16 cast, which
+    the products read (here before the sum, in program order). The ops and the cast are rebuilt in
+    the [R / 64, 64, D] shape, the cast's readers read a view of the split cast, and no float32
+    [R, D] value is left to write; the values are float64's."""
+    g = compile_source(CAST_READ).optimized.main
+    product, bias = (g.node(i) for i in _out_ids(g))
+    first = g.node(bias.inputs[0])
+    assert first.op is Op.SUM and tuple(first.shape) == (32, 96) and first.attr("dim") == 1
+    inputs = {n.id for n in g.nodes if n.op is Op.INPUT}
+    big = [(n.op, n.dtype) for n in g.nodes if tuple(n.shape) == (2048, 96) and n.id not in inputs]
+    assert big == [(Op.RESHAPE, "bfloat16")]
+    view = next(n for n in g.nodes if tuple(n.shape) == (2048, 96) and n.id not in inputs)
+    cast = g.node(view.inputs[0])
+    assert cast.op is Op.CAST and tuple(cast.shape) == (32, 64, 96) and cast.inputs[0] == first.inputs[0]
+    for seed in (0, 1):
+        gen = torch.Generator().manual_seed(seed)
+        inputs = {"A": torch.randn(2048, 96, generator=gen).bfloat16(), "B": torch.randn(96, generator=gen),
+                  "W": torch.randn(96, 32, generator=gen).bfloat16()}
+        sg = specialize(g, bind_symbols(g, {k: tuple(v.shape) for k, v in inputs.items()}))
+        got = [CpuExecutor(float64=True, check=False).run(sg, inputs).values[i] for i in _out_ids(sg)]
+        a, b = inputs["A"].double(), inputs["B"].double()
+        d = torch.tanh(a + b) * b
+        want = [d @ inputs["W"].double(), d.sum(0)]       # (casts are the identity in float64 mode)
+        for have, ref in zip(got, want):
+            torch.testing.assert_close(have.double(), ref, rtol=1e-12, atol=1e-12)
+
+
+def test_a_value_read_by_a_cast_and_something_else_is_split_through_a_view_of_it() -> None:
+    src = CAST_READ.replace("return y, sum(d, dim=0)", "return y, sum(d, dim=0), d + 1.0")
+    g = compile_source(src).optimized.main
+    first = g.node(g.node(_out_ids(g)[1]).inputs[0])
+    view = g.node(first.inputs[0])
+    assert view.op is Op.RESHAPE and tuple(g.node(view.inputs[0]).shape) == (2048, 96)

@@ -59,6 +59,9 @@ def bind(plan: KernelPlan, graph: Graph, value: Callable[[int], torch.Tensor],
         if frame.out_perm is not None and out.dim() == len(domain) and len(domain):
             for d, s in enumerate(out.permute(frame.out_perm).stride()):   # full-level outputs in kernel order
                 ints[f"q{i}_s{d}"] = int(s)
+            if spec.lane_out and ints[f"q{i}_s{spec.row_dims - 1}"] != 1 and out.shape[frame.out_perm[spec.row_dims - 1]] > 1:
+                raise ExecutionError(f"internal: {spec.name}'s output {i} has strides {tuple(out.stride())}; "
+                                   "its kernel stores it with unit stride along the last kept dim")
         seen = frame.out_view(i, out) if frame.out_view is not None else None
         if seen is not None:
             for d, s in enumerate(seen.stride()):

@@ -70,11 +70,14 @@ INDEX_OPS = UNARY | BINARY | {Op.WHERE, Op.FULL}
 def _strided_prologue(graph: Graph, users: dict, prod: Kernel, n: Node, x: Node, out_ids: set) -> bool:
     """May element-wise kernel `prod`, which makes x, become the prologue of n, a reduction of x
     over dims other than the last? Only when n alone reads what it makes: a lone widening cast, or
-    element-wise ops all of x's shape (a strided kernel's prologue is of its whole domain)."""
+    element-wise ops all of x's shape (a strided kernel's prologue is of its whole domain), of
+    which casts may have other readers (split-reductions' exported casts: the reduction's kernel
+    writes them, each element once, as the column form walks its domain once)."""
     if prod.kind != "elementwise" or len(x.shape) == 0 or any(m in out_ids for m in prod.nodes):
         return False
     inside = set(prod.nodes)
-    if any(u not in inside and u != n.id for m in prod.nodes for u in users[m]):
+    if any(u not in inside and u != n.id and (graph.node(m).op is not Op.CAST or m == x.id)
+           for m in prod.nodes for u in users[m]):
         return False
     if prod.nodes == [x.id] and x.op is Op.CAST:
         return graph.node(x.inputs[0]).dtype in FLOAT_NARROW and x.dtype in ("float32", "float64")

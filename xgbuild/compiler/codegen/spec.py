@@ -48,6 +48,9 @@ class KernelSpec:
     row_dims: int = 0                           # rowwise: leading dims of the (permuted) domain kept
     matmul: tuple[int, ...] = ()                # matmul: the operand indices of A and B; attention: q, kT, v
     strided_out: bool = False                   # rowwise over a permuted domain: full outputs via strides
+    # ... whose stride along the last kept dim is 1 (buffers dense in the domain's order, whose last
+    # dim is kept): the column form's stores along its rows vectorise (`launch` checks it).
+    lane_out: bool = False
 
     def canonical(self) -> dict:
         return {"kind": self.kind, "rank": self.rank, "row_dims": self.row_dims, "matmul": list(self.matmul),
@@ -55,7 +58,7 @@ class KernelSpec:
                 "operands": [list(o) for o in self.operands],
                 "nodes": [[n.op, [list(a) for a in n.args], n.dtype, n.level, [list(x) for x in n.attrs]]
                           for n in self.nodes],
-                "outputs": list(self.outputs)}
+                "outputs": list(self.outputs)} | ({"lane_out": True} if self.lane_out else {})
 
     @classmethod
     def from_canonical(cls, d: dict) -> "KernelSpec":
@@ -65,7 +68,7 @@ class KernelSpec:
                       for op, args, dtype, level, attrs in d["nodes"])
         return cls(str(d["kind"]), int(d["rank"]), tuple(tuple(o) for o in d["operands"]), nodes,
                    tuple(int(i) for i in d["outputs"]), int(d["row_dims"]), tuple(int(i) for i in d["matmul"]),
-                   bool(d["strided_out"]))
+                   bool(d["strided_out"]), bool(d.get("lane_out", False)))
 
     def text(self) -> str:
         return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"), allow_nan=False,

@@ -567,11 +567,13 @@ def row_passes(spec: KernelSpec) -> RowPlan:
 
 def columns_fit(spec: KernelSpec) -> bool:
     """Whether a row-reduction spec can run in the column form: reductions and element-wise ops
-    only (no softmax, no op reading the element's index), every output a row value."""
+    only (no softmax, no op reading the element's index), every output a row value or, over a
+    permuted domain, an element-wise value stored through its strides (a strided reduction's
+    prologue writing a cast of what it reduces)."""
     return spec.row_dims >= 1 and all(n.op not in INDEXED_OPS and n.op not in ("softmax", "log_softmax")
                                       for n in spec.nodes) \
         and any(n.op in REDUCTIONS for n in spec.nodes) \
-        and all(spec.nodes[k].level == "row" for k in spec.outputs)
+        and all(spec.nodes[k].level == "row" or spec.strided_out for k in spec.outputs)
 
 
 def rowwise_columns(e: Emitter) -> Emitted:
@@ -628,6 +630,69 @@ def rowwise_columns(e: Emitter) -> Emitted:
                 row_vals[k] = f"rv{k}"
                 w.line(f"rv{k} = {e.op(n, xs)}")
 
+    loaded: dict[int, str] = {}         # operand -> its tile, loaded in the current walk
+
+    def load(j: int) -> str:
+        if j not in loaded:
+            t = w.tmp("x")
+            level = spec.operands[j][1]
+            if level == "scalar":
+                w.line(f"{t} = {e.load(j, '0', None)}")
+            elif level == "row":
+                w.line(f"{t} = {e.load(j, f'ro{j}', 'rmask')}[None, :]")
+            else:
+                co = col_offset(j, "c")
+                off = f"ro{j}[None, :] + ({co})[:, None]" if co else f"ro{j}[None, :] + 0 * c[:, None]"
+                w.line(f"{t} = {e.load(j, off, 'tmask')}")
+            loaded[j] = t
+        return loaded[j]
+
+    def walk() -> dict[int, str]:
+        """Opens a loop over the reduced dim in [BLOCK_N, ROWS] tiles; returns its tile values."""
+        w.line(f"for c0 in range(0, {cols}, BLOCK_N):")
+        w.indent += 1
+        w.line("c = c0 + lanes")
+        w.line(f"tmask = (c < {cols})[:, None] & rmask[None, :]")
+        loaded.clear()
+        return {}
+
+    def value(kk: int, vals: dict[int, str]) -> str:
+        if kk in row_vals:
+            return f"{row_vals[kk]}[None, :]"
+        if kk not in vals:
+            m = spec.nodes[kk]
+            xs = [value(a[1], vals) if a[0] == "n" else e.arg(a, vals, load) for a in m.args]
+            vals[kk] = w.tmp("v")
+            w.line(f"{vals[kk]} = {e.op(m, xs)}")
+        return vals[kk]
+
+    # Element-wise outputs (a strided reduction's prologue writing the cast of what it reduces;
+    # `columns_fit`), stored through their strides in the first walk where the row values they
+    # read are known: each element once.
+    full_outputs = [(i, k) for i, k in enumerate(spec.outputs) if spec.nodes[k].level != "row"]
+    stored: set[int] = set()
+
+    def ready(kk: int) -> bool:
+        if kk in row_vals:
+            return True
+        m = spec.nodes[kk]
+        return m.op not in REDUCTIONS and m.level != "row" and all(a[0] != "n" or ready(a[1]) for a in m.args)
+
+    def out_offset(i: int) -> str:
+        index = {d: f"ri{d}" for d in range(nrow)}
+        # (`lane_out`: unit stride along the rows, so the tile's stores vectorise along them.)
+        rows = " + ".join(idx if d == nrow - 1 and spec.lane_out else f"{idx} * {e.int_param(f'q{i}_s{d}', True)}"
+                          for d, idx in sorted(index.items()))
+        along = " + ".join(f"{idx} * {e.int_param(f'q{i}_s{d}', True)}"
+                           for d, idx in sorted(e.split("c", nrow, rank).items()))
+        return f"({rows})[None, :] + ({along})[:, None]"
+
+    def store_full(vals: dict[int, str]) -> None:
+        for i, k in full_outputs:
+            if i not in stored and ready(k):
+                e.store(i, out_offset(i), value(k, vals), "tmask")
+                stored.add(i)
+
     compute_row_nodes()
     for k, n in enumerate(spec.nodes):
         if n.op not in REDUCTIONS:
@@ -638,49 +703,23 @@ def rowwise_columns(e: Emitter) -> Emitted:
         acc = f"acc{k}"
         nan = agg in ("max", "min") and dt in FLOAT
         _accumulator(w, acc, agg, dt, "[BLOCK_N, ROWS]", nan)
-        w.line(f"for c0 in range(0, {cols}, BLOCK_N):")
-        w.indent += 1
-        w.line("c = c0 + lanes")
-        w.line(f"tmask = (c < {cols})[:, None] & rmask[None, :]")
-        vals: dict[int, str] = {}
-        loaded: dict[int, str] = {}
-
-        def load(j: int) -> str:
-            if j not in loaded:
-                t = w.tmp("x")
-                level = spec.operands[j][1]
-                if level == "scalar":
-                    w.line(f"{t} = {e.load(j, '0', None)}")
-                elif level == "row":
-                    w.line(f"{t} = {e.load(j, f'ro{j}', 'rmask')}[None, :]")
-                else:
-                    co = col_offset(j, "c")
-                    off = f"ro{j}[None, :] + ({co})[:, None]" if co else f"ro{j}[None, :] + 0 * c[:, None]"
-                    w.line(f"{t} = {e.load(j, off, 'tmask')}")
-                loaded[j] = t
-            return loaded[j]
-
-        def value(kk: int) -> str:
-            if kk in row_vals:
-                return f"{row_vals[kk]}[None, :]"
-            if kk not in vals:
-                m = spec.nodes[kk]
-                xs = [value(a[1]) if a[0] == "n" else e.arg(a, vals, load) for a in m.args]
-                vals[kk] = w.tmp("v")
-                w.line(f"{vals[kk]} = {e.op(m, xs)}")
-            return vals[kk]
-
+        vals = walk()
         a = n.args[0]
-        x = value(a[1]) if a[0] == "n" else load(a[1])
+        x = value(a[1], vals) if a[0] == "n" else load(a[1])
         t = w.tmp("m")
         w.line(f"{t} = tl.where(tmask, {x}, {init})")
         _fold(w, acc, agg, t, nan)
+        store_full(vals)
         w.indent -= 1
         row_vals[k] = f"red{k}"
         _finish(w, row_vals[k], acc, agg, cols, f"{acc}_nan" if nan else None, n.dtype)
         compute_row_nodes()
+    if len(stored) < len(full_outputs):       # outputs of the row values too: one more walk
+        store_full(walk())
+        w.indent -= 1
     for i, k in enumerate(spec.outputs):
-        e.store(i, "row", row_vals[k], "rmask")
+        if spec.nodes[k].level == "row":
+            e.store(i, "row", row_vals[k], "rmask")
     return e.finish({"BLOCK_N": e.config["BLOCK_N"], "ROWS": e.config["ROWS"]})
 
 

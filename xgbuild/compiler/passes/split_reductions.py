@@ -24,12 +24,15 @@ Where the reduced value is element-wise ops that only this reduction reads (Laye
 gradient, `sum(cast(dy) * xhat, dim=0)`), the ops are rebuilt in the split shape over views of
 their inputs, so the first stage computes them as its prologue: the product never goes to memory
 (it was written and read back, 50 MB a LayerNorm at GPT-2 small's [8192, 768] in float32).
-A value others read too is split through a view of it: recomputing the MLP's bias gradient
-from its two bfloat16 inputs in the first stage (the tanh GELU's 45-op gradient), so that only
-the bfloat16 cast need be written, was measured slower on an H200 (1.14 against 1.07 ms a step);
-so was computing it only there, the first stage writing the bfloat16 cast for the products as
-well as its sums (one kernel instead of two: 101.9 us a layer against 62.6 + 27.6, the column
-form's [8, 64] tiles walking the chain with few elements in flight).
+A value read by the sum and by casts of it alone (the MLP's bias gradient: the tanh GELU's 45-op
+gradient, summed over the tokens in float32 and cast to bfloat16 for the products) is rebuilt the
+same way with its casts, and each cast's readers read a view of the split cast: the first stage
+computes the gradient, writes the cast through its strides and sums, so the float32 gradient
+never goes to memory (on an H200, GPT-2 small's [8192, 3072]: 55.6 us a layer, where an
+element-wise kernel writing both and the first stage reading the float32 back took 62.6 + 27.4).
+A value others read too (not only casts) is split through a view of it: recomputing the MLP's bias
+gradient from its two bfloat16 inputs in the first stage, so that only the bfloat16 cast need be
+written by the element-wise kernel, was measured slower (1.14 against 1.07 ms a step).
 
 Needs: a verified graph in program order, shapes static where it splits. Leaves: the same value
 at the reduction's node id.
@@ -75,10 +78,14 @@ def _dense(x: Node, by_id: dict[int, Node]) -> bool:
 
 
 def _chain(n: Node, by_id: dict[int, Node], users: dict[int, list[int]], outputs: set[int],
-           position: dict[int, int]) -> list[int] | None:
-    """The element-wise nodes of the shape n reduces that make its input for n alone (every user
+           position: dict[int, int]) -> tuple[list[int], list[int]] | None:
+    """The element-wise nodes of the shape n reduces that make its input x for n alone (every user
     of each is n or another of them), when every value they read from outside either broadcasts
-    along n's dim or is dense (so the split is a view of it); None when there are none."""
+    along n's dim or is dense (so the split is a view of it); None when there are none. With them,
+    x's casts (`exports`): x may be read by n and by casts of it alone (the MLP's bias gradient, a
+    float32 sum of the GELU gradient whose bfloat16 cast feeds the products), each rebuilt in the
+    split shape too, so that the first stage writes the cast and the float32 value stays in
+    registers."""
     x = by_id[n.inputs[0]]
     shape = tuple(x.shape)
 
@@ -86,7 +93,9 @@ def _chain(n: Node, by_id: dict[int, Node], users: dict[int, list[int]], outputs
         v = by_id[i]
         return v.op in POINTWISE and tuple(v.shape) == shape and i not in outputs
 
-    if not own(x.id) or users[x.id] != [n.id]:
+    exports = sorted({u for u in users[x.id] if u != n.id}, key=position.__getitem__)
+    if not own(x.id) or n.id not in users[x.id] or any(
+            by_id[u].op is not Op.CAST or tuple(by_id[u].shape) != shape for u in exports):
         return None
     chain: set[int] = set()
     heap = [(-position[x.id], x.id)]
@@ -105,7 +114,7 @@ def _chain(n: Node, by_id: dict[int, Node], users: dict[int, list[int]], outputs
     for v in (by_id[i] for i in leaves):
         if len(v.shape) > len(shape) or (_split_view(v, len(shape), d) is not None and not _dense(v, by_id)):
             return None
-    return sorted(chain, key=position.__getitem__)
+    return sorted(chain, key=position.__getitem__), exports
 
 
 def _split_view(v: Node, rank: int, d: int) -> tuple | None:
@@ -145,50 +154,79 @@ def split_reductions(program: Program) -> Program:
     outputs = set(tree_ids(g.output))
     position = {n.id: k for k, n in enumerate(g.nodes)}
     next_id = max((n.id for n in g.nodes), default=-1) + 1
-    out: list[Node] = []
-    dropped: set[int] = set()           # element-wise nodes rebuilt in a split shape
+
+    def new_id() -> int:
+        nonlocal next_id
+        next_id += 1
+        return next_id - 1
+
+    # The strided reductions split in two, each with its rebuilt chain and casts (or None: a view
+    # of the value a kernel made), by the node where the rebuilt values go: the first of the
+    # reduction and its casts in program order (a cast may come before the reduction, and its
+    # readers before the reduction too).
+    column: dict[int, tuple[Node, int, tuple | None]] = {}
+    at: dict[int, int] = {}
     for n in g.nodes:
+        if n.inputs and not _splits(n, by_id[n.inputs[0]]) \
+                and (d := _column_split(n, x := by_id[n.inputs[0]])) is not None \
+                and ((plan := _chain(n, by_id, users, outputs, position)) is not None or _dense(x, by_id)):
+            column[n.id] = (n, d, plan)
+            at[min([n.id] + (plan[1] if plan else []), key=position.__getitem__)] = n.id
+    exported = {c for _n, _d, plan in column.values() if plan for c in plan[1]}
+    dropped = {c for _n, _d, plan in column.values() if plan for c in plan[0]}
+    first_of: dict[int, int] = {}       # reduction -> its first stage
+
+    def rebuild(n: Node, d: int, plan: tuple | None) -> list[Node]:
+        """The first stage of n and what it reads: a view of x, or x's ops over views of theirs."""
+        x = by_id[n.inputs[0]]
+        shape = tuple(x.shape)
+        runs = _split_view(x, len(shape), d)    # (x is at least MIN_COLUMN long along d)
+        made: list[Node] = []
+        if plan is None:        # a view of the value a kernel made
+            split = new_id()
+            made.append(Node(split, Op.RESHAPE, (x.id,), x.dtype, runs, (), n.src))
+        else:                   # its element-wise ops rebuilt over views of their inputs
+            chain, casts = plan
+            new: dict[int, int] = {}
+            for m in (by_id[c] for c in chain + casts):
+                ins = []
+                for i in m.inputs:
+                    if i in new:        # a rebuilt node, or a leaf's view made already
+                        ins.append(new[i])
+                    elif (vshape := _split_view(by_id[i], len(shape), d)) is None:
+                        ins.append(i)
+                    else:
+                        new[i] = new_id()
+                        made.append(Node(new[i], Op.RESHAPE, (i,), by_id[i].dtype, vshape, (), m.src))
+                        ins.append(new[i])
+                new[m.id] = new_id()
+                made.append(Node(new[m.id], m.op, tuple(ins), m.dtype, runs, m.attrs, m.src))
+            # Each cast's readers read the rebuilt cast through a view of the cast's own shape.
+            made += [Node(c, Op.RESHAPE, (new[c],), by_id[c].dtype, shape, (), by_id[c].src) for c in casts]
+            split = new[x.id]
+        first_of[n.id] = new_id()
+        made.append(Node(first_of[n.id], n.op, (split,), n.dtype, runs[:d + 1] + runs[d + 2:],
+                         attrs_of(dim=d + 1, keepdim=False), n.src))
+        return made
+
+    out: list[Node] = []
+    for n in g.nodes:
+        if n.id in at:
+            out += rebuild(*column[at[n.id]])
+        if n.id in exported or n.id in dropped:
+            continue
         if n.inputs and _splits(n, by_id[n.inputs[0]]):
             x = by_id[n.inputs[0]]
             keep = bool(n.attr("keepdim", False))
             shape = tuple(x.shape)[:-1] + ((1,) if keep else ())
-            rows = Node(next_id, n.op, (x.id,), n.dtype, shape, attrs_of(dim=len(x.shape) - 1, keepdim=keep), n.src)
-            next_id += 1
+            rows = Node(new_id(), n.op, (x.id,), n.dtype, shape, attrs_of(dim=len(x.shape) - 1, keepdim=keep), n.src)
             out.append(rows)
             n = replace(n, inputs=(rows.id,))
-        elif n.inputs and (d := _column_split(n, x := by_id[n.inputs[0]])) is not None \
-                and ((chain := _chain(n, by_id, users, outputs, position)) is not None or _dense(x, by_id)):
-            shape = tuple(x.shape)
-            runs = _split_view(x, len(shape), d)    # (x is at least MIN_COLUMN long along d)
-            if chain is None:       # a view of the value a kernel made
-                out.append(Node(next_id, Op.RESHAPE, (x.id,), x.dtype, runs, (), n.src))
-                split, next_id = next_id, next_id + 1
-            else:                   # its element-wise ops rebuilt over views of their inputs
-                new: dict[int, int] = {}
-                for m in (by_id[c] for c in chain):
-                    ins = []
-                    for i in m.inputs:
-                        if i in new:        # a rebuilt node, or a leaf's view made already
-                            ins.append(new[i])
-                        elif (vshape := _split_view(by_id[i], len(shape), d)) is None:
-                            ins.append(i)
-                        else:
-                            out.append(Node(next_id, Op.RESHAPE, (i,), by_id[i].dtype, vshape, (), m.src))
-                            new[i] = next_id
-                            ins.append(next_id)
-                            next_id += 1
-                    out.append(Node(next_id, m.op, tuple(ins), m.dtype, runs, m.attrs, m.src))
-                    new[m.id] = next_id
-                    next_id += 1
-                dropped |= set(chain)
-                split = new[x.id]
-            first = Node(next_id, n.op, (split,), n.dtype, runs[:d + 1] + runs[d + 2:],
-                         attrs_of(dim=d + 1, keepdim=False), n.src)
-            next_id += 1
-            out.append(first)
-            n = replace(n, inputs=(first.id,), attrs=attrs_of(dim=d, keepdim=bool(n.attr("keepdim", False))))
+        elif n.id in column:
+            d = column[n.id][1]
+            n = replace(n, inputs=(first_of[n.id],), attrs=attrs_of(dim=d, keepdim=bool(n.attr("keepdim", False))))
         out.append(n)
-    return program.replace_main(g.with_nodes([m for m in out if m.id not in dropped], g.output))
+    return program.replace_main(g.with_nodes(out, g.output))
 
 
 __all__ = ["split_reductions"]

@@ -158,6 +158,7 @@ def build(sched: Schedule, k: Kernel, level_of: Callable[[Node], str], perm: tup
     if not outputs:
         raise ScheduleError(f"internal: kernel {k.name} writes nothing")
     strided_out = bool(perm) and perm != tuple(range(domain_rank)) and any(nodes[o].level == "full" for o in outputs)
+    lane_out = strided_out and row_dims >= 1 and perm[row_dims - 1] == domain_rank - 1
     spec = KernelSpec(k.kind, domain_rank if rank is None else rank, tuple(operands), tuple(nodes), outputs,
-                      row_dims, matmul, strided_out)
+                      row_dims, matmul, strided_out, lane_out)
     return spec, operand_nodes, tuple(nid for nid in k.nodes if nid in outs)
