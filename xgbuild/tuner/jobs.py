@@ -67,7 +67,7 @@ class Job:
         wide = any(v > 2**31 - 1 for v in self.sizes.values()) or self.max_extent > 2**31 - 1
         single, even_k = template(self.problem.kind).assumptions(self.problem, config)
         # Sizes and run-time strides compiled as multiples of 16 must be so at the tuning shape.
-        hinted = ["N", "K", "C", "L", "DV", "numel"] + [f"p{j}_s{d}" for j, lay in enumerate(self.layouts)
+        hinted = ["N", "K", "C", "L", "DV", "numel", "SLOT"] + [f"p{j}_s{d}" for j, lay in enumerate(self.layouts)
                                               if lay != "dense" for d, s in enumerate(lay) if s is None] \
             + [name for name in self.sizes if OUT_STRIDE.fullmatch(name)]
         unaligned = tuple(name for name in hinted if name in self.sizes and self.sizes[name] % 16)

@@ -2,7 +2,8 @@
 causal attention with a fill far below the scores and one near them, unmasked, in float32 and with bfloat16
 products, each run at several score-block shapes (square, taller, wider, so the causal loops'
 bounds move; the forward kernel, which writes the log-sum-exp, once over v's columns in blocks
-of 16) and compared with the float64 CPU reference. Prints, as JSON, per program and
+of 16) and compared with the float64 CPU reference; a fused qkv projection's gradient, which the
+dk/dv kernel writes into its three slots. Prints, as JSON, per program and
 config, the largest relative error of the gradients. A script, not a test: TRITON_INTERPRET must
 be set before Triton is imported, so the test runs it in a fresh process."""
 
@@ -52,6 +53,34 @@ PARTIAL = {
     # kernels keep them float32, as the forward does (triton_attention.py).
     "sharp_bf16": dict(dt="bfloat16", scale="8.0", scores="where(keep, x, -1e9)", wrt="(q, k, v)"),
 }
+# A fused qkv projection's gradient, as models/train.xg's: the heads' gradients placed into one
+# [B, T, 3, H, DH] tensor, which dk and dv's kernel writes (dq copied in: schedule.py
+# `placed_grads`); T = 40 leaves every block shape a partial last block.
+PLACED = """B = 2
+T = 40
+H = 3
+DH = 8
+N = B * T
+D = H * DH
+D3 = 3 * D
+extern Tensor[{dt}, N, D3] X
+extern Tensor[float32, B, H, T, DH] G
+def heads(Tensor[{dt}, N, D] x) -> Tensor[{dt}, B, H, T, DH] {{
+    return transpose(reshape(x, [B, T, H, DH]), dim0=1, dim1=2)
+}}
+def f(Tensor[{dt}, N, D3] qkv, Tensor[float32, B, H, T, DH] g) -> float32 {{
+    q = heads(qkv[:, 0:D])
+    k = heads(qkv[:, D:2 * D])
+    v = heads(qkv[:, 2 * D:D3])
+    causal = reshape(arange(T), [T, 1]) >= reshape(arange(T), [1, T])
+    s = cast(q @ transpose(k), float32) * 0.35
+    p = softmax(where(causal, s, -1e9), dim=3)
+    return sum(cast(cast(p, {dt}) @ v, float32) * g)
+}}
+def main() {{
+    return grad(f, wrt=(qkv,))(X, G)
+}}
+"""
 CONFIGS = [(32, 32), (64, 32), (32, 64)]
 DIMS = [{"T": 70, "S": 70, "D": 24, "E": 40}, {"T": 45, "S": 29, "D": 16, "E": 16}]
 
@@ -69,16 +98,21 @@ def main() -> None:
         runs = [(name, {"wrt": "(q, k, v)", "ret": ret.format(**fmt), **fmt}, DIMS, CONFIGS)
                 for name, fmt in PROGRAMS.items()]
         runs += [(name, {"ret": ret.format(**fmt), **fmt}, DIMS[:1], CONFIGS[1:2]) for name, fmt in PARTIAL.items()]
+        runs += [(f"placed_{short}", {"dt": dt, "body": PLACED}, [{"T": 40, "S": 40}], CONFIGS)
+                 for short, dt in (("bf16", "bfloat16"), ("f32", "float32"))]
         for name, fmt, dims_list, configs in runs:
             path = Path(tmp) / f"{name}.xg"
-            path.write_text(BODY.format(**fmt))
+            path.write_text(fmt.get("body", BODY).format(**fmt))
             compiled = compile_file(str(path))
             graph = compiled.optimized.main
             flash = sum(n.op.value == "attn_grad" for n in graph.nodes)
             from xgbuild.compiler.codegen.schedule import schedule
+            sched = schedule(graph)
             kernels = sorted("+".join(dict(graph.node(i).attrs).get("wrt", graph.node(i).op.value) for i in k.nodes
-                                      if graph.node(i).op.value in ("attn_grad", "attn_lse", "sum"))
-                             for k in schedule(graph).kernels if k.kind in ("flash", "attention"))
+                                      if graph.node(i).op.value in ("attn_grad", "attn_lse", "sum", "unindex"))
+                             for k in sched.kernels if k.kind in ("flash", "attention"))
+            placing = sum(1 for k in sched.kernels if any(graph.node(i).op.value == "unindex" for i in k.nodes)
+                          and k.kind != "flash")
             engine = engine_of(compiled)
             for dims in dims_list:
                 sig = {s["name"]: (s["dtype"], tuple(dims[d] if isinstance(d, str) else d for d in s["shape"]))
@@ -91,7 +125,7 @@ def main() -> None:
                         return {**config, "BLOCK_M": bm, "BLOCK_N": bn} if job.spec.kind == "flash" else config
                     out = check_graph(graph, [random_inputs(sig, 0)], dims, choose=choose)
                     key = f"{name} T{dims['T']} S{dims['S']} {bm}x{bn}"
-                    report[key] = {"flash_grads": flash, "kernels": kernels,
+                    report[key] = {"flash_grads": flash, "kernels": kernels, "placing": placing,
                                    "rel_err": max(o["rel_err"] for o in out)}
     print(json.dumps(report))
 

@@ -90,7 +90,13 @@ def test_other_forms_keep_the_op_by_op_gradient(body: str) -> None:
 
 def test_kernels_match_the_reference_at_several_block_shapes() -> None:
     report = interpreted_report(Path(__file__).parent / "interpret_flash.py")
-    assert len(report) == 4 * 2 * 3 + 4
+    assert len(report) == 4 * 2 * 3 + 4 + 2 * 3
+    # A fused qkv projection's gradient: dk and dv's kernel writes the heads' three gradients into
+    # their slots of [B, T, 3, H, DH] (dq copied in), no element-wise kernel places them.
+    for key in [k for k in report if k.startswith("placed_")]:
+        r = report.pop(key)
+        assert r["kernels"] == ["attn_lse", "k+v+unindex+unindex+unindex", "q"] and r["placing"] == 0, (key, r)
+        assert r["rel_err"] < (3e-2 if "bf16" in key else 1e-5), (key, r)
     # dO a product's: dq's kernel computes each row's delta (writing it for dk and dv when they
     # read it); without dq the delta stays a row kernel of its own.
     for key, grads, kernels, tol in (("q_only_bf16", 1, ["attn_lse", "sum+q"], 3e-2),
@@ -129,3 +135,39 @@ def test_the_training_step_keeps_no_attention_probabilities() -> None:
     assert not [nid for nid in written if tuple(graph.node(nid).shape)[-2:] == (1024, 1024)]
     made = made_by(plans)
     assert peak_bytes(graph, plans, made, frees(graph, plans, made)) < 8.8e9
+
+
+def _placing(src: str) -> tuple[list, list]:
+    """(the flash kernels' written shapes, the element-wise kernels that place unindexed values)."""
+    from xgbuild.compiler.codegen.schedule import schedule
+    g = compile_source(src, "placed.xg").optimized.main
+    s = schedule(g)
+    flash = sorted(tuple(g.node(o).shape) for k in s.kernels if k.kind == "flash" for o in s.outputs(k))
+    placing = [k for k in s.kernels if k.kind == "elementwise" and any(g.node(i).op is Op.UNINDEX for i in k.nodes)]
+    return flash, placing
+
+
+def test_the_heads_gradients_are_written_into_their_qkv_slots() -> None:
+    """A fused qkv projection's gradient: dk and dv's kernel writes [B, T, 3, H, DH] (dq's kernel
+    writes dq and the delta); nothing else places them. Values: test_kernels_match_the_reference_at_
+    several_block_shapes ("placed_*")."""
+    from interpret_flash import PLACED
+    flash, placing = _placing(PLACED.format(dt="bfloat16"))
+    assert flash == [(2, 3, 40, 8), (2, 40, 3, 3, 8)] and placing == []
+
+
+@pytest.mark.parametrize("change", [
+    # q from a tensor of its own: two slots of three would be the kernel's, the third an input's.
+    ("q = heads(qkv[:, 0:D])", "q = heads(qkv[:, 0:D] * cast(2.0, {dt}))"),
+    # 32 keys for 40 queries, sliced after the heads: dk and dv reach their slots through a slice
+    # (and the kernel's key blocks could not copy dq's 40 rows).
+    ("k = heads(qkv[:, D:2 * D])", "k = heads(qkv[:, D:2 * D])[:, :, 0:32]"),
+])
+def test_other_placements_keep_their_element_wise_kernel(change) -> None:
+    from interpret_flash import PLACED
+    src = PLACED.replace(*change).format(dt="bfloat16")
+    if "0:32" in change[1]:
+        src = src.replace("v = heads(qkv[:, 2 * D:D3])", "v = heads(qkv[:, 2 * D:D3])[:, :, 0:32]") \
+            .replace("reshape(arange(T), [1, T])", "reshape(arange(32), [1, 32])")
+    flash, placing = _placing(src)
+    assert (2, 40, 3, 3, 8) not in flash and [tuple(k.shape) for k in placing].count((2, 40, 3, 3, 8)) == 1

@@ -84,11 +84,12 @@ def test_computed_gather_indices_are_kept_for_check_mode() -> None:
 def test_the_training_step_peak_falls_under_two_fifths() -> None:
     """models/train.xg at its real size (GPT-2 small, 8 x 1024 tokens): the kernel outputs alive at
     once, all kept (what an H200 run held: 53 GB, before attention's gradient recomputed its
-    probabilities; 18 GB once no float32 copies of attention's operands were made; 13.4 GB now)
-    against dropped after their last reader (5.3 GB, then 4.7 GB)."""
+    probabilities; 18 GB once no float32 copies of attention's operands were made; 13.4 GB, then
+    12.0 GB once the GELU gradients' float32 values and the heads' gradients were not written)
+    against dropped after their last reader (5.3 GB, then 4.7 GB, 4.8 GB)."""
     graph = compile_source((REPO / "models" / "train.xg").read_text(), "train.xg").optimized.main
     _jobs, launches = plan(graph, tuning_env(graph, {}))
     plans = [ExternStep(b) if ident == "extern" else _Plan(b) for ident, b in launches]
     made = made_by(plans)
     kept, dropped = peak_bytes(graph, plans, made, None), peak_bytes(graph, plans, made, frees(graph, plans, made))
-    assert kept > 12e9 and dropped < kept * 0.4, (kept, dropped)
+    assert kept > 11e9 and dropped < kept * 0.4, (kept, dropped)

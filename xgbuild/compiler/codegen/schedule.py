@@ -15,8 +15,9 @@ in topological order:
   the table's element in that row.
 EXTERN (a PyTorch operator run eagerly, `fallback="eager"`) is a step of its own between kernels,
 and so is each of attention's backward ops (`flash`: ATTN_LSE, ATTN_GRAD, templates/flash.py; the
-gradients of k and v of one attention share a kernel) and
-each SCATTER_ADD (`scatter`: an embedding's gradient, templates/scatter.py).
+gradients of k and v of one attention share a kernel, which writes them, with dq copied in, into
+the slots of a fused qkv projection's gradient where the three are placed there: `placed_grads`)
+and each SCATTER_ADD (`scatter`: an embedding's gradient, templates/scatter.py).
 Views (RESHAPE of a contiguous value, TRANSPOSE, constant INDEX) are not kernels: a kernel reads
 its inputs through their strides. CONST nodes are folded into the kernels that read them. Every
 other node must land in a kernel: an op with no kernel path is an error, never a CPU fallback.
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 
 from ..ir.graph import BINARY, COLLECTIVE, UNARY, Graph, Node, Op, tree_ids
 from ..ir.shapes import index_axis, numel
-from ..ir.strides import contiguous_strides, view_strides
+from ..ir.strides import contiguous_strides, slot_strides, static_slot, transposed_axes, view_strides
 from ..passes.flash import find_attention
 from .kernel import Kernel, Schedule, ScheduleError, row_value_through_view
 from .templates import KernelTemplate, template
@@ -120,6 +121,74 @@ def _operand_cast(graph: Graph, users: dict, n: Node, outputs: set[int]) -> bool
 def _flash_key(n: Node) -> tuple:
     """What a dk and a dv `attn_grad` share when one kernel may make both."""
     return n.inputs, tuple((k, v) for k, v in n.attrs if k != "wrt")
+
+
+def _slot(n: Node) -> tuple[int, int] | None:
+    """(dim, index) of an `unindex` placing its input at one static index of one dim (`static_slot`)."""
+    return static_slot(n.attr("items")) if n.op is Op.UNINDEX and len(n.inputs) == 1 else None
+
+
+def placed_axes(chain: list[Node], rank: int) -> tuple[int, ...]:
+    """Which dim of a value each dim of it seen through a chain of transposes is."""
+    return transposed_axes([(t.attr("dim0"), t.attr("dim1")) for t in chain], rank)
+
+
+def placed_grads(graph: Graph, users: dict, grads: dict[str, int], outputs: set[int]) -> tuple[list[int], int] | None:
+    """Attention's three gradients (`grads`: "q", "k", "v" -> their `attn_grad` nodes) placed into
+    one tensor P, as a fused qkv projection's gradient makes them: each read only by one chain of
+    transposes into an `unindex` at slot i of one dim of P, the three slots covering that dim, the
+    unindexes summed by adds alone into P. Then the dk/dv kernel writes P: dk and dv through the
+    slots' strides, and dq (made by the kernel before it) copied in, block by block, where an
+    element-wise kernel had read the three and written P. Returns (the placing nodes in program
+    order, P), or None: another reader of any of them, a reshape on the way, other slots, several
+    dims, or queries and keys of different lengths (the kernel's key blocks copy dq's rows)."""
+    if set(grads) != {"q", "k", "v"}:
+        return None
+    q = graph.node(grads["q"])
+    if any(not isinstance(s, int) for s in q.shape) or q.shape[-2] != graph.node(q.inputs[1]).shape[-1] \
+            or any(tuple(graph.node(g).shape) != tuple(q.shape) for g in grads.values()):
+        return None
+    chains, slots = [], {}
+    for g in grads.values():
+        nid, chain = g, []
+        while True:
+            if nid in outputs or len(users[nid]) != 1:
+                return None
+            u = graph.node(users[nid][0])
+            chain.append(u.id)
+            if u.op is not Op.TRANSPOSE:
+                break
+            nid = u.id
+        place = _slot(graph.node(chain[-1]))
+        if place is None:
+            return None
+        slots[chain[-1]] = place
+        chains.append([graph.node(t) for t in chain[:-1]])
+    if len({d for d, _ in slots.values()}) != 1 or len({placed_axes(c, len(q.shape)) for c in chains}) != 1:
+        return None
+    dim = next(iter(slots.values()))[0]
+    shape = tuple(graph.node(next(iter(slots))).shape)
+    if sorted(i for _, i in slots.values()) != list(range(shape[dim])) \
+            or slot_strides(contiguous_strides(shape), dim, placed_axes(chains[0], len(q.shape)))[-1] != 1:
+        return None         # (the kernel stores the head dim as a contiguous run)
+    # The adds: each reads two of what is placed so far and is the only reader of both.
+    tree, adds, grew = set(slots), [], True
+    while grew:
+        grew = False
+        for a in {users[x][0] for x in tree if len(users[x]) == 1} - tree:
+            add = graph.node(a)
+            if add.op is Op.ADD and tuple(add.shape) == shape and all(i in tree for i in add.inputs):
+                tree.add(a)
+                adds.append(a)
+                grew = True
+    roots = [x for x in tree if not any(u in tree for u in users[x])]
+    if len(adds) != len(slots) - 1 or len(roots) != 1 or roots[0] not in adds \
+            or any(x != roots[0] and (len(users[x]) != 1 or x in outputs) for x in tree):
+        return None
+    top = roots[0]
+    position = {n.id: k for k, n in enumerate(graph.nodes)}
+    nodes = [t.id for c in chains for t in c] + list(slots) + adds
+    return sorted(nodes, key=position.__getitem__), top
 
 
 def _delta_chain(graph: Graph, users: dict, n: Node, outputs: set[int]) -> list[int] | None:
@@ -562,6 +631,19 @@ def schedule(graph: Graph) -> Schedule:
     differentiated = find_attention(graph) if any(n.op is Op.ATTN_LSE for n in graph.nodes) else {}
     attention_of: dict[tuple, int] = {}
     heads_of = {v: p.nodes[-1] for p in patterns for v in merged_heads(graph, users, p.nodes[-1], out_ids)}
+    # Attention's gradients placed into one tensor (`placed_grads`): placing node -> the grads.
+    grads_of: dict[tuple, dict[str, int]] = {}
+    for n in graph.nodes:
+        if n.op is Op.ATTN_GRAD:
+            grads_of.setdefault(_flash_key(n), {})[n.attr("wrt")] = n.id
+    placed_at: dict[int, tuple[dict[str, int], list[int], int]] = {}
+    position = {n.id: k for k, n in enumerate(graph.nodes)}
+    for grads in grads_of.values():
+        found = placed_grads(graph, users, grads, out_ids)
+        # (dv joins dk's kernel when dk comes first, `flash_k` below; dq's kernel, which dk and dv's
+        # copies from, comes before theirs)
+        if found is not None and position[grads["q"]] < position[grads["k"]] < position[grads["v"]]:
+            placed_at |= {nid: (grads, found[0], found[1]) for nid in found[0]}
     for n in graph.nodes:
         if n.op in (Op.INPUT, Op.CONST) or n.id in inlined or n.id in reserved:
             continue
@@ -576,6 +658,20 @@ def schedule(graph: Graph) -> Schedule:
                 owner[nid] = idx
             for nid in p.nodes:
                 deps[idx] |= producers(graph.node(nid), idx)
+            continue
+        if n.id in placed_at:
+            # dk and dv's kernel writes them into their slots and copies dq into its own: the
+            # placing nodes wait for the last (the tensor), when all three gradients have kernels.
+            grads, nodes, top = placed_at[n.id]
+            if n.id != top:
+                continue
+            idx = owner[grads["k"]]
+            if owner.get(grads["v"]) != idx or owner.get(grads["q"]) in (None, idx):
+                raise ScheduleError("internal: attention's gradients placed into one tensor without their kernels")
+            for m in nodes:
+                kernels[idx].nodes.append(m)
+                owner[m] = idx
+                deps[idx] |= producers(graph.node(m), idx)
             continue
         if n.op in VIEWS and n.id in heads_of:
             # The attention kernel writes its output as this view of it (`merged_heads`).

@@ -13,7 +13,11 @@ score blocks from q and kT in registers; nothing of size [T, S] is read or writt
   attention are one kernel ("kv"): each block's scores and probabilities computed once for both. The query rows above
   the diagonal see these keys masked: they add nothing to dk, and to dv only their fill's weight
   exp(fill - lse) (0 unless the fill is close to the row's scores: computed, then added only if
-  some row's is not 0).
+  some row's is not 0). Where the three gradients are placed into one tensor (a fused qkv
+  projection's, [B, T, 3, H, DH]: schedule.py `placed_grads`), this kernel writes that tensor:
+  dk and dv through their slots' strides, and its key block's rows of dq, which dq's kernel wrote
+  before it, copied into dq's slot. An element-wise kernel reading the three and writing the
+  tensor (75 MB a layer in GPT-2 small's step, 21.7 us on an H200) is gone.
 
 With float32 scores, probabilities are taken in base 2: the scale times log2(e) folded into the
 scores (one FMA a score: `t = s * scale2`, the fill scaled alike), lse times log2(e) as loaded, then
@@ -301,6 +305,22 @@ def flash(e: Emitter) -> Emitted:
         w.indent -= 1
         w.line("acc_v += vsum[None, :]")
         w.indent -= 1
+    place = next((m for m in spec.nodes if m.op == "place"), None)
+    if place is not None:
+        # One output, the slots tensor (templates/flash.py `_placed`): dk and dv into their slots,
+        # through the slots' strides (the head dim contiguous), and this key block's rows of dq,
+        # which the kernel before this one made, copied into dq's (queries and keys are as long).
+        sq, sk, sv = dict(place.attrs)["slots"]
+        slot = e.int_param("SLOT", hint16=True)
+        where = e.dot([(f"bi{d}", e.int_param(f"q0_s{d}", hint16=True)) for d in range(nb)]
+                      + [("rn[:, None]", e.int_param(f"q0_s{nb}", hint16=True))])
+        jq = place.args[2][1]
+        w.line(f"dq_base = p{jq} + {offset(jq)}")
+        tile("dq", "dq_base", "rn", "rd", e.stride(jq, nb), e.stride(jq, nb + 1))
+        for value, index, cols in (("acc", sk, "rd"), ("acc_v", sv, "rv"), ("dq", sq, "rd")):
+            e.store(0, f"{where} + {index} * {slot} + {cols}[None, :]", value, f"rn_ok[:, None] & {cols}_ok[None, :]")
+        return e.finish({"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_D": cfg["BLOCK_D"],
+                         "BLOCK_DV": cfg["BLOCK_DV"]})
     if wants_k:
         e.store(0, "bid * N * K + rn[:, None] * K + rd[None, :]", "acc", "rn_ok[:, None] & rd_ok[None, :]")
     if wants_v:

@@ -41,3 +41,32 @@ def view_strides(old: Sequence[int], strides: Sequence[int], new: Sequence[int])
 
 
 __all__ = ["contiguous_strides", "view_strides"]
+
+
+def static_slot(items: Sequence[tuple]) -> tuple[int, int] | None:
+    """(dim, index) of index items that take one static index of one dim and every other dim
+    whole (an `unindex` placing a value into one slot); None otherwise."""
+    ints = [(d, it[1]) for d, it in enumerate(items) if it[0] == "i"]
+    whole = all(tuple(it) == ("s", None, None, None) for it in items if it[0] != "i")
+    if len(ints) != 1 or not whole or not isinstance(ints[0][1], int) or ints[0][1] < 0:
+        return None
+    return ints[0]
+
+
+def transposed_axes(pairs: Sequence[tuple[int, int]], rank: int) -> tuple[int, ...]:
+    """Which dim of a value each dim of it is, seen through transposes of dims `pairs` in turn."""
+    axes = list(range(rank))
+    for a, b in pairs:
+        a, b = a % rank, b % rank
+        axes[a], axes[b] = axes[b], axes[a]
+    return tuple(axes)
+
+
+def slot_strides(strides: Sequence[int], dim: int, axes: Sequence[int]) -> tuple[int, ...]:
+    """The strides of one slot along `dim` of a tensor of `strides`, seen as the value placed
+    there, whose dims the slot's are through `axes` (`transposed_axes`)."""
+    rest = [s for d, s in enumerate(strides) if d != dim]
+    out = [0] * len(axes)
+    for j, a in enumerate(axes):
+        out[a] = rest[j]
+    return tuple(out)

@@ -11,6 +11,7 @@ from xgbuild.hw import GpuProfile
 
 from ....dtypes import ITEMSIZE
 from ...ir.graph import Op
+from ...ir.strides import slot_strides, static_slot, transposed_axes
 from ..emitter import Emitted, Emitter
 from ..kernel import Kernel, Schedule
 from ..launch_abi import Frame, Launch, Variant
@@ -83,6 +84,30 @@ def _delta_o(graph, d, g: int) -> int:
     return leaves[1] if leaves[0] == g else leaves[0]
 
 
+def _placed(g, k: Kernel) -> tuple[int, int, int, tuple[int, ...], tuple[int, int, int]] | None:
+    """The slots tensor a dk/dv kernel writes (schedule.py `placed_grads`), when it has one: (its
+    node, dq's node, the slots' dim, the gradients' dims as the slots' (`transposed_axes`), the
+    slot of dq, dk and dv)."""
+    inside = set(k.nodes)
+    unindexes = [g.node(m) for m in k.nodes if g.node(m).op is Op.UNINDEX]
+    if not unindexes:
+        return None
+    slots, gq, dim, axes = {}, None, 0, ()
+    for u in unindexes:
+        pairs, x = [], g.node(u.inputs[0])
+        while x.op is Op.TRANSPOSE:
+            pairs.insert(0, (x.attr("dim0"), x.attr("dim1")))
+            x = g.node(x.inputs[0])
+        dim, index = static_slot(u.attr("items"))
+        axes = transposed_axes(pairs, len(x.shape))
+        slots[x.attr("wrt")] = index
+        if x.id not in inside:
+            gq = x.id
+    placed = {m for m in k.nodes if g.node(m).op in (Op.UNINDEX, Op.ADD)}
+    top = next(m for m in placed if not any(m in g.node(o).inputs for o in placed))
+    return top, gq, dim, axes, (slots["q"], slots["k"], slots["v"])
+
+
 class FlashTemplate(KernelTemplate):
     kind = "flash"
     params = ("BLOCK_D", "BLOCK_DV", "BLOCK_M", "BLOCK_N")
@@ -132,6 +157,18 @@ class FlashTemplate(KernelTemplate):
             if d.id in sched.outputs(k):
                 outputs += (len(local) - 1,)
                 written.append(d.id)
+        placed = _placed(g, k)
+        if placed is not None:
+            # dk and dv written into their slots of one tensor, dq (the operand after the others)
+            # copied into its own (schedule.py `placed_grads`): one output, that tensor.
+            top, gq, dim, axes, slots = placed
+            operands.append((g.node(gq).dtype, "full"))
+            nodes.append(gq)
+            wrt = [dict(m.attrs).get("wrt") for m in local]
+            local.append(LocalNode("place", (("n", wrt.index("k")), ("n", wrt.index("v")), ("o", len(operands) - 1)),
+                                   g.node(top).dtype,
+                                   "full", (("axes", axes), ("dim", dim), ("slots", slots))))
+            outputs, written = (len(local) - 1,), [top]
         spec = KernelSpec("flash", len(n.shape) + (1 if n.op is Op.ATTN_LSE else 0), tuple(operands), tuple(local),
                           outputs)
         return spec, Binding(tuple(nodes), tuple(written), n.id, "shape")
@@ -152,9 +189,15 @@ class FlashTemplate(KernelTemplate):
             return t.unsqueeze(-1) if t.dim() == len(batch) + 1 else t
 
         keys = 1 if role(spec) in ("k", "v", "kv") else 0
+        place = next((dict(m.attrs) for m in spec.nodes if m.op == "place"), None)
 
-        def sizes(_tensors: dict) -> dict[str, int]:
-            return {"M": T, "N": S, "K": D, "DV": DV, "batch": math.prod(batch), "KEYS": keys}
+        def sizes(tensors: dict) -> dict[str, int]:
+            out = {"M": T, "N": S, "K": D, "DV": DV, "batch": math.prod(batch), "KEYS": keys}
+            if place is not None:       # the slots' strides, seen as the gradients' own dims
+                strides = tuple(int(x) for x in tensors["q0"].stride())
+                out |= {f"q0_s{d}": x for d, x in enumerate(slot_strides(strides, place["dim"], place["axes"]))}
+                out["SLOT"] = strides[place["dim"]]
+            return out
         return Frame(tuple(domain), lined, sizes, batch)
 
     def grid(self, config: Config, ints: dict[str, int]) -> tuple[int, int, int]:
