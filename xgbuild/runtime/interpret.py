@@ -45,7 +45,32 @@ def enable() -> None:
         return dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
 
     interp.InterpreterBuilder.create_dot = create_dot
+
+    # Triton 3.6's interpreter narrows float32 to bfloat16 by dropping the low 16 bits (its `.to()`
+    # passes no rounding mode), where the GPU rounds to nearest even (PTX `cvt.rn.bf16.f32`):
+    # truncation's error is twice rounding's, so a bfloat16 program looked about twice as far from
+    # float64 under the interpreter as on a GPU. Round as the GPU does (and as torch does).
+    cast = interp.InterpreterBuilder.cast_impl
+
+    def cast_impl(self: Any, src: Any, dst_type: Any) -> Any:
+        import triton.language as tl
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            return interp.TensorHandle(bfloat16_bits(src.data), dst_type.scalar)
+        return cast(self, src, dst_type)
+
+    interp.InterpreterBuilder.cast_impl = cast_impl
+    interp.InterpreterBuilder.create_fp_trunc = lambda self, src, dst_type: self.cast_impl(src, dst_type)
     interp._xg_patched = True
+
+
+def bfloat16_bits(data: Any) -> Any:
+    """float32 values (a numpy array) as bfloat16 bit patterns (uint16), rounded to nearest, ties
+    to even; a NaN stays a (quiet) NaN, values past bfloat16's largest round to infinity."""
+    import numpy as np
+    x = np.ascontiguousarray(data, dtype=np.float32)
+    bits = x.view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
+    return np.where(np.isnan(x), ((bits >> np.uint32(16)) | np.uint32(0x40)).astype(np.uint16), rounded)
 
 
 def launch(compiled: Any, grid: tuple, args: list) -> None:

@@ -19,7 +19,7 @@ from xgbuild.runtime.cpu import CpuExecutor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from interpreted import interpreted_report  # noqa: E402
 
-SHARP_TOL = 4e-2
+SHARP_TOL = 2e-2
 
 HEAD = """extern Tensor[float64, B, T, D] Q
 extern Tensor[float64, B, S, D] K
@@ -104,8 +104,9 @@ def test_kernels_match_the_reference_at_several_block_shapes() -> None:
                                      ("kv_only_f32", 2, ["attn_lse", "k+v"], 1e-5)):
         r = report.pop(f"{key} T70 S70 64x32")
         assert r["flash_grads"] == grads and r["kernels"] == kernels and r["rel_err"] < tol, (key, r)
-    # Scores far apart (bfloat16's spacing there is 0.25): rounded to the product's dtype before the
-    # softmax, the gradients were 5.7e-2 off (under the interpreter); kept float32, 2.5e-2.
+    # Scores far apart (bfloat16's spacing there is 0.25): kept float32, the gradients are 8.1e-3
+    # off (under the interpreter, rounding to nearest as a GPU: runtime/interpret.py); the backward
+    # kernels' scores rounded to the product's dtype, 0.13.
     r = report.pop("sharp_bf16 T70 S70 64x32")
     assert r["kernels"] == ["attn_lse", "k+v", "q"] and r["rel_err"] < SHARP_TOL, r
     for key, r in report.items():
