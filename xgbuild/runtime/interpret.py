@@ -59,7 +59,6 @@ def enable() -> None:
         return cast(self, src, dst_type)
 
     interp.InterpreterBuilder.cast_impl = cast_impl
-    interp.InterpreterBuilder.create_fp_trunc = lambda self, src, dst_type: self.cast_impl(src, dst_type)
     interp._xg_patched = True
 
 

@@ -1,6 +1,6 @@
 """transformers models whose attention output is merged back into [B, T, H * D]
 (`o.transpose(1, 2).reshape(...)`): the attention kernel writes the merged layout itself
-(schedule.merged_heads), run under Triton's interpreter against the float64 CPU reference. Prints,
+(placement.merged_heads), run under Triton's interpreter against the float64 CPU reference. Prints,
 as JSON, per model: the attention kernels that write a view of their output, all attention
 kernels, and the outputs' largest relative error, at the predicted configs and with v's head split
 over two programs. A script, not a test: TRITON_INTERPRET must be

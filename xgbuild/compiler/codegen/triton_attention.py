@@ -282,7 +282,7 @@ def attention(e: Emitter) -> Emitted:
     if spec.strided_out:
         # Written as a view of the output (heads merged: [B, T, H * D] of the [B, H, T, D] result,
         # templates/attention.py): through the strides of that buffer seen in the domain's shape.
-        # The head dim is contiguous there (schedule.merged_heads): its stride is not a parameter,
+        # The head dim is contiguous there (placement.merged_heads): its stride is not a parameter,
         # so the stores vectorise; the others are hinted multiples of 16 where they are.
         where = e.dot([(f"bi{d}", e.int_param(f"q0_s{d}", hint16=True)) for d in range(nb)]
                       + [("rm[:, None]", e.int_param(f"q0_s{nb}", hint16=True)), ("rv[None, :]", "1")])

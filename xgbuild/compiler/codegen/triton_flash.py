@@ -14,7 +14,7 @@ score blocks from q and kT in registers; nothing of size [T, S] is read or writt
   the diagonal see these keys masked: they add nothing to dk, and to dv only their fill's weight
   exp(fill - lse) (0 unless the fill is close to the row's scores: computed, then added only if
   some row's is not 0). Where the three gradients are placed into one tensor (a fused qkv
-  projection's, [B, T, 3, H, DH]: schedule.py `placed_grads`), this kernel writes that tensor:
+  projection's, [B, T, 3, H, DH]: placement.py `placed_grads`), this kernel writes that tensor:
   dk and dv through their slots' strides, and its key block's rows of dq, which dq's kernel wrote
   before it, copied into dq's slot. An element-wise kernel reading the three and writing the
   tensor (75 MB a layer in GPT-2 small's step, 21.7 us on an H200) is gone.
@@ -307,7 +307,7 @@ def flash(e: Emitter) -> Emitted:
         w.indent -= 1
     place = next((m for m in spec.nodes if m.op == "place"), None)
     if place is not None:
-        # One output, the slots tensor (templates/flash.py `_placed`): dk and dv into their slots,
+        # One output, the slots tensor (placement.py `slots_of`): dk and dv into their slots,
         # through the slots' strides (the head dim contiguous), and this key block's rows of dq,
         # which the kernel before this one made, copied into dq's (queries and keys are as long).
         sq, sk, sv = dict(place.attrs)["slots"]

@@ -182,7 +182,7 @@ class AttentionTemplate(KernelTemplate):
 
         mm: list[int] = []
         lse: list[int] = []
-        heads: list[int] = []       # views of the output it is written as (schedule.merged_heads)
+        heads: list[int] = []       # views of the output it is written as (placement.merged_heads)
         for pos, nid in enumerate(k.nodes):
             n = g.node(nid)
             if n.op in (Op.RESHAPE, Op.TRANSPOSE) and (heads or n.inputs[0] == k.anchor):

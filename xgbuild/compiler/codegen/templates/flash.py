@@ -11,10 +11,11 @@ from xgbuild.hw import GpuProfile
 
 from ....dtypes import ITEMSIZE
 from ...ir.graph import Op
-from ...ir.strides import slot_strides, static_slot, transposed_axes
+from ...ir.strides import slot_strides
 from ..emitter import Emitted, Emitter
 from ..kernel import Kernel, Schedule
 from ..launch_abi import Frame, Launch, Variant
+from ..placement import slots_of
 from ..spec import Binding, KernelSpec, LocalNode, const
 from ..triton_flash import flash, role
 from .attention import key_steps, tiles_within
@@ -84,30 +85,6 @@ def _delta_o(graph, d, g: int) -> int:
     return leaves[1] if leaves[0] == g else leaves[0]
 
 
-def _placed(g, k: Kernel) -> tuple[int, int, int, tuple[int, ...], tuple[int, int, int]] | None:
-    """The slots tensor a dk/dv kernel writes (schedule.py `placed_grads`), when it has one: (its
-    node, dq's node, the slots' dim, the gradients' dims as the slots' (`transposed_axes`), the
-    slot of dq, dk and dv)."""
-    inside = set(k.nodes)
-    unindexes = [g.node(m) for m in k.nodes if g.node(m).op is Op.UNINDEX]
-    if not unindexes:
-        return None
-    slots, gq, dim, axes = {}, None, 0, ()
-    for u in unindexes:
-        pairs, x = [], g.node(u.inputs[0])
-        while x.op is Op.TRANSPOSE:
-            pairs.insert(0, (x.attr("dim0"), x.attr("dim1")))
-            x = g.node(x.inputs[0])
-        dim, index = static_slot(u.attr("items"))
-        axes = transposed_axes(pairs, len(x.shape))
-        slots[x.attr("wrt")] = index
-        if x.id not in inside:
-            gq = x.id
-    placed = {m for m in k.nodes if g.node(m).op in (Op.UNINDEX, Op.ADD)}
-    top = next(m for m in placed if not any(m in g.node(o).inputs for o in placed))
-    return top, gq, dim, axes, (slots["q"], slots["k"], slots["v"])
-
-
 class FlashTemplate(KernelTemplate):
     kind = "flash"
     params = ("BLOCK_D", "BLOCK_DV", "BLOCK_M", "BLOCK_N")
@@ -157,10 +134,10 @@ class FlashTemplate(KernelTemplate):
             if d.id in sched.outputs(k):
                 outputs += (len(local) - 1,)
                 written.append(d.id)
-        placed = _placed(g, k)
+        placed = slots_of(g, k.nodes)
         if placed is not None:
             # dk and dv written into their slots of one tensor, dq (the operand after the others)
-            # copied into its own (schedule.py `placed_grads`): one output, that tensor.
+            # copied into its own (placement.py `placed_grads`): one output, that tensor.
             top, gq, dim, axes, slots = placed
             operands.append((g.node(gq).dtype, "full"))
             nodes.append(gq)
