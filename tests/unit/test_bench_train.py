@@ -19,7 +19,7 @@ TINY = ["L=2", "D=64", "H=2", "T=32", "V=128", "B=2", "COMPUTE=float32"]
 def bench(tmp_path: Path, *extra: str) -> dict:
     out = tmp_path / "bench_train.json"
     proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--const", *TINY, "--steps", "3",
-                           "--time-steps", "1", "--repeats", "1", "--json", str(out), *extra],
+                           "--time-steps", "1", "--repeats", "1", "--repeat-steps", "4", "--json", str(out), *extra],
                           cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "| xg |" in proc.stdout and "| eager |" in proc.stdout, proc.stdout
@@ -35,6 +35,12 @@ def check_rows(report: dict, timed: tuple[str, ...]) -> None:
         assert "error" not in row, row
         assert row["step_ms"] > 0 and row["tokens_per_s"] > 0 and row["peak_bytes"] is None   # no CUDA here
         assert len(row["loss"]) == 3
+        # --repeat-steps 4: two more runs, longer than the curve (their batches are made too)
+        assert row["repeat_steps"] == 4 and len(row["repeat_losses"][0]) == 4
+        assert row["repeat_losses"][0][:3] == row["loss"], (row["repeat_losses"], row["loss"])
+        assert row["repeat_state_tensors"] > 0
+        if name == "xg":        # ordered reductions: bit for bit
+            assert row["repeat_losses_identical"] and row["repeat_state_identical"], row
         worst = max(abs(a - b) / abs(b) for a, b in zip(row["loss"], rows["eager"]["loss"]))
         assert worst < 1e-4, f"{name}: losses {row['loss']} against eager's {rows['eager']['loss']}"
 
@@ -121,5 +127,67 @@ def test_table_shows_each_rows_spread(capsys) -> None:
     module.print_table(report)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
     assert "| runs min - max |" in lines[0]
+    assert lines[2].endswith("| - |")
     assert lines[2].startswith("| compile | 28.200 | 25.10 - 30.60 |")
     assert all(line.count("|") == lines[0].count("|") for line in lines)
+
+
+def test_repeat_check_finds_a_differing_bit() -> None:
+    """The determinism check compares bytes: a rerun whose weights differ in one float's last bit
+    (or only in a zero's sign) is reported, with the count of differing tensors, in the table too."""
+    module = _module("bench_train_repeat", BENCH)
+
+    class Flaky:
+        def __init__(self, flip: float) -> None:
+            self.runs, self.flip, self.w = 0, flip, torch.zeros(3)
+
+        def restart(self) -> None:
+            self.runs += 1
+            self.w = torch.tensor([1.0, 2.0, 0.0])
+
+        def steps(self, tokens, targets, n):
+            if self.runs == 2:
+                self.w[2] = self.flip
+            return [0.5] * n
+
+        def state(self):
+            return [torch.ones(2), self.w]
+
+    batches = [(torch.zeros(1), torch.zeros(1))] * 3
+    same = module.repeat_check(Flaky(0.0), batches, "cpu")
+    assert same["repeat_losses_identical"] and same["repeat_state_identical"] and same["repeat_state_differing"] == 0
+    for flip in (-0.0, float(torch.finfo(torch.float32).tiny)):
+        got = module.repeat_check(Flaky(flip), batches, "cpu")
+        assert got["repeat_losses_identical"] and not got["repeat_state_identical"]
+        assert got["repeat_state_differing"] == 1 and got["repeat_state_tensors"] == 2
+        assert module.repeat_cell(got) == "3 steps: losses identical, 1 of 2 state tensors differ"
+
+
+def test_bf16_policy_adds_a_float32_reference_curve(tmp_path: Path) -> None:
+    """Under `COMPUTE = bfloat16` the report carries eager float32's curve from the same weights and
+    batches, and the curves' table measures every bf16 curve against it; `--no-reference-curve`
+    leaves it out."""
+    bf16 = [c for c in TINY if not c.startswith("COMPUTE")] + ["COMPUTE=bfloat16"]
+    out = tmp_path / "bench_train.json"
+    args = [sys.executable, str(BENCH), "--device", "cpu", "--const", *bf16, "--steps", "4", "--time-steps", "1",
+            "--repeats", "1", "--repeat-steps", "0", "--no-compile", "--json", str(out)]
+    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    ref = report["reference"]
+    assert ref["impl"] == "eager float32" and len(ref["loss"]) == 4
+    rows = {r["impl"]: r for r in report["rows"]}
+    assert "repeat_steps" not in rows["xg"]                     # --repeat-steps 0
+    for name in ("xg", "eager"):
+        worst = max(abs(a - b) / b for a, b in zip(rows[name]["loss"], ref["loss"]))
+        assert 0 < worst < 1e-2, (name, rows[name]["loss"], ref["loss"])   # bf16's rounding, no more
+    lines = proc.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| loss curve"))
+    table = [line.split(" | ")[0] for line in lines[start:] if line.startswith("|")]
+    assert lines[start].endswith("| mean abs Δ vs float32, last span |"), proc.stdout
+    assert table[2:] == ["| xg", "| eager", "| eager float32"], proc.stdout
+    proc = subprocess.run(args + ["--no-reference-curve"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["reference"] is None
+    assert "vs float32" not in proc.stdout

@@ -18,12 +18,17 @@ and the peak of `torch.cuda.max_memory_allocated` (reset before each implementat
 XG's executor allocates through torch's allocator too). Then `--steps` steps of each from the same
 initial weights and the same batches (seeded: each sequence counts from a random start by a random
 stride modulo V, so there is something to learn) at a constant learning rate, their loss curves
-in the JSON. Prints a table and writes JSON; `--plot` draws the curves (matplotlib), `--replot`
+in the JSON. Last, two more runs of `--repeat-steps` steps (20) from the initial weights, their
+losses, weights and moments compared bit for bit (issue 23's determinism: XG's reductions are
+ordered, so its two runs must agree; the peers' rows say whether theirs do). Under a bf16 policy
+the same model in float32 (eager, TF32 off) adds a reference curve, so that each bf16 curve's
+distance from it can be read beside the others' (what "within bf16 noise" means). Prints two
+tables (the step; the curves' means by quarter) and writes JSON; `--plot` draws the curves (matplotlib), `--replot`
 draws them from an earlier JSON without running anything (the GPU hosts have no matplotlib).
 
     python tools/bench/bench_train.py [--const L=12 D=768 COMPUTE=float32 ...] [--device cuda|cpu]
         [--tune measure|cache|predict|strict] [--steps 200] [--time-steps 20] [--repeats 5]
-        [--lr 6e-4] [--seed 0] [--no-compile] [--json out/bench_train.json]
+        [--repeat-steps 20] [--lr 6e-4] [--seed 0] [--no-compile] [--json out/bench_train.json]
         [--plot loss.png] [--replot out/bench_train.json]
 """
 
@@ -36,7 +41,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -231,6 +236,13 @@ class TorchTrainer:
         losses = [self.step(tokens, targets) for _ in range(n)]
         return torch.stack(losses).float().tolist()
 
+    def state(self) -> list[torch.Tensor]:
+        """The weights and AdamW's moments, in a fixed order."""
+        out = [p.detach() for p in self.model.parameters()]
+        for p in self.model.parameters():
+            out += [v for v in self.opt.state.get(p, {}).values() if isinstance(v, torch.Tensor)]
+        return out
+
 
 # --- timing -------------------------------------------------------------------------------------
 
@@ -279,6 +291,10 @@ class XGTrainer:
         self.values = done.next_inputs
         return [row["out_0"] for row in done.scalars]
 
+    def state(self) -> list[torch.Tensor]:
+        """The weights and AdamW's moments (every fed-back input), in a fixed order."""
+        return [self.values[name] for name, _ in self.feedback.pairs]
+
     def profile(self, tokens: torch.Tensor, targets: torch.Tensor, iterations: int, top: int = 15) -> dict:
         """`iterations` steps (each from the same state: nothing fed back) kernel by kernel under the
         profiler, as `xgrun --profile` runs them: where a step's time goes, printed to stderr; the
@@ -318,12 +334,39 @@ def measure(name: str, make: Callable[[], XGTrainer | TorchTrainer], batches: li
     row["peak_bytes"] = torch.cuda.max_memory_allocated() if device == "cuda" else None
     if args.profile and isinstance(trainer, XGTrainer):
         row["profile"] = trainer.profile(tokens, targets, args.profile)
+    row["loss"] = curve(trainer, batches[:args.steps], device)
+    if args.repeat_steps:
+        row.update(repeat_check(trainer, batches[:args.repeat_steps], device))
+    return row
+
+
+def curve(trainer: XGTrainer | TorchTrainer, batches: list, device: str) -> list[float]:
+    """The losses of one step per batch from the initial weights."""
     trainer.restart()
     losses = []
     for tok, tgt in batches:
         losses += trainer.steps(tok.to(device), tgt.to(device), 1)
-    row["loss"] = losses
-    return row
+    return losses
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s bytes (NaNs and signed zeros compared as stored)."""
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def repeat_check(trainer: XGTrainer | TorchTrainer, batches: list, device: str) -> dict:
+    """Two more runs of `len(batches)` steps from the initial weights: are their losses, weights and
+    moments equal bit for bit (issue 23: determinism, no atomics whose order varies)?"""
+    runs = []
+    for _ in range(2):
+        losses = curve(trainer, batches, device)
+        runs.append((losses, [t.detach().cpu().clone() for t in trainer.state()]))
+    (loss_a, state_a), (loss_b, state_b) = runs
+    differing = sum(a.shape != b.shape or not torch.equal(bits(a), bits(b)) for a, b in zip(state_a, state_b))
+    return {"repeat_steps": len(batches), "repeat_losses_identical": loss_a == loss_b,
+            "repeat_state_identical": len(state_a) == len(state_b) and differing == 0,
+            "repeat_state_tensors": len(state_a),
+            "repeat_state_differing": differing, "repeat_losses": [loss_a, loss_b]}
 
 
 def run(args: argparse.Namespace, consts: dict) -> dict:
@@ -339,7 +382,7 @@ def run(args: argparse.Namespace, consts: dict) -> dict:
         engine = xg.compile_file(SOURCE, kernels=False, consts=consts)
     build_s = time.perf_counter() - t0
     params = initial_params(engine, cfg, args.seed)
-    batches = make_batches(cfg, args.seed, args.steps)
+    batches = make_batches(cfg, args.seed, max(args.steps, args.repeat_steps))
 
     impls: list[tuple[str, Callable]] = [
         ("xg", lambda: XGTrainer(engine, params, args.lr, device, check=not args.no_check)),
@@ -364,12 +407,21 @@ def run(args: argparse.Namespace, consts: dict) -> dict:
         if eager is not None and "loss" in r:
             head = list(zip(r["loss"], eager["loss"]))[:10]
             r["loss_rel_diff_vs_eager_10"] = max(abs(a - b) / abs(b) for a, b in head)
+    reference = None
+    if cfg.compute is not None and args.reference_curve:
+        # What bf16's noise is measured against: the same model, weights and batches in float32
+        # (IEEE products: TF32 is off), PyTorch eager. Its curve only; nothing timed.
+        print(f"# reference: eager float32, {args.steps} steps", file=sys.stderr)
+        gc.collect()
+        trainer = TorchTrainer(replace(cfg, compute=None), params, device, args.lr, compiled=False)
+        reference = {"impl": "eager float32", "loss": curve(trainer, batches[:args.steps], device)}
+        del trainer
     return {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "torch": torch.__version__,
             "config": asdict(cfg), "consts": consts, "params": sum(v.numel() for v in params.values()),
             "tokens_per_step": cfg.tokens, "lr": args.lr, "seed": args.seed,
             "dtype_policy": cfg.policy,
             "peak_memory": "torch.cuda.max_memory_allocated, reset before each implementation sets up",
-            "args": vars(args), "rows": rows}
+            "args": vars(args), "rows": rows, "reference": reference}
 
 
 # --- reporting ----------------------------------------------------------------------------------
@@ -382,18 +434,51 @@ def print_table(report: dict) -> None:
     # The runs' spread beside the median: a peer whose repeats scatter (a GPU shared, a recompile)
     # shows it in the table, not only in the JSON.
     print("| impl | step ms | runs min - max | tokens/s | peak MiB | build + first step s | loss first -> last "
-          "| rel Δ vs eager (10 steps) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| rel Δ vs eager (10 steps) | two reruns bit for bit |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in report["rows"]:
         if "step_ms" not in r:
-            print(f"| {r['impl']} | {r.get('error') or 'skipped: ' + r.get('skipped', '')} | | | | | | |")
+            print(f"| {r['impl']} | {r.get('error') or 'skipped: ' + r.get('skipped', '')} | | | | | | | |")
             continue
         peak = "-" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f}"
         first = r["first_step_s"] + r.get("build_s", 0.0)
         runs = r.get("step_ms_runs") or [r["step_ms"]]
         print(f"| {r['impl']} | {r['step_ms']:.3f} | {min(runs):.2f} - {max(runs):.2f} | {r['tokens_per_s']:.0f} | "
               f"{peak} | {first:.2f} | {r['loss'][0]:.4f} -> {r['loss'][-1]:.4f} | "
-              f"{r['loss_rel_diff_vs_eager_10']:.1e} |")
+              f"{r['loss_rel_diff_vs_eager_10']:.1e} | {repeat_cell(r)} |")
+
+
+def print_curves(report: dict, windows: int = 4) -> None:
+    """The loss curves in numbers: each implementation's mean loss over `windows` equal spans of the
+    run, and its mean distance from the float32 reference's curve over the last span (bf16's noise:
+    compare it with the peers' own distance)."""
+    curves = [(r["impl"], r["loss"]) for r in report["rows"] if "loss" in r]
+    ref = report.get("reference")
+    if ref:
+        curves.append((ref["impl"], ref["loss"]))
+    n = min((len(loss) for _, loss in curves), default=0)
+    if n < windows:
+        return
+    spans = [(n * i // windows, n * (i + 1) // windows) for i in range(windows)]
+    print("\n| loss curve | " + " | ".join(f"steps {a + 1}-{b}" for a, b in spans)
+          + (" | mean abs Δ vs float32, last span |" if ref else " |"))
+    print("| --- " * (len(spans) + 1 + bool(ref)) + "|")
+    for name, loss in curves:
+        cells = [f"{statistics.fmean(loss[a:b]):.4f}" for a, b in spans]
+        if ref:
+            a, b = spans[-1]
+            cells.append(f"{statistics.fmean(abs(x - y) for x, y in zip(loss[a:b], ref['loss'][a:b])):.2e}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def repeat_cell(r: dict) -> str:
+    """`repeat_check`'s verdict in words."""
+    if "repeat_steps" not in r:
+        return "-"
+    if r["repeat_losses_identical"] and r["repeat_state_identical"]:
+        return f"{r['repeat_steps']} steps: losses and state identical"
+    return (f"{r['repeat_steps']} steps: losses {'identical' if r['repeat_losses_identical'] else 'DIFFER'}, "
+            f"{r['repeat_state_differing']} of {r['repeat_state_tensors']} state tensors differ")
 
 
 def plot(report: dict, path: Path) -> None:
@@ -404,6 +489,10 @@ def plot(report: dict, path: Path) -> None:
     for r in report["rows"]:
         if "loss" in r:
             ax.plot(range(1, len(r["loss"]) + 1), r["loss"], label=r["impl"], linewidth=1)
+    ref = report.get("reference")
+    if ref:
+        ax.plot(range(1, len(ref["loss"]) + 1), ref["loss"], label=ref["impl"], linewidth=1, linestyle="--",
+                color="black")
     cfg = report["config"]
     ax.set(xlabel="step", ylabel="loss", title=f"train.xg L{cfg['L']} D{cfg['D']}, batch {cfg['B']}x{cfg['T']}, "
            f"{report['device']}")
@@ -422,6 +511,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200, help="steps of each implementation for the loss curves")
     ap.add_argument("--time-steps", type=int, default=20, help="steps in one timed run")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs (the median is reported)")
+    ap.add_argument("--repeat-steps", type=int, default=20, metavar="N",
+                    help="then two more runs of N steps from the initial weights, compared bit for bit (0: skip)")
+    ap.add_argument("--no-reference-curve", dest="reference_curve", action="store_false",
+                    help="under a mixed-precision policy, leave out the float32 eager loss curve bf16's are compared with")
     ap.add_argument("--lr", type=float, default=6e-4, help="the constant learning rate of every run")
     ap.add_argument("--seed", type=int, default=0, help="seeds the initial weights and the batches")
     ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out (slow to start on a CPU)")
@@ -462,6 +555,7 @@ def main() -> int:
         print(exc if isinstance(exc, xg.CompileError) else f"error: {exc}", file=sys.stderr)
         return 1
     print_table(report)
+    print_curves(report)
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
