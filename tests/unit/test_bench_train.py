@@ -191,3 +191,16 @@ def test_bf16_policy_adds_a_float32_reference_curve(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["reference"] is None
     assert "vs float32" not in proc.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--steps", "0"], "argument --steps: 0 is less than 1"),
+    (["--repeats", "0"], "argument --repeats: 0 is less than 1"),
+    (["--time-steps", "x"], "argument --time-steps: 'x' is not an integer"),
+    (["--repeat-steps", "-3"], "argument --repeat-steps: -3 is less than 0"),
+])
+def test_bad_counts_are_refused_before_anything_runs(args: list[str], message: str) -> None:
+    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(message), proc.stderr
+    assert "Traceback" not in proc.stderr

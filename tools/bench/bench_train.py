@@ -501,6 +501,19 @@ def plot(report: dict, path: Path) -> None:
     print(f"wrote {path}")
 
 
+def count(least: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `least` (argparse's one-line error otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} is less than {least}")
+        return value
+    return parse
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--const", nargs="+", action="extend", default=[], metavar="NAME=VALUE",
@@ -508,10 +521,10 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--tune", default="measure", choices=["measure", "cache", "predict", "strict"],
                     help="XG's tuning policy on a GPU")
-    ap.add_argument("--steps", type=int, default=200, help="steps of each implementation for the loss curves")
-    ap.add_argument("--time-steps", type=int, default=20, help="steps in one timed run")
-    ap.add_argument("--repeats", type=int, default=5, help="timed runs (the median is reported)")
-    ap.add_argument("--repeat-steps", type=int, default=20, metavar="N",
+    ap.add_argument("--steps", type=count(1), default=200, help="steps of each implementation for the loss curves")
+    ap.add_argument("--time-steps", type=count(1), default=20, help="steps in one timed run")
+    ap.add_argument("--repeats", type=count(1), default=5, help="timed runs (the median is reported)")
+    ap.add_argument("--repeat-steps", type=count(0), default=20, metavar="N",
                     help="then two more runs of N steps from the initial weights, compared bit for bit (0: skip)")
     ap.add_argument("--no-reference-curve", dest="reference_curve", action="store_false",
                     help="under a mixed-precision policy, leave out the float32 eager loss curve bf16's are compared with")
@@ -521,7 +534,7 @@ def main() -> int:
     ap.add_argument("--no-check", action="store_true",
                     help="run XG's steps without check mode (its default, and the row's, is checks on: a NaN "
                          "flag read each step; the PyTorch rows check nothing)")
-    ap.add_argument("--profile", type=int, default=0, metavar="N",
+    ap.add_argument("--profile", type=count(0), default=0, metavar="N",
                     help="also run N of XG's steps kernel by kernel (xgrun --profile's table, on stderr)")
     ap.add_argument("--json", default=str(REPO / "out" / "bench_train.json"))
     ap.add_argument("--plot", default=None, help="draw the loss curves into this image (needs matplotlib)")
