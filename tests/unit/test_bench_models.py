@@ -86,3 +86,15 @@ def test_profile_rows_are_per_call_gpu_time_by_kernel() -> None:
     # events that do not line up with the launches (a call short of one): by name, per call
     rows = bm.by_kernel(calls[:2], launches, 1, lambda launch: "")
     assert [(r["kernel"], r["launches"], r["ms"]) for r in rows] == [("xg_matmul_a", 1, 0.10), ("xg_rowwise_b", 1, 0.01)]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--batch", "0"], "argument --batch: 0 is less than 1"),
+    (["--layers", "-1"], "argument --layers: -1 is less than 1"),
+    (["--seq", "many"], "argument --seq: 'many' is not an integer"),
+])
+def test_bad_sizes_are_refused_at_the_command_line(args: list[str], message: str) -> None:
+    """Before anything else (a GPU host would otherwise build every model and fail in each row)."""
+    proc = subprocess.run([sys.executable, str(BENCH), *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(message), proc.stderr

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import xg  # noqa: E402
-from bench_torch_models import DTYPES, local_target, rel_err  # noqa: E402  (the same target and error rules)
+from bench_torch_models import DTYPES, count, local_target, rel_err  # noqa: E402  (the same target and error rules)
 
 MODELS = ("gpt2", "llama1b", "bert", "vit", "resnet50", "whisper")
 
@@ -259,13 +259,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=MODELS)
     ap.add_argument("--dtype", nargs="*", default=["bfloat16", "float32"], choices=sorted(DTYPES))
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--images", type=int, default=32)
-    ap.add_argument("--layers", type=int, default=None, help="cut every model to this depth (quick runs)")
+    ap.add_argument("--batch", type=count(1), default=8)
+    ap.add_argument("--seq", type=count(1), default=512)
+    ap.add_argument("--images", type=count(1), default=32)
+    ap.add_argument("--layers", type=count(1), default=None, help="cut every model to this depth (quick runs)")
     ap.add_argument("--policy", default="measure", choices=["measure", "cache", "predict"])
     ap.add_argument("--no-max-autotune", action="store_true", help="leave torch.compile's max-autotune out")
-    ap.add_argument("--profile", type=int, default=0, metavar="N",
+    ap.add_argument("--profile", type=count(0), default=0, metavar="N",
                     help="also profile N calls of XG's engine with torch.profiler (GPU time by kernel, on stderr)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the rows --json already holds (same GPU) and measure only the missing ones: a "

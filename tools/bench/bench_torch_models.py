@@ -21,6 +21,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -33,6 +34,19 @@ from torch_models import GPT  # noqa: E402
 from xgbuild.compiler.passes.specialize import bind_symbols, specialize  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def count(least: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `least` (argparse's one-line error otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} is less than {least}")
+        return value
+    return parse
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -51,12 +51,14 @@ from torch import nn
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import xg  # noqa: E402
 from xgbuild.compiler.frontend import CheckOptions, check_file  # noqa: E402
 from xgbuild.compiler.frontend.constants import OverrideError, normalize, parse_override  # noqa: E402
 from xgbuild.errors import XGError  # noqa: E402
 from xgbuild.runtime.steps import feedback_of, run_steps  # noqa: E402
+from bench_torch_models import count  # noqa: E402  (the benchmarks' command-line counts)
 
 SOURCE = REPO / "models" / "train.xg"
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -375,7 +377,6 @@ def run(args: argparse.Namespace, consts: dict) -> dict:
     print(f"# models/train.xg at {asdict(cfg)}; {cfg.policy}", file=sys.stderr)
     t0 = time.perf_counter()
     if device == "cuda":
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from bench_torch_models import local_target
         engine = xg.compile_file(SOURCE, target=local_target(), tune=args.tune, consts=consts)
     else:
@@ -499,19 +500,6 @@ def plot(report: dict, path: Path) -> None:
     ax.legend()
     fig.savefig(path, dpi=120, bbox_inches="tight")
     print(f"wrote {path}")
-
-
-def count(least: int) -> Callable[[str], int]:
-    """An argparse type: an integer of at least `least` (argparse's one-line error otherwise)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"{value} is less than {least}")
-        return value
-    return parse
 
 
 def main() -> int:
