@@ -204,3 +204,16 @@ def test_bad_counts_are_refused_before_anything_runs(args: list[str], message: s
                           text=True, timeout=120, check=False)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(message), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_curves_table_without_a_reference_says_why(capsys) -> None:
+    """A reference curve that failed (its error kept in the report) leaves the table without the
+    distance column and says so in one line."""
+    module = _module("bench_train_curves", BENCH)
+    rows = [{"impl": "xg", "loss": [4.0, 3.0, 2.0, 1.0]}, {"impl": "eager", "error": "RuntimeError: x"}]
+    module.print_curves({"rows": rows, "reference": {"impl": "eager float32", "error": "RuntimeError: out of memory"}})
+    out = capsys.readouterr().out.splitlines()
+    assert "no float32 reference curve: RuntimeError: out of memory" in out
+    table = [line for line in out if line.startswith("|")]
+    assert table[0] == "| loss curve | steps 1-1 | steps 2-2 | steps 3-3 | steps 4-4 |"
+    assert table[2] == "| xg | 4.0000 | 3.0000 | 2.0000 | 1.0000 |" and len(table) == 3
