@@ -58,7 +58,7 @@ from xgbuild.compiler.frontend import CheckOptions, check_file  # noqa: E402
 from xgbuild.compiler.frontend.constants import OverrideError, normalize, parse_override  # noqa: E402
 from xgbuild.errors import XGError  # noqa: E402
 from xgbuild.runtime.steps import feedback_of, run_steps  # noqa: E402
-from bench_torch_models import count  # noqa: E402  (the benchmarks' command-line counts)
+from bench_torch_models import count, local_target  # noqa: E402  (command-line counts; this GPU's target)
 
 SOURCE = REPO / "models" / "train.xg"
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -377,7 +377,6 @@ def run(args: argparse.Namespace, consts: dict) -> dict:
     print(f"# models/train.xg at {asdict(cfg)}; {cfg.policy}", file=sys.stderr)
     t0 = time.perf_counter()
     if device == "cuda":
-        from bench_torch_models import local_target
         engine = xg.compile_file(SOURCE, target=local_target(), tune=args.tune, consts=consts)
     else:
         engine = xg.compile_file(SOURCE, kernels=False, consts=consts)
