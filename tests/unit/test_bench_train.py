@@ -217,3 +217,23 @@ def test_curves_table_without_a_reference_says_why(capsys) -> None:
     table = [line for line in out if line.startswith("|")]
     assert table[0] == "| loss curve | steps 1-1 | steps 2-2 | steps 3-3 | steps 4-4 |"
     assert table[2] == "| xg | 4.0000 | 3.0000 | 2.0000 | 1.0000 |" and len(table) == 3
+
+
+@pytest.mark.parametrize("text,message", [
+    (None, "No such file or directory"),
+    ("{bad", "Expecting property name"),
+    ('{"rows": 3}', "not a bench_train report (its device, config and rows)"),
+    ('{"device": "cpu", "config": {"L": 1}, "rows": []}', "not a bench_train report"),
+])
+def test_replot_of_an_unreadable_report_is_refused(tmp_path: Path, text, message: str) -> None:
+    """Checked before matplotlib is looked for, so the refusal is the same with or without it."""
+    report = tmp_path / "r.json"
+    if text is not None:
+        report.write_text(text)
+    png = tmp_path / "loss.png"
+    proc = subprocess.run([sys.executable, str(BENCH), "--replot", str(report), "--plot", str(png)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: --replot {report}: ") and message in line, line
+    assert not png.exists()

@@ -487,6 +487,13 @@ def repeat_cell(r: dict) -> str:
             f"{r['repeat_state_differing']} of {r['repeat_state_tensors']} state tensors differ")
 
 
+def is_report(report: Any) -> bool:
+    """Whether `report` has what `plot` reads: the device, the config's sizes, a list of rows."""
+    return isinstance(report, dict) and isinstance(report.get("rows"), list) and "device" in report \
+        and isinstance(report.get("config"), dict) and {"L", "D", "B", "T"} <= set(report["config"]) \
+        and all(isinstance(r, dict) and "impl" in r for r in report["rows"])
+
+
 def plot(report: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -533,16 +540,27 @@ def main() -> int:
     ap.add_argument("--plot", default=None, help="draw the loss curves into this image (needs matplotlib)")
     ap.add_argument("--replot", default=None, metavar="JSON", help="draw --plot from this report; run nothing")
     args = ap.parse_args()
+    report = None
+    if args.replot:
+        if not args.plot:
+            print("error: --replot needs --plot PATH", file=sys.stderr)
+            return 2
+        try:
+            report = json.loads(Path(args.replot).read_text())
+        except (OSError, ValueError) as exc:
+            print(f"error: --replot {args.replot}: {exc}", file=sys.stderr)
+            return 1
+        if not is_report(report):
+            print(f"error: --replot {args.replot}: not a bench_train report (its device, config and rows)",
+                  file=sys.stderr)
+            return 1
     # Before anything runs: a GPU session should not learn at the end of its run that it cannot plot.
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         print("error: --plot needs the package `matplotlib`, which is not installed (pip install matplotlib)",
               file=sys.stderr)
         return 2
-    if args.replot:
-        if not args.plot:
-            print("error: --replot needs --plot PATH", file=sys.stderr)
-            return 2
-        plot(json.loads(Path(args.replot).read_text()), Path(args.plot))
+    if report is not None:
+        plot(report, Path(args.plot))
         return 0
     try:
         consts = dict(parse_override(text) for text in args.const)
