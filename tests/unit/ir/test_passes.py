@@ -78,7 +78,7 @@ def test_dump_after_stops_early() -> None:
         run_pipeline(compile_file(path).lowered, stop_after="nope")
     assert PASS_NAMES == ["precision", "autodiff", "inline", "const-fold", "simplify", "lookups", "cse",
                           "sink-reshapes", "dce", "stage", "shard", "split-reductions", "stack-partials",
-                          "cast-views", "pad-products", "transpose-products", "split-products", "fork-casts"]
+                          "cast-views", "merge-heads", "pad-products", "transpose-products", "split-products", "fork-casts"]
 
 
 def _random(dtype: str, shape: tuple, gen: torch.Generator) -> torch.Tensor:

@@ -90,3 +90,17 @@ def main() {
 """
     g = compile_source(src).optimized.main
     assert sum(n.op is Op.WHERE for n in g.nodes) == 1
+
+
+def test_a_cast_to_the_values_own_dtype_goes() -> None:
+    """`cast(x, float32)` of a float32 `x` is `x` (no copy kernel); a cast to another dtype stays,
+    and so does the output's value and dtype either way."""
+    c = compile_source("extern Tensor[float32, N] X\ndef main() {\n    return cast(cast(X, float32) * 2.0, float32)\n}\n")
+    assert Op.CAST not in _ops(c) and Op.MUL in _ops(c)
+    c = compile_source("extern Tensor[float32, N] X\ndef main() {\n    return cast(X, bfloat16) * cast(1.5, bfloat16)\n}\n")
+    assert _ops(c).count(Op.CAST) >= 1
+    g = compile_source("extern Tensor[bfloat16, N] X\ndef main() {\n    return cast(X, bfloat16)\n}\n").optimized.main
+    x = torch.randn(6).to(torch.bfloat16)
+    sg = specialize(g, bind_symbols(g, {"X": (6,)}))
+    (value,) = CpuExecutor(check=False).run(sg, {"X": x}).values.values()
+    assert value.dtype == torch.bfloat16 and torch.equal(value, x)

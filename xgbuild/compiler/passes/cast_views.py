@@ -7,7 +7,8 @@ bfloat16 for `q @ kT`; the backward pass casts each bfloat16 `attn_grad` to floa
 back and places it in the projection's gradient. A cast read through a view (or a view read
 through a cast) is a kernel of its own: a GPT-2-small training step launched 120 of them, writing
 float32 copies of bfloat16 values and bfloat16 copies of float32 ones (1.9 ms of 32 on an H200;
-24 remain, the heads merged for the output projection, a reshape of a transposed value). A cast
+24 remained, the heads merged for the output projection, a reshape of a transposed value: the
+merge-heads pass after this one has the attention kernel write those). A cast
 commutes with every view (it changes no element's position, and casts 0 to 0), so:
 
 - A widening cast read through views (`view(cast_w(y))`, y narrower) becomes `cast_w(view(y))`

@@ -20,6 +20,7 @@ from .dce import dce
 from .fork_casts import fork_casts
 from .inline import inline
 from .lookups import lookups
+from .merge_heads import merge_heads
 from .pad_products import pad_products
 from .precision import precision
 from .shard import shard
@@ -48,6 +49,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("split-reductions", split_reductions),
     ("stack-partials", stack_partials),
     ("cast-views", cast_views),
+    ("merge-heads", merge_heads),
     ("pad-products", pad_products),
     ("transpose-products", transpose_products),
     ("split-products", split_products),

@@ -7,7 +7,9 @@ its own kernel writes it, and the attention kernel reads a tile of it at every k
 way to see that most of it is a causal mask it could compute from its row and column indices (and
 whose empty blocks it could skip). Three exact rewrites undo that:
 
-- `stop_gradient(x)` is `x` (autodiff, which it was for, has run).
+- `stop_gradient(x)` is `x` (autodiff, which it was for, has run); so is `cast(x)` to `x`'s own
+  dtype (a program written for several dtypes, `cast(o, float32)` of a float32 `o`, would
+  otherwise copy `o` in a kernel of its own).
 - `x + 0`, `x - 0`, `x * 1` of integers, `true & x`, `false | x` (of the op's own shape and dtype)
   are `x`: integer and boolean arithmetic is exact, so nothing rounds differently. Floats are
   left alone (`-0.0 + 0.0` is `+0.0`).
@@ -62,6 +64,10 @@ def simplify(program: Program) -> Program:
         n = replace(n, inputs=tuple(alias.get(i, i) for i in n.inputs))
         if n.op is Op.STOP_GRADIENT:            # the identity, once autodiff has run
             alias[n.id] = n.inputs[0]
+            continue
+        if n.op is Op.CAST and by_id[n.inputs[0]].dtype == n.dtype and \
+                tuple(by_id[n.inputs[0]].shape) == tuple(n.shape):
+            alias[n.id] = n.inputs[0]           # a cast to the value's own dtype
             continue
         same = _identity_operand(n, by_id, scalar_value)
         if same is not None:
