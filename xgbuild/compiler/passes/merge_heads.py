@@ -57,8 +57,13 @@ def _wider(a: str, b: str) -> bool:
     return a in FLOAT_DTYPES and b in FLOAT_DTYPES and ITEMSIZE[a] > ITEMSIZE[b]
 
 
+# The dtypes the scheduler makes attention kernels of (schedule.ATTENTION_DTYPES): elsewhere the
+# output stays a product's, whose readers are better off reading it where it is.
+KERNEL_DTYPES = ("float16", "bfloat16", "float32")
+
+
 def _plan(by_id: dict[int, Node], users: dict, outputs: set[int], y: Node) -> Merge | None:
-    if y.id in outputs or not _static(y.shape) or not y.shape:
+    if y.id in outputs or not _static(y.shape) or not y.shape or y.dtype not in KERNEL_DTYPES:
         return None
     readers = list(dict.fromkeys(users.get(y.id, ())))
     heads = [u for u in readers if by_id[u].op in (Op.TRANSPOSE, Op.RESHAPE)]
