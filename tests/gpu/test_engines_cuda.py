@@ -128,6 +128,27 @@ def test_check_mode_on_cuda_is_read_without_stopping_the_gpu() -> None:
     assert engine.cuda_executor()._captured
 
 
+def test_check_mode_reuses_its_slots_and_names_the_failed_run() -> None:
+    # More queued runs than the mailbox has slots, through the flag word's fast path: run #151
+    # alone overflows; its failure is raised once, with its number, and the runs after it are good.
+    src = "extern Tensor[float32, N] X\ndef main() {\n    y = exp(X * 100.0)\n    return y + 1.0\n}\n"
+    engine = build(compile_source(src))
+    ok = 0.5 * torch.rand(64, device="cuda")
+    bad = torch.full((64,), 10.0, device="cuda")
+    results = []
+    with pytest.raises(ExecutionError, match=r"run #151 of this engine, queued earlier.*`exp`.*line 3"):
+        for i in range(200):
+            results.append(engine.run({"X": bad if i == 150 else ok}, device="cuda", wait=False))
+        engine.synchronize()
+    engine.synchronize()                                    # reported once: nothing left
+    assert 150 < len(results) <= 200
+    for r in results[:150]:
+        assert torch.allclose(r.value, torch.exp(ok * 100.0) + 1.0, rtol=1e-5)
+    assert results[150].value.isinf().all()
+    good = engine.run({"X": ok}, device="cuda")
+    assert torch.allclose(good.value, torch.exp(ok * 100.0) + 1.0, rtol=1e-5)
+
+
 def test_engine_for_another_arch_is_refused() -> None:
     compiled = compile_file(REPO / "examples" / "mlp.xg")
     other = "B200" if local_target() != "B200" else "H100"
