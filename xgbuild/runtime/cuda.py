@@ -266,8 +266,11 @@ def check_call(result: tuple, call: str) -> Any:
     """Unwraps a cuda-python `(CUresult, values...)` tuple; a failure names the call and the error."""
     err = result[0]
     if err:  # CUresult is an int enum and CUDA_SUCCESS is 0
-        ok, text = driver_module().cuGetErrorString(err)
-        detail = f" ({text.decode()})" if not ok and text else ""
+        try:
+            ok, text = driver_module().cuGetErrorString(err)
+            detail = f" ({text.decode()})" if not ok and text else ""
+        except Exception:  # noqa: BLE001 (no driver to describe it: the error's name is the message)
+            detail = ""
         raise CudaRuntimeError(f"{call} failed: {getattr(err, 'name', err)}{detail}")
     return result[1] if len(result) == 2 else result[1:] or None
 

@@ -55,9 +55,11 @@ class Mailbox:
 
     SLOT = 2048                 # bytes: a flag word and 255 [min, max] pairs of int64
 
-    def __init__(self, enter: Callable[[], bool], leave: Callable[[bool], None], slots: int = MAX_PENDING + 8) -> None:
+    def __init__(self, enter: Callable[[], bool], leave: Callable[[bool], None], slots: int = MAX_PENDING + 8,
+                 driver: Any = None) -> None:
+        """`driver`: cuda-python's driver module (the default), or a stand-in with its calls."""
         from .cuda import check_call, driver_module
-        self._drv, self._check = drv, check = driver_module(), check_call
+        self._drv, self._check = drv, check = driver or driver_module(), check_call
         pushed = enter()
         try:
             self.base = int(check(drv.cuMemHostAlloc(self.SLOT * slots, 0), "cuMemHostAlloc"))

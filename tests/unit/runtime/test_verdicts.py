@@ -4,13 +4,16 @@ The evidence values stand in for what a GPU run copies back (tests/gpu covers th
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 
 from xgbuild.compiler.driver import compile_source
 from xgbuild.compiler.passes.specialize import bind_symbols, specialize
 from xgbuild.errors import ExecutionError, InputError
-from xgbuild.runtime.verdicts import Evidence, Pending, Verdicts
+from xgbuild.runtime.cuda import CudaRuntimeError
+from xgbuild.runtime.verdicts import Evidence, Mailbox, Pending, Verdicts
 
 SOURCE = "extern Tensor[float32, N] X\ndef main() {\n    y = log(X)\n    return y * 2.0\n}\n"
 
@@ -143,3 +146,76 @@ def test_kept_inputs_are_held_and_the_callers_are_not(graph) -> None:
     del x
     gc.collect()
     assert p2._alive() is None and p._alive() is None
+
+
+class _Driver:
+    """The driver calls `Mailbox` makes, over host memory: a copy lands at once (`land`) or when its
+    stream is synchronised, or fails (`fail`)."""
+
+    def __init__(self, land: bool = True, fail: bool = False) -> None:
+        from xgbuild.runtime.cuda import driver_module
+        real = driver_module()
+        self.CUresult, self.CUevent_flags = real.CUresult, real.CUevent_flags
+        self.land, self.fail, self.queued, self.syncs, self._buffers = land, fail, [], 0, []
+
+    def cuMemHostAlloc(self, nbytes, flags):
+        buf = ctypes.create_string_buffer(nbytes)
+        self._buffers.append(buf)
+        return self.CUresult.CUDA_SUCCESS, ctypes.addressof(buf)
+
+    def cuEventCreate(self, flags):
+        return self.CUresult.CUDA_SUCCESS, object()
+
+    def cuMemcpyDtoHAsync(self, dst, src, nbytes, stream):
+        if self.fail:
+            return (self.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,)
+        if self.land:
+            ctypes.memmove(dst, src, nbytes)
+        else:
+            self.queued.append((dst, src, nbytes))
+        return (self.CUresult.CUDA_SUCCESS,)
+
+    def cuStreamSynchronize(self, stream):
+        self.syncs += 1
+        for dst, src, nbytes in self.queued:
+            ctypes.memmove(dst, src, nbytes)
+        self.queued.clear()
+        return (self.CUresult.CUDA_SUCCESS,)
+
+    def cuGetErrorString(self, err):
+        return self.CUresult.CUDA_SUCCESS, b"an illegal memory access was encountered"
+
+
+def _mailbox(driver: _Driver, slots: int = 3) -> Mailbox:
+    return Mailbox(lambda: False, lambda pushed: None, slots=slots, driver=driver)
+
+
+def test_mailbox_flag_words_land_and_free_their_slots() -> None:
+    box = _mailbox(_Driver())
+    words = [torch.tensor([bits], dtype=torch.int32) for bits in (0, 5, 0, 9)]
+    for word in words:                          # more words than slots: each read frees its slot
+        slot = box.post_word(word.data_ptr(), stream=7)
+        assert box.ready(slot)
+        assert box.take(slot, 1, False) == [int(word)]
+    assert sorted(box.free) == [0, 1, 2]
+
+
+def test_mailbox_waits_for_a_word_not_yet_landed() -> None:
+    driver = _Driver(land=False)
+    box = _mailbox(driver)
+    word = torch.tensor([3], dtype=torch.int32)
+    slot = box.post_word(word.data_ptr(), stream=7)
+    assert not box.ready(slot) and driver.syncs == 0
+    assert box.take(slot, 1, False) == [3] and driver.syncs == 1
+
+
+def test_mailbox_full_or_failing_copy_gives_its_slot_back() -> None:
+    box = _mailbox(_Driver(), slots=1)
+    word = torch.tensor([1], dtype=torch.int32)
+    slot = box.post_word(word.data_ptr(), stream=0)
+    assert box.post_word(word.data_ptr(), stream=0) is None      # no free slot: the caller falls back
+    box.take(slot, 1, False)
+    failing = _mailbox(_Driver(fail=True), slots=2)
+    with pytest.raises(CudaRuntimeError, match=r"cuMemcpyDtoHAsync failed: CUDA_ERROR_ILLEGAL_ADDRESS"):
+        failing.post_word(word.data_ptr(), stream=0)
+    assert sorted(failing.free) == [0, 1]
