@@ -154,13 +154,6 @@ class Pending:
         self.event = None
         self.values: list[int] = []          # the evidence on the host, once read
         self._mailbox, self._slot = mailbox, None
-        flags = evidence.flags
-        if (mailbox is not None and flags is not None and not evidence.unguarded and evidence.gathers[1] is None
-                and not evidence.ranges and flags.is_cuda and flags.dtype == torch.int32 and flags.numel() == 1):
-            self._slot = mailbox.post_word(flags.data_ptr(), stream)      # the usual evidence: the flag word
-            if self._slot is not None:
-                self._count, self._wide = 1, False
-                return
         parts = []
         if evidence.flags is not None:
             flags = evidence.flags
@@ -216,8 +209,6 @@ class Pending:
 
     def _verdict(self, values: list[int]) -> None:
         ev = self.evidence
-        if values == [0] and ev.flags is not None and not ev.unguarded and not ev.ranges and not ev.gathers[0]:
-            return                          # the usual verdict: the flag word, not raised
         at = 0
         raised = False
         if ev.flags is not None:

@@ -193,8 +193,10 @@ def _mailbox(driver: _Driver, slots: int = 3) -> Mailbox:
 def test_mailbox_flag_words_land_and_free_their_slots() -> None:
     box = _mailbox(_Driver())
     words = [torch.tensor([bits], dtype=torch.int32) for bits in (0, 5, 0, 9)]
-    for word in words:                          # more words than slots: each read frees its slot
-        slot = box.post_word(word.data_ptr(), stream=7)
+    for k, word in enumerate(words):            # more words than slots: each read frees its slot
+        # `post` of one int32 word (a run's flag word) takes `post_word`'s path
+        slot = box.post(word, stream=7) if k % 2 else box.post_word(word.data_ptr(), stream=7)
+        assert box._single[slot]
         assert box.ready(slot)
         assert box.take(slot, 1, False) == [int(word)]
     assert sorted(box.free) == [0, 1, 2]
